@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Install and build what slm_server needs, each step skipped when already done:
+# uv, the Python environment (uv.lock), the pinned native llama-server (cached under
+# ~/.cache/slm_server), the default models (models/), .env and config/models.yaml.
+#
+#   scripts/setup.sh              everything, for running the gateway
+#   scripts/setup.sh --for-tests  the same without creating .env or config/models.yaml
+#
+# Prints SLM_LLAMA_SERVER_BIN=... as its last line. Runs on macOS's bash 3.2 and Linux.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+for_tests=false
+[ "${1:-}" = "--for-tests" ] && for_tests=true
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+# uv: on PATH, or installed from PyPI with the Python we have.
+if command -v uv >/dev/null 2>&1; then
+  uv_cmd="uv"
+else
+  if ! python3 -m uv --version >/dev/null 2>&1; then
+    say "installing uv from PyPI"
+    python3 -m pip install --quiet --user uv >&2 || python3 -m pip install --quiet uv >&2
+  fi
+  uv_cmd="python3 -m uv"
+fi
+
+say "syncing the Python environment (uv.lock)"
+extras=""
+if [ "$(uname -s)" = "Darwin" ] && [ "$(uname -m)" = "arm64" ] && [ "${SLM_SKIP_MLX:-}" != "1" ]; then
+  extras="--extra mlx"
+fi
+# shellcheck disable=SC2086  # uv_cmd and extras are word lists on purpose
+$uv_cmd sync --frozen $extras >&2
+
+say "building the pinned llama-server (cached after the first run)"
+bin_line=$(bash scripts/build_llama.sh | tail -n 1)
+bin=${bin_line#SLM_LLAMA_SERVER_BIN=}
+
+say "fetching the default models into models/"
+# shellcheck disable=SC2086
+$uv_cmd run --frozen python scripts/fetch_models.py >&2
+
+if [ "$for_tests" = false ]; then
+  if [ ! -f .env ]; then
+    cp .env.example .env
+    say "created .env from .env.example"
+  fi
+  if ! grep -q '^SLM_LLAMA_SERVER_BIN=' .env; then
+    printf 'SLM_LLAMA_SERVER_BIN=%s\n' "$bin" >> .env
+    say "set SLM_LLAMA_SERVER_BIN in .env"
+  fi
+  if [ ! -f config/models.yaml ]; then
+    cp config/models.yaml.example config/models.yaml
+    say "created config/models.yaml from config/models.yaml.example"
+  fi
+fi
+echo "SLM_LLAMA_SERVER_BIN=$bin"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: installs and builds what the tests need
+# (scripts/setup.sh --for-tests), runs the static checks, then pytest.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k router -x).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+bin_line=$(bash scripts/setup.sh --for-tests | tail -n 1)
+export SLM_LLAMA_SERVER_BIN=${bin_line#SLM_LLAMA_SERVER_BIN=}
+
+if command -v uv >/dev/null 2>&1; then uv_cmd="uv"; else uv_cmd="python3 -m uv"; fi
+run() { $uv_cmd run --frozen "$@"; }
+
+echo "[test] ruff"
+run ruff check .
+run ruff format --check .
+echo "[test] mypy (strict)"
+run mypy
+echo "[test] shellcheck"
+run shellcheck start.sh scripts/*.sh .ci/run
+echo "[test] pytest"
+run pytest "$@"

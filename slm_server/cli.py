@@ -1,0 +1,206 @@
+"""Command line: ``python -m slm_server backends|router|check|status``.
+
+Argument parsing and wiring only; the work lives in the modules each command calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from slm_server.config import ConfigError, load_registry
+from slm_server.launch.plan import Toolchain, plan_registry
+from slm_server.launch.records import BackendState, read_state
+from slm_server.settings import Settings, SettingsError, load_environment
+
+
+def _setup_logging(name: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s [{name}] %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+    )
+
+
+def cmd_check(settings: Settings) -> int:
+    """Validate the registry and print each model's launch command; start nothing."""
+    registry = load_registry(settings.config_path)
+    tools = Toolchain.discover(settings.llama_server_bin)
+    plans, failures = plan_registry(registry, tools, settings.log_dir)
+    for warning in registry.warnings:
+        print(warning)
+    for spec in registry.models:
+        if not spec.entry.enabled:
+            print(f"{spec.role} ({spec.entry.id}): disabled, skipped")
+    for plan in plans:
+        print(f"{plan.role} ({plan.model_id}) -> {plan.host}:{plan.port}, log {plan.log_path}")
+        print("  " + " ".join(_quote(arg) for arg in plan.argv))
+    problems = [p for _spec, error in failures for p in error.problems]
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        return 1
+    runtime = tools.llama
+    if runtime is not None:
+        print(f"llama.cpp server: {runtime.program} ({runtime.kind}, from {runtime.origin})")
+    print(f"{registry.path}: {len(plans)} model(s) ready to launch")
+    return 0
+
+
+def _quote(arg: str) -> str:
+    if arg and all(c.isalnum() or c in "-_./:=,@+" for c in arg):
+        return arg
+    return "'" + arg.replace("'", "'\\''") + "'"
+
+
+def cmd_backends(settings: Settings) -> int:
+    from slm_server.launch.launcher import Launcher
+
+    _setup_logging("backends")
+    registry = load_registry(settings.config_path)
+    return Launcher(settings, registry, load_environment()).run()
+
+
+def cmd_router(settings: Settings) -> int:
+    import uvicorn
+
+    from slm_server.router.app import create_app
+
+    _setup_logging("router")
+    registry = load_registry(settings.config_path)
+    app = create_app(settings, registry)
+    logging.getLogger("slm_server.router").info(
+        "routing %d model(s) on http://%s:%d",
+        len(registry.enabled),
+        settings.router_host,
+        settings.router_port,
+    )
+    uvicorn.run(
+        app,
+        host=settings.router_host,
+        port=settings.router_port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _print_table(launcher_pid: int | None, backends: list[BackendState]) -> None:
+    running = _pid_alive(launcher_pid)
+    print(f"launcher pid {launcher_pid}: {'running' if running else 'not running'}")
+    print(f"{'ROLE':<14} {'MODEL':<32} {'PORT':>5} {'STATE':<10} {'PID':>7} {'UPTIME':>8}  REASON")
+    now = time.time()
+    for b in backends:
+        alive = b.pid is not None and _pid_alive(b.pid)
+        state = b.state
+        if b.state in ("starting", "ready") and not (running and alive):
+            state = "dead"
+        uptime = f"{now - b.started_at:.0f}s" if b.started_at and alive else "-"
+        pid = str(b.pid) if b.pid is not None else "-"
+        print(
+            f"{b.role:<14} {b.model_id[:32]:<32} {b.port:>5} {state:<10} {pid:>7} {uptime:>8}"
+            f"  {b.reason or ''}"
+        )
+
+
+def _ready_count(launcher_pid: int | None, backends: list[BackendState]) -> int:
+    """Backends that are ready *and* whose process and launcher are alive."""
+    if not _pid_alive(launcher_pid):
+        return 0
+    return sum(1 for b in backends if b.state == "ready" and _pid_alive(b.pid))
+
+
+def _wait_for_backends(settings: Settings, timeout: float, launcher_pid: int | None) -> None:
+    """Print state changes until no backend is starting, the launcher is gone, or
+    ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    seen: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        pid, backends = read_state(settings.state_path)
+        if launcher_pid is not None and pid != launcher_pid:
+            backends = []
+        for b in backends:
+            if seen.get(b.role) != b.state:
+                seen[b.role] = b.state
+                suffix = f" ({b.reason})" if b.reason else ""
+                print(f"  {b.role} ({b.model_id}) on port {b.port}: {b.state}{suffix}", flush=True)
+        probe_pid = launcher_pid if launcher_pid is not None else pid
+        if backends and not any(b.state == "starting" for b in backends):
+            return
+        if probe_pid is not None and not _pid_alive(probe_pid):
+            return
+        time.sleep(0.5)
+
+
+def cmd_status(settings: Settings, wait: float | None = None, launcher: int | None = None) -> int:
+    """Print each backend's state as the launcher published it; with ``wait``, first
+    follow the launcher until every backend has left ``starting``."""
+    if wait is not None:
+        _wait_for_backends(settings, wait, launcher)
+    launcher_pid, backends = read_state(settings.state_path)
+    if not backends or (launcher is not None and launcher_pid != launcher):
+        print(f"no launcher state at {settings.state_path}: is `backends` running?")
+        return 1
+    _print_table(launcher_pid, backends)
+    return 0 if _ready_count(launcher_pid, backends) else 1
+
+
+COMMANDS = {
+    "backends": (cmd_backends, "start one server process per enabled model and supervise them"),
+    "router": (cmd_router, "serve the OpenAI-compatible router"),
+    "check": (cmd_check, "validate the registry and print each launch command"),
+    "status": (cmd_status, "print each backend's state"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slm_server", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_func, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "status":
+            command.add_argument(
+                "--wait",
+                type=float,
+                metavar="SECONDS",
+                help="first follow the launcher until no backend is starting",
+            )
+            command.add_argument(
+                "--launcher",
+                type=int,
+                metavar="PID",
+                help="only accept state published by this launcher process",
+            )
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        if args.command == "status":
+            return cmd_status(settings, args.wait, args.launcher)
+        return COMMANDS[args.command][0](settings)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

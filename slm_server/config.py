@@ -1,0 +1,346 @@
+"""The model registry: ``config/models.yaml`` parsed into frozen, validated entries.
+
+The file maps role names to entries::
+
+    models:
+      standard:
+        id: smollm2-135m-instruct
+        backend: llamacpp
+        port: 8501
+        model_path: models/SmolLM2-135M-Instruct.Q4_1.gguf
+        default_timeout: 120
+        quantization: Q4_1
+
+A list of entries is accepted too; each entry's role is then its id. Every problem is
+reported as one :class:`Problem` line naming the file, the entry and the field, and
+loading raises :class:`ConfigError` carrying all of them at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Backend = Literal["llamacpp", "mlx", "mlx-rerank"]
+ModelType = Literal[
+    "lm", "multimodal", "image-generation", "image-edit", "embeddings", "rerank", "whisper"
+]
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+MLX_ONLY_FIELDS = frozenset(
+    {"enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "config_name"}
+)
+LLAMACPP_ONLY_FIELDS = frozenset(
+    {
+        "chat_template_file",
+        "temp",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "repetition_penalty",
+        "n_predict",
+        "ubatch_size",
+        "cache_type_k",
+        "cache_type_v",
+        "cache_ram",
+        "kv_offload",
+        "flash_attn",
+        "kv_unified",
+        "fit",
+        "cont_batching",
+        "cache_prompt",
+        "spec_type",
+        "spec_draft_n_max",
+        "spec_model_path",
+        "verbose",
+        "mmproj_path",
+        "pooling",
+    }
+)
+NATIVE_ONLY_FIELDS = frozenset(
+    {
+        "chat_template_file",
+        "cache_ram",
+        "kv_offload",
+        "kv_unified",
+        "fit",
+        "cont_batching",
+        "cache_prompt",
+        "spec_type",
+        "spec_draft_n_max",
+        "spec_model_path",
+        "mmproj_path",
+        "pooling",
+    }
+)
+MODEL_TYPES_BY_BACKEND: dict[str, frozenset[str]] = {
+    "llamacpp": frozenset({"lm", "multimodal", "embeddings", "rerank"}),
+    "mlx": frozenset(
+        {"lm", "multimodal", "image-generation", "image-edit", "embeddings", "whisper"}
+    ),
+    "mlx-rerank": frozenset({"rerank"}),
+}
+
+
+class ModelEntry(BaseModel):
+    """One model server: every field of the registry, with its default.
+
+    Fields in ``MLX_ONLY_FIELDS`` apply to ``backend: mlx`` only and fields in
+    ``LLAMACPP_ONLY_FIELDS`` to ``backend: llamacpp`` only; setting one on another
+    backend is an error rather than silently ignored.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    # Every backend.
+    id: str = Field(min_length=1)
+    backend: Backend
+    port: int = Field(ge=1, le=65535)
+    model_path: str = Field(min_length=1)
+    default_timeout: float = Field(gt=0)
+    quantization: str = Field(min_length=1)
+    model_type: ModelType = "lm"
+    context_length: int | None = Field(default=None, ge=1)
+    max_concurrency: int = Field(default=1, ge=1)
+    host: str = Field(default="127.0.0.1", min_length=1)
+    enabled: bool = True
+    supports_function_calling: bool = False
+    # Request-side, every backend: merged into chat requests that carry none.
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    # MLX only.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    config_name: str | None = None
+
+    # llama.cpp only.
+    chat_template_file: str | None = None
+    temp: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    n_predict: int | None = Field(default=None, ge=-1)
+    ubatch_size: int | None = Field(default=None, ge=1, le=2048)
+    cache_type_k: CacheType | None = None
+    cache_type_v: CacheType | None = None
+    cache_ram: int | None = Field(default=None, ge=-1)
+    kv_offload: bool | None = None
+    flash_attn: bool | Literal["auto"] | None = None
+    kv_unified: bool | None = None
+    fit: bool | None = None
+    cont_batching: bool | None = None
+    cache_prompt: bool | None = None
+    spec_type: str | None = None
+    spec_draft_n_max: int | None = Field(default=None, ge=1)
+    spec_model_path: str | None = None
+    verbose: bool | None = None
+    mmproj_path: str | None = None
+    pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None
+
+    def set_fields(self) -> frozenset[str]:
+        """The fields the YAML entry set explicitly."""
+        return frozenset(self.model_fields_set)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One configuration problem, rendered as a single line."""
+
+    source: str
+    entry: str | None
+    field: str | None
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        parts = [self.source]
+        if self.entry is not None:
+            parts.append(f"model {self.entry}")
+        if self.field is not None:
+            parts.append(f"field '{self.field}'")
+        prefix = "warning: " if self.severity == "warning" else ""
+        return f"{prefix}{': '.join(parts)}: {self.message}"
+
+
+class ConfigError(Exception):
+    """The registry cannot be used; ``problems`` lists every reason, one per line."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A validated entry with its role (the YAML key) and position in the file."""
+
+    role: str
+    index: int
+    entry: ModelEntry
+
+    @property
+    def label(self) -> str:
+        """How problems name this entry: role and id."""
+        return f"'{self.role}' (id '{self.entry.id}')"
+
+
+@dataclass(frozen=True)
+class RegistryFile:
+    """The loaded registry: every entry in file order, and the warnings found."""
+
+    path: Path
+    models: tuple[ModelSpec, ...]
+    warnings: tuple[Problem, ...] = ()
+
+    @property
+    def enabled(self) -> tuple[ModelSpec, ...]:
+        return tuple(m for m in self.models if m.entry.enabled)
+
+
+def _entry_label(role: str, raw: Any) -> str:
+    if isinstance(raw, dict) and isinstance(raw.get("id"), str):
+        return f"'{role}' (id '{raw['id']}')"
+    return f"'{role}'"
+
+
+def _validation_problems(source: str, label: str, exc: ValidationError) -> list[Problem]:
+    problems = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or None
+        if err["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif err["type"] == "missing":
+            message = "required field is missing"
+        else:
+            message = f"{err['msg']} (got {err.get('input')!r})"
+        problems.append(Problem(source, label, field, message))
+    return problems
+
+
+def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
+    entry, problems = spec.entry, []
+    set_fields = entry.set_fields()
+    if entry.backend != "mlx":
+        for name in sorted(set_fields & MLX_ONLY_FIELDS):
+            problems.append(Problem(source, spec.label, name, "applies to backend mlx only"))
+    if entry.backend != "llamacpp":
+        for name in sorted(set_fields & LLAMACPP_ONLY_FIELDS):
+            problems.append(Problem(source, spec.label, name, "applies to backend llamacpp only"))
+    if entry.model_type not in MODEL_TYPES_BY_BACKEND[entry.backend]:
+        allowed = ", ".join(sorted(MODEL_TYPES_BY_BACKEND[entry.backend]))
+        problems.append(
+            Problem(
+                source,
+                spec.label,
+                "model_type",
+                f"backend {entry.backend} does not serve '{entry.model_type}' "
+                f"(it serves {allowed})",
+            )
+        )
+    if entry.model_type == "multimodal" and entry.backend == "llamacpp" and not entry.mmproj_path:
+        problems.append(
+            Problem(source, spec.label, "mmproj_path", "required when model_type is multimodal")
+        )
+    return problems
+
+
+def _entries(source: str, data: Any) -> list[tuple[str, Any]]:
+    if not isinstance(data, dict) or "models" not in data:
+        raise ConfigError(
+            [Problem(source, None, "models", "the file must have a top-level 'models' mapping")]
+        )
+    extra = sorted(str(k) for k in data if k != "models")
+    if extra:
+        raise ConfigError([Problem(source, None, extra[0], "unknown top-level key")])
+    models = data["models"]
+    if isinstance(models, dict):
+        return [(str(role), raw) for role, raw in models.items()]
+    if isinstance(models, list):
+        return [
+            (str(raw["id"]) if isinstance(raw, dict) and "id" in raw else f"#{i}", raw)
+            for i, raw in enumerate(models)
+        ]
+    raise ConfigError([Problem(source, None, "models", "must map role names to model entries")])
+
+
+def parse_registry(text: str, path: Path) -> RegistryFile:
+    """Validate registry YAML text; raises :class:`ConfigError` with every problem."""
+    source = str(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError([Problem(source, None, None, f"not valid YAML{where}")]) from None
+    problems: list[Problem] = []
+    specs: list[ModelSpec] = []
+    for index, (role, raw) in enumerate(_entries(source, data)):
+        label = _entry_label(role, raw)
+        if not isinstance(raw, dict):
+            problems.append(Problem(source, label, None, "an entry must be a mapping of fields"))
+            continue
+        try:
+            entry = ModelEntry.model_validate(raw)
+        except ValidationError as exc:
+            problems.extend(_validation_problems(source, label, exc))
+            continue
+        spec = ModelSpec(role=role, index=index, entry=entry)
+        problems.extend(_applicability_problems(source, spec))
+        specs.append(spec)
+
+    enabled = [s for s in specs if s.entry.enabled]
+    port_counts = Counter(s.entry.port for s in enabled)
+    for spec in enabled:
+        if port_counts[spec.entry.port] > 1:
+            others = [o.role for o in enabled if o.entry.port == spec.entry.port and o is not spec]
+            problems.append(
+                Problem(
+                    source,
+                    spec.label,
+                    "port",
+                    f"port {spec.entry.port} is also used by {', '.join(repr(o) for o in others)}",
+                )
+            )
+    if problems:
+        raise ConfigError(problems)
+
+    warnings: list[Problem] = []
+    id_counts = Counter(s.entry.id for s in enabled)
+    for spec in enabled:
+        if id_counts[spec.entry.id] > 1:
+            warnings.append(
+                Problem(
+                    source,
+                    spec.label,
+                    "id",
+                    "id is used by more than one enabled entry; requests for it get 409",
+                    severity="warning",
+                )
+            )
+    return RegistryFile(path=path, models=tuple(specs), warnings=tuple(warnings))
+
+
+def load_registry(path: Path) -> RegistryFile:
+    """Read and validate the registry file at ``path``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        hint = ""
+        example = path.with_name(path.name + ".example")
+        if example.exists():
+            hint = f" (copy {example.name} to {path.name} to start from the defaults)"
+        raise ConfigError([Problem(str(path), None, None, f"file not found{hint}")]) from None
+    except OSError as exc:
+        raise ConfigError(
+            [Problem(str(path), None, None, f"cannot read: {exc.strerror}")]
+        ) from None
+    return parse_registry(text, path)

@@ -1,0 +1,103 @@
+"""One exception tree for everything the gateway reports to a caller.
+
+    GatewayError                 status  type                    code
+    ├── InvalidRequest            400    invalid_request_error   invalid_request / <given>
+    │   └── UnsupportedEndpoint   400    invalid_request_error   unsupported_endpoint
+    ├── ModelNotFound             404    invalid_request_error   model_not_found
+    ├── AmbiguousModel            409    invalid_request_error   ambiguous_model
+    ├── BackendUnavailable        503    backend_unavailable     backend_unreachable / <given>
+    ├── BackendTimeout            504    timeout_error           backend_timeout
+    └── BackendProtocolError      502    backend_error           bad_backend_response
+
+Each error renders two ways: an HTTP status with an OpenAI-shaped JSON body before the
+first byte of a response, and an in-band ``data: {"error": ...}`` SSE event after it.
+Built-in exceptions are never mapped to 4xx: only these classes are.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+
+class GatewayError(Exception):
+    """Base of every error the router answers with; carries its own HTTP rendering."""
+
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str] = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error object: ``{"error": {"message", "type", "code", "param"}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "code": self.code,
+                "param": self.param,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (``Retry-After`` for retryable refusals)."""
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after)))}
+
+    def sse_event(self) -> bytes:
+        """The in-band rendering, for a stream whose headers were already sent."""
+        return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+    default_code = "invalid_request"
+
+
+class UnsupportedEndpoint(InvalidRequest):
+    default_code = "unsupported_endpoint"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class AmbiguousModel(GatewayError):
+    status = 409
+    error_type = "invalid_request_error"
+    default_code = "ambiguous_model"
+
+
+class BackendUnavailable(GatewayError):
+    status = 503
+    error_type = "backend_unavailable"
+    default_code = "backend_unreachable"
+
+
+class BackendTimeout(GatewayError):
+    status = 504
+    error_type = "timeout_error"
+    default_code = "backend_timeout"
+
+
+class BackendProtocolError(GatewayError):
+    status = 502
+    error_type = "backend_error"
+    default_code = "bad_backend_response"

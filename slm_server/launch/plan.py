@@ -1,0 +1,174 @@
+"""From registry entries to launch plans: the argv, log file and health URL of each
+backend, or the problems that stop it from starting. Pure apart from looking at files.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from slm_server.config import NATIVE_ONLY_FIELDS, ModelSpec, Problem, RegistryFile
+from slm_server.launch.llama_argv import ModelFiles, native_argv, python_argv
+from slm_server.launch.mlx_argv import mlx_argv, mlx_rerank_argv
+from slm_server.launch.runtime import LlamaRuntime, RuntimeNotFound, find_llama_runtime
+from slm_server.model_path import ModelPathError, resolve_file_field, resolve_model_path
+
+LOG_KINDS = {"llamacpp": "llama", "mlx": "mlx", "mlx-rerank": "mlx-rerank"}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start, watch and name one backend process."""
+
+    role: str
+    model_id: str
+    backend: str
+    model_type: str
+    host: str
+    port: int
+    argv: tuple[str, ...]
+    log_path: Path
+
+    @property
+    def health_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}/health"
+
+
+class PlanError(Exception):
+    """One entry cannot be launched; ``missing`` marks a model path that is absent."""
+
+    def __init__(self, problems: list[Problem], *, missing: bool = False) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+        self.missing = missing
+
+
+def log_path(log_dir: Path, spec: ModelSpec) -> Path:
+    """``<log_dir>/<llama|mlx|mlx-rerank>-<id>-<port>.log``, the id made file-safe."""
+    safe_id = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.entry.id)
+    return log_dir / f"{LOG_KINDS[spec.entry.backend]}-{safe_id}-{spec.entry.port}.log"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """The programs found on this machine for each backend kind."""
+
+    llama: LlamaRuntime | None
+    llama_error: str | None
+    mlx_server: str | None
+
+    @classmethod
+    def discover(cls, llama_server_bin: str | None) -> Toolchain:
+        try:
+            llama, error = find_llama_runtime(llama_server_bin), None
+        except RuntimeNotFound as exc:
+            llama, error = None, str(exc)
+        venv_bin = Path(sys.executable).parent / "mlx-openai-server"
+        mlx = str(venv_bin) if venv_bin.exists() else shutil.which("mlx-openai-server")
+        return cls(llama=llama, llama_error=error, mlx_server=mlx)
+
+
+def _llama_files(spec: ModelSpec, model: str, source: str) -> ModelFiles:
+    entry, problems = spec.entry, []
+    resolved: dict[str, str | None] = {}
+    for field, raw in (
+        ("chat_template_file", entry.chat_template_file),
+        ("mmproj_path", entry.mmproj_path),
+        ("spec_model_path", entry.spec_model_path),
+    ):
+        resolved[field] = None
+        if raw is not None:
+            try:
+                resolved[field] = resolve_file_field(field, raw)
+            except ModelPathError as exc:
+                problems.append(Problem(source, spec.label, exc.field, exc.message))
+    if problems:
+        raise PlanError(problems)
+    return ModelFiles(
+        model=model,
+        chat_template_file=resolved["chat_template_file"],
+        mmproj=resolved["mmproj_path"],
+        draft_model=resolved["spec_model_path"],
+    )
+
+
+def _llama_argv(spec: ModelSpec, model: str, tools: Toolchain, source: str) -> list[str]:
+    entry = spec.entry
+    if tools.llama is None:
+        raise PlanError([Problem(source, spec.label, "backend", tools.llama_error or "")])
+    if not tools.llama.is_native:
+        native_only = sorted(entry.set_fields() & NATIVE_ONLY_FIELDS)
+        if entry.model_type == "rerank":
+            native_only.insert(0, "model_type")
+        if native_only:
+            raise PlanError(
+                [
+                    Problem(
+                        source,
+                        spec.label,
+                        name,
+                        "needs the native llama-server, but only the Python fallback "
+                        "(llama_cpp.server) is available; run scripts/build_llama.sh",
+                    )
+                    for name in native_only
+                ]
+            )
+    files = _llama_files(spec, model, source)
+    if tools.llama.is_native:
+        return native_argv(tools.llama.program, entry, files)
+    return python_argv(tools.llama.program, entry, files)
+
+
+def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -> LaunchPlan:
+    """The launch plan for one entry; raises :class:`PlanError` naming every problem."""
+    entry = spec.entry
+    try:
+        model = resolve_model_path(entry)
+    except ModelPathError as exc:
+        problem = Problem(source, spec.label, exc.field, exc.message)
+        raise PlanError([problem], missing=exc.missing) from None
+    if entry.backend == "llamacpp":
+        argv = _llama_argv(spec, model, tools, source)
+    elif entry.backend == "mlx":
+        if tools.mlx_server is None:
+            raise PlanError(
+                [
+                    Problem(
+                        source,
+                        spec.label,
+                        "backend",
+                        "mlx-openai-server is not installed (uv sync --extra mlx)",
+                    )
+                ]
+            )
+        argv = mlx_argv(tools.mlx_server, entry, model)
+    else:
+        argv = mlx_rerank_argv(sys.executable, entry, model)
+    return LaunchPlan(
+        role=spec.role,
+        model_id=entry.id,
+        backend=entry.backend,
+        model_type=entry.model_type,
+        host=entry.host,
+        port=entry.port,
+        argv=tuple(argv),
+        log_path=log_path(log_dir, spec),
+    )
+
+
+def plan_registry(
+    registry: RegistryFile, tools: Toolchain, log_dir: Path
+) -> tuple[list[LaunchPlan], list[tuple[ModelSpec, PlanError]]]:
+    """Plans for every enabled entry, and the entries that cannot be planned."""
+    plans: list[LaunchPlan] = []
+    failures: list[tuple[ModelSpec, PlanError]] = []
+    for spec in registry.enabled:
+        try:
+            plans.append(plan_launch(spec, tools, log_dir, str(registry.path)))
+        except PlanError as exc:
+            failures.append((spec, exc))
+    return plans, failures

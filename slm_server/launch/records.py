@@ -1,0 +1,117 @@
+"""Files the launcher keeps beside its logs: the pidfile and the state file.
+
+Both are JSON, replaced atomically (temp file + rename) so a reader never sees half a
+file. The pidfile lists every process this launcher started, with its create time, so
+a later start can stop leftovers that are verifiably ours. The state file publishes
+each backend's state for ``python -m slm_server status`` and ``start.sh``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` via a temp file in the same directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``, or ``None`` when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class PidRecord:
+    """One process we started: enough to recognise it later."""
+
+    pid: int
+    create_time: float
+    port: int
+    role: str
+    model_id: str
+    argv: list[str]
+
+
+def read_pidfile(path: Path) -> list[PidRecord]:
+    data = read_json(path)
+    records: list[PidRecord] = []
+    if not isinstance(data, dict) or not isinstance(data.get("processes"), list):
+        return records
+    for raw in data["processes"]:
+        try:
+            records.append(
+                PidRecord(
+                    pid=int(raw["pid"]),
+                    create_time=float(raw["create_time"]),
+                    port=int(raw["port"]),
+                    role=str(raw["role"]),
+                    model_id=str(raw["model_id"]),
+                    argv=[str(a) for a in raw["argv"]],
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return records
+
+
+def write_pidfile(path: Path, launcher_pid: int, records: list[PidRecord]) -> None:
+    write_json_atomic(
+        path, {"launcher_pid": launcher_pid, "processes": [asdict(r) for r in records]}
+    )
+
+
+@dataclass(frozen=True)
+class BackendState:
+    """What ``status`` shows for one backend."""
+
+    role: str
+    model_id: str
+    backend: str
+    port: int
+    state: str
+    pid: int | None
+    since: float
+    started_at: float | None
+    exit_status: int | None
+    restarts: int
+    reason: str | None
+    log_path: str
+
+
+def write_state(path: Path, launcher_pid: int, backends: list[BackendState]) -> None:
+    write_json_atomic(
+        path, {"launcher_pid": launcher_pid, "backends": [asdict(b) for b in backends]}
+    )
+
+
+def read_state(path: Path) -> tuple[int | None, list[BackendState]]:
+    """The launcher's pid and the backends it published (empty when none)."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return None, []
+    backends: list[BackendState] = []
+    for raw in data.get("backends", []):
+        try:
+            backends.append(BackendState(**raw))
+        except TypeError:
+            continue
+    pid = data.get("launcher_pid")
+    return (pid if isinstance(pid, int) else None), backends

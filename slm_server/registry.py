@@ -1,0 +1,57 @@
+"""Lookup of enabled models by id, and of the endpoints each model type serves. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slm_server.config import ModelSpec
+from slm_server.errors import AmbiguousModel, ModelNotFound, UnsupportedEndpoint
+
+ENDPOINT_MODEL_TYPES: dict[str, frozenset[str]] = {
+    "/v1/chat/completions": frozenset({"lm", "multimodal"}),
+    "/v1/completions": frozenset({"lm", "multimodal"}),
+    "/v1/responses": frozenset({"lm", "multimodal"}),
+    "/v1/embeddings": frozenset({"embeddings"}),
+    "/v1/rerank": frozenset({"rerank"}),
+}
+
+
+class Registry:
+    """The enabled models, by id. Disabled entries are known but never routed to."""
+
+    def __init__(self, models: Sequence[ModelSpec]) -> None:
+        self.models = tuple(models)
+        self.enabled = tuple(m for m in self.models if m.entry.enabled)
+        self._by_id: dict[str, list[ModelSpec]] = {}
+        for spec in self.enabled:
+            self._by_id.setdefault(spec.entry.id, []).append(spec)
+
+    def lookup(self, model_id: str) -> ModelSpec:
+        """The one enabled entry with this id; 404 if none, 409 if several."""
+        found = self._by_id.get(model_id)
+        if not found:
+            known = ", ".join(sorted(self._by_id)) or "none"
+            raise ModelNotFound(
+                f"The model '{model_id}' does not exist or is not enabled (known: {known})",
+                param="model",
+            )
+        if len(found) > 1:
+            roles = ", ".join(repr(s.role) for s in found)
+            raise AmbiguousModel(
+                f"The model id '{model_id}' is used by several enabled entries ({roles}); "
+                "give each a unique id in the registry",
+                param="model",
+            )
+        return found[0]
+
+    def route(self, model_id: str, endpoint: str) -> ModelSpec:
+        """The entry for ``model_id``, checked to serve ``endpoint``."""
+        spec = self.lookup(model_id)
+        allowed = ENDPOINT_MODEL_TYPES.get(endpoint)
+        if allowed is not None and spec.entry.model_type not in allowed:
+            raise UnsupportedEndpoint(
+                f"The model '{model_id}' has model_type '{spec.entry.model_type}', "
+                f"which does not serve {endpoint} (that needs {' or '.join(sorted(allowed))})",
+                param="model",
+            )
+        return spec

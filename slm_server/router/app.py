@@ -1,0 +1,101 @@
+"""The router application: ``create_app`` wires settings, registry and upstream clients."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from slm_server.config import RegistryFile
+from slm_server.errors import GatewayError
+from slm_server.launch.runtime import RuntimeNotFound, find_llama_runtime
+from slm_server.registry import Registry
+from slm_server.router.routes import Gateway, error_response
+from slm_server.router.upstream import Upstream
+from slm_server.settings import Settings
+
+log = logging.getLogger("slm_server.router")
+
+PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank")
+
+
+async def _gateway_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc)
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found" if exc.status_code == 404 else "method_not_allowed"
+    if exc.status_code not in (404, 405):
+        kind = "http_error"
+    body = {
+        "error": {
+            "message": str(exc.detail),
+            "type": "invalid_request_error",
+            "code": kind,
+            "param": None,
+        }
+    }
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _unexpected_error(_request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error while handling a request", exc_info=exc)
+    body = {
+        "error": {
+            "message": "The router failed unexpectedly; see its log for details",
+            "type": "server_error",
+            "code": "internal_error",
+            "param": None,
+        }
+    }
+    return JSONResponse(body, status_code=500)
+
+
+def create_app(settings: Settings, registry_file: RegistryFile) -> Starlette:
+    """The router, serving the enabled models of ``registry_file``."""
+    registry = Registry(registry_file.models)
+    try:
+        python_llama = not find_llama_runtime(settings.llama_server_bin).is_native
+    except RuntimeNotFound:
+        python_llama = False
+    upstream = Upstream(
+        registry.enabled, settings.connect_timeout_seconds, settings.health_probe_timeout_seconds
+    )
+    gateway = Gateway(settings, registry, upstream, python_llama)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        for warning in registry_file.warnings:
+            log.warning("%s", warning)
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+
+    routes = [Route(path, gateway.proxy, methods=["POST"]) for path in PROXIED_PATHS]
+    routes += [
+        Route("/v1/responses", gateway.responses, methods=["POST"]),
+        Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/v1/backends/health", gateway.backends_health, methods=["GET"]),
+        Route("/health", gateway.health, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            GatewayError: _gateway_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+    )
+
+
+__all__ = ["create_app"]

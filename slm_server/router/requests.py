@@ -1,0 +1,75 @@
+"""Reading and adjusting a client's request body before it goes upstream. Pure."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from slm_server.config import ModelEntry
+from slm_server.errors import InvalidRequest
+
+CHAT_TEMPLATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/responses"})
+SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object; 400 for anything else."""
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; send a JSON object", code="invalid_json")
+    try:
+        payload = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(
+            f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(payload, dict):
+        raise InvalidRequest(
+            f"The request body must be a JSON object, not {type(payload).__name__}",
+            code="invalid_json",
+        )
+    return payload
+
+
+def model_field(payload: dict[str, Any]) -> str:
+    """The ``model`` the request names; 400 when missing or not a string."""
+    model = payload.get("model")
+    if model is None:
+        raise InvalidRequest(
+            "The request has no 'model' field; name one of GET /v1/models",
+            code="missing_model",
+            param="model",
+        )
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(
+            "The 'model' field must be a non-empty string", code="invalid_model", param="model"
+        )
+    return model
+
+
+def is_stream(payload: dict[str, Any]) -> bool:
+    return payload.get("stream") is True
+
+
+def apply_defaults(
+    payload: dict[str, Any],
+    entry: ModelEntry,
+    endpoint: str,
+    sampling_defaults: dict[str, Any],
+) -> bool:
+    """Fill in what the registry supplies and the request left out: the entry's
+    ``chat_template_kwargs``, and sampling defaults the backend cannot take as flags.
+    Returns whether ``payload`` changed."""
+    changed = False
+    if (
+        entry.chat_template_kwargs is not None
+        and endpoint in CHAT_TEMPLATE_ENDPOINTS
+        and "chat_template_kwargs" not in payload
+    ):
+        payload["chat_template_kwargs"] = dict(entry.chat_template_kwargs)
+        changed = True
+    if endpoint in SAMPLING_ENDPOINTS:
+        for name, value in sampling_defaults.items():
+            if name not in payload:
+                payload[name] = value
+                changed = True
+    return changed

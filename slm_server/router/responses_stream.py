@@ -1,0 +1,420 @@
+"""Responses API objects and their streaming form, built from chat completion pieces.
+
+The builders (:func:`build_response`, :func:`message_item`...) shape the objects
+``openai.types.responses.Response`` and its output items accept; :class:`ResponseStreamTranslator`
+turns a chat completions stream into the Responses event stream the ``openai`` client
+parses, and :func:`parse_sse_data` reads one line of a backend's SSE stream. No I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from slm_server.errors import BackendProtocolError
+
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def new_id(prefix: str) -> str:
+    """A fresh identifier in the OpenAI style, ``<prefix>_<32 hex digits>``."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def reasoning_text(message: dict[str, Any]) -> str:
+    """The reasoning a chat message or delta carries (``reasoning_content`` or ``reasoning``)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def incomplete_reason(finish_reason: Any) -> str | None:
+    """The Responses ``incomplete_details.reason`` for a chat finish reason, if any."""
+    return INCOMPLETE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
+
+
+def convert_usage(usage: Any) -> dict[str, Any] | None:
+    """Chat ``usage`` (prompt/completion tokens) as Responses ``usage``; None if absent."""
+    if not isinstance(usage, dict):
+        return None
+
+    def count(value: Any) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    def detail(section: str, key: str) -> int:
+        details = usage.get(section)
+        return count(details.get(key)) if isinstance(details, dict) else 0
+
+    prompt = count(usage.get("prompt_tokens"))
+    completion = count(usage.get("completion_tokens"))
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {
+            "cached_tokens": detail("prompt_tokens_details", "cached_tokens"),
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": completion,
+        "output_tokens_details": {
+            "reasoning_tokens": detail("completion_tokens_details", "reasoning_tokens")
+        },
+        "total_tokens": count(usage.get("total_tokens")) or prompt + completion,
+    }
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    """An ``output_text`` content part."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    """A ``reasoning_text`` content part."""
+    return {"type": "reasoning_text", "text": text}
+
+
+def message_item(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    """An assistant ``message`` output item."""
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """A ``reasoning`` output item; ``text=None`` gives the empty item a stream opens with."""
+    content = [] if text is None else [reasoning_part(text)]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
+def function_call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str
+) -> dict[str, Any]:
+    """A ``function_call`` output item."""
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def build_response(
+    request: dict[str, Any],
+    *,
+    response_id: str,
+    created_at: int,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None = None,
+    model: str | None = None,
+    incomplete: str | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Responses object with the request's settings echoed; ``model`` defaults to the request's.
+
+    ``incomplete`` is the ``incomplete_details.reason``; ``error`` the ``{code, message}``
+    of a failed response.
+    """
+    requested_model = request.get("model")
+    parallel = request.get("parallel_tool_calls")
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "model": requested_model if isinstance(requested_model, str) else (model or ""),
+        "output": output,
+        "usage": usage,
+        "error": error,
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "metadata": request.get("metadata") or {},
+        "parallel_tool_calls": parallel if isinstance(parallel, bool) else True,
+        "temperature": request.get("temperature"),
+        "top_p": request.get("top_p"),
+        "tool_choice": request.get("tool_choice") or "auto",
+        "tools": request.get("tools") or [],
+        "text": request.get("text") or {"format": {"type": "text"}},
+        "reasoning": None,
+        "previous_response_id": None,
+        "truncation": "disabled",
+        "background": False,
+        "user": request.get("user"),
+    }
+
+
+def parse_sse_data(line: bytes) -> dict[str, Any] | None:
+    """The JSON object of one ``data:`` line of a chat completions stream.
+
+    Returns None for blank lines, comments, other SSE fields and ``[DONE]``; raises
+    :class:`BackendProtocolError` when the data is not a JSON object.
+    """
+    stripped = line.strip()
+    if not stripped.startswith(b"data:"):
+        return None
+    payload = stripped[5:].strip()
+    if not payload or payload == b"[DONE]":
+        return None
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        raise BackendProtocolError(f"the backend sent malformed stream data: {exc}") from exc
+    if not isinstance(value, dict):
+        raise BackendProtocolError("the backend sent stream data that is not a JSON object")
+    return value
+
+
+@dataclass
+class _Item:
+    kind: str
+    item_id: str
+    output_index: int = -1
+    text: str = ""
+    call_id: str = ""
+    name: str = ""
+    status: str = "in_progress"
+
+    def part(self, text: str) -> dict[str, Any]:
+        return output_text_part(text) if self.kind == "message" else reasoning_part(text)
+
+    def snapshot(self) -> dict[str, Any]:
+        if self.kind == "message":
+            return message_item(self.item_id, [output_text_part(self.text)], self.status)
+        if self.kind == "reasoning":
+            return reasoning_item(self.item_id, self.text, self.status)
+        return function_call_item(self.item_id, self.call_id, self.name, self.text, self.status)
+
+    def opening(self) -> dict[str, Any]:
+        if self.kind == "message":
+            return message_item(self.item_id, [], "in_progress")
+        if self.kind == "reasoning":
+            return reasoning_item(self.item_id, None, "in_progress")
+        return function_call_item(self.item_id, self.call_id, self.name, "", "in_progress")
+
+
+class ResponseStreamTranslator:
+    """Turns one chat completions stream into one Responses event stream.
+
+    Call :meth:`start` once, :meth:`feed` per parsed ``chat.completion.chunk``, then
+    :meth:`finish` at the end of the backend stream or :meth:`error` if it broke. Every
+    method returns SSE events (``event: <type>\\ndata: <json>\\n\\n``) numbered by an
+    increasing ``sequence_number``. Reasoning and text open one output item each while they
+    flow and are closed when another item starts; each tool call (by chat ``index``) opens
+    a ``function_call`` item once its name is known, and stays open until :meth:`finish`.
+    After :meth:`finish` or :meth:`error` the translator is :attr:`closed` and every
+    method returns no events; :meth:`feed` and the closing methods call :meth:`start`
+    themselves if it was not called.
+    """
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self._request = request
+        self._response_id = new_id("resp")
+        self._created_at = int(time.time())
+        self._sequence = 0
+        self._started = False
+        self._closed = False
+        self._items: list[_Item] = []
+        self._current: _Item | None = None
+        self._calls: dict[int, _Item] = {}
+        self._usage: dict[str, Any] | None = None
+        self._finish_reason: str | None = None
+        self._model: str | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once a terminal event (completed, incomplete or failed) was emitted."""
+        return self._closed
+
+    def start(self) -> list[bytes]:
+        """``response.created`` and ``response.in_progress``; nothing if already started."""
+        if self._started:
+            return []
+        self._started = True
+        response = self._response("in_progress")
+        return [
+            self._event("response.created", response=response),
+            self._event("response.in_progress", response=response),
+        ]
+
+    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        """The events for one chat chunk; a chunk carrying ``error`` ends the stream as failed."""
+        if self._closed:
+            return []
+        events = self.start()
+        if chunk.get("error"):
+            return events + self.error(_error_message(chunk["error"]))
+        if isinstance(chunk.get("model"), str):
+            self._model = chunk["model"]
+        self._usage = convert_usage(chunk.get("usage")) or self._usage
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                events += self._delta(delta)
+            if isinstance(choice.get("finish_reason"), str):
+                self._finish_reason = choice["finish_reason"]
+        return events
+
+    def finish(self) -> list[bytes]:
+        """Close every open item and emit ``response.completed`` (or ``response.incomplete``)."""
+        if self._closed:
+            return []
+        events = self.start()
+        reason = incomplete_reason(self._finish_reason)
+        status = "incomplete" if reason else "completed"
+        for index in sorted(self._calls):
+            if self._calls[index].output_index < 0:
+                events += self._open_call(self._calls[index])
+        for item in self._items:
+            if item.status == "in_progress":
+                events += self._close(item, status)
+        self._closed = True
+        kind = "response.incomplete" if reason else "response.completed"
+        return [*events, self._event(kind, response=self._response(status, reason))]
+
+    def error(self, message: str) -> list[bytes]:
+        """End the stream with ``response.failed`` carrying ``message``.
+
+        Items still open are reported with status ``incomplete``.
+        """
+        if self._closed:
+            return []
+        events = self.start()
+        for item in self._items:
+            if item.status == "in_progress":
+                item.status = "incomplete"
+        self._closed = True
+        failure = {"code": "server_error", "message": message}
+        response = self._response("failed", None, failure)
+        return [*events, self._event("response.failed", response=response)]
+
+    def _delta(self, delta: dict[str, Any]) -> list[bytes]:
+        events: list[bytes] = []
+        reasoning = reasoning_text(delta)
+        if reasoning:
+            events += self._stream_text("reasoning", reasoning)
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            events += self._stream_text("message", content)
+        tool_calls = delta.get("tool_calls")
+        for call in tool_calls if isinstance(tool_calls, list) else []:
+            if isinstance(call, dict):
+                events += self._stream_call(call)
+        return events
+
+    def _stream_text(self, kind: str, text: str) -> list[bytes]:
+        events: list[bytes] = []
+        item = self._current
+        if item is None or item.kind != kind:
+            events += self._close_current()
+            item = _Item(kind, new_id("msg" if kind == "message" else "rs"))
+            events += self._open(item)
+            self._current = item
+        item.text += text
+        if kind == "message":
+            events.append(self._on("response.output_text.delta", item, delta=text, logprobs=[]))
+        else:
+            events.append(self._on("response.reasoning_text.delta", item, delta=text))
+        return events
+
+    def _stream_call(self, call: dict[str, Any]) -> list[bytes]:
+        index = call.get("index")
+        index = index if isinstance(index, int) else len(self._calls)
+        item = self._calls.setdefault(
+            index, _Item("function_call", new_id("fc"), call_id=new_id("call"))
+        )
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        arguments = function.get("arguments")
+        arguments = arguments if isinstance(arguments, str) else ""
+        if item.output_index >= 0:
+            item.text += arguments
+            if not arguments:
+                return []
+            return [self._on("response.function_call_arguments.delta", item, delta=arguments)]
+        if isinstance(call.get("id"), str) and call["id"]:
+            item.call_id = call["id"]
+        if isinstance(function.get("name"), str) and function["name"] and not item.name:
+            item.name = function["name"]
+        item.text += arguments
+        return self._open_call(item) if item.name else []
+
+    def _open_call(self, item: _Item) -> list[bytes]:
+        events = [*self._close_current(), *self._open(item)]
+        if item.text:
+            events.append(self._on("response.function_call_arguments.delta", item, delta=item.text))
+        return events
+
+    def _open(self, item: _Item) -> list[bytes]:
+        item.output_index = len(self._items)
+        self._items.append(item)
+        events = [self._item_event("response.output_item.added", item, item.opening())]
+        if item.kind != "function_call":
+            events.append(self._on("response.content_part.added", item, part=item.part("")))
+        return events
+
+    def _close_current(self) -> list[bytes]:
+        item, self._current = self._current, None
+        return self._close(item, "completed") if item is not None else []
+
+    def _close(self, item: _Item, status: str) -> list[bytes]:
+        item.status = status
+        if item.kind == "function_call":
+            done = "response.function_call_arguments.done"
+            events = [self._on(done, item, arguments=item.text, name=item.name)]
+        elif item.kind == "message":
+            events = [self._on("response.output_text.done", item, text=item.text, logprobs=[])]
+        else:
+            events = [self._on("response.reasoning_text.done", item, text=item.text)]
+        if item.kind != "function_call":
+            events.append(self._on("response.content_part.done", item, part=item.part(item.text)))
+        events.append(self._item_event("response.output_item.done", item, item.snapshot()))
+        return events
+
+    def _item_event(self, kind: str, item: _Item, body: dict[str, Any]) -> bytes:
+        return self._event(kind, output_index=item.output_index, item=body)
+
+    def _on(self, kind: str, item: _Item, **fields: Any) -> bytes:
+        where: dict[str, Any] = {"item_id": item.item_id, "output_index": item.output_index}
+        if item.kind != "function_call":
+            where["content_index"] = 0
+        return self._event(kind, **where, **fields)
+
+    def _response(
+        self, status: str, incomplete: str | None = None, error: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return build_response(
+            self._request,
+            response_id=self._response_id,
+            created_at=self._created_at,
+            status=status,
+            output=[item.snapshot() for item in self._items],
+            usage=None if status == "in_progress" else self._usage,
+            model=self._model,
+            incomplete=incomplete,
+            error=error,
+        )
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        return b"event: " + kind.encode() + b"\ndata: " + data.encode() + b"\n\n"
+
+
+def _error_message(error: Any) -> str:
+    message = error.get("message") if isinstance(error, dict) else error
+    return message if isinstance(message, str) else json.dumps(error)

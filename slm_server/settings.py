@@ -1,0 +1,126 @@
+"""Process settings from the environment (``SLM_*``) and an optional ``.env`` file.
+
+Settings are read once, at start, into a frozen value that is passed to whatever needs
+it. ``.env`` never overrides a variable already present in the environment, so
+``SLM_ROUTER_PORT=9000 python -m slm_server router`` beats the file.
+
+    settings = Settings.from_env()            # reads os.environ and .env
+    settings.router_port                       # 8000 unless SLM_ROUTER_PORT says otherwise
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value of the wrong shape."""
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """Parse a ``.env`` file: ``KEY=value`` lines, ``#`` comments, optional quotes,
+    optional leading ``export``. A missing file yields an empty mapping."""
+    values: dict[str, str] = {}
+    if not path.is_file():
+        return values
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        key = key.strip().removeprefix("export ").strip()
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        values[key] = value
+    return values
+
+
+def load_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The effective environment: ``.env`` (``SLM_ENV_FILE`` or ``<project>/.env``)
+    overlaid by the real environment."""
+    env = dict(os.environ if environ is None else environ)
+    dotenv_path = Path(env.get("SLM_ENV_FILE", str(PROJECT_ROOT / ".env")))
+    merged = read_dotenv(dotenv_path)
+    merged.update(env)
+    return merged
+
+
+def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be at least {minimum:g}")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
+    raw = env.get(name, "").strip()
+    path = Path(raw).expanduser() if raw else default
+    return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything tunable by environment, with its default."""
+
+    config_path: Path
+    log_dir: Path
+    llama_server_bin: str | None
+    router_host: str
+    router_port: int
+    ready_timeout_seconds: float
+    stop_timeout_seconds: float
+    health_probe_timeout_seconds: float
+    connect_timeout_seconds: float
+
+    @property
+    def pidfile_path(self) -> Path:
+        """Where the launcher records the processes it started."""
+        return self.log_dir / "backends.pids.json"
+
+    @property
+    def state_path(self) -> Path:
+        """Where the launcher publishes each backend's state for ``status``."""
+        return self.log_dir / "backends.state.json"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = load_environment(environ)
+        bin_raw = env.get("SLM_LLAMA_SERVER_BIN", "").strip()
+        return cls(
+            config_path=_path(env, "SLM_CONFIG", PROJECT_ROOT / "config" / "models.yaml"),
+            log_dir=_path(env, "SLM_BACKEND_LOG_DIR", PROJECT_ROOT / "logs"),
+            llama_server_bin=bin_raw or None,
+            router_host=env.get("SLM_ROUTER_HOST", "").strip() or "127.0.0.1",
+            router_port=_int(env, "SLM_ROUTER_PORT", 8000, minimum=1),
+            ready_timeout_seconds=_float(env, "SLM_READY_TIMEOUT_SECONDS", 600.0),
+            stop_timeout_seconds=_float(env, "SLM_STOP_TIMEOUT_SECONDS", 10.0),
+            health_probe_timeout_seconds=_float(env, "SLM_HEALTH_PROBE_TIMEOUT_SECONDS", 2.0),
+            connect_timeout_seconds=_float(env, "SLM_CONNECT_TIMEOUT_SECONDS", 5.0),
+        )

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Run the gateway from a fresh clone: install what is missing, start the model
+# backends, wait for them, start the router on http://127.0.0.1:8000, and stop
+# everything on Ctrl-C. The whole run is teed to logs/start.out (rotated past 10 MB).
+# Works with macOS's bash 3.2 and BSD tools as well as on Linux.
+set -u
+
+root=$(cd "$(dirname "$0")" && pwd)
+cd "$root" || exit 1
+mkdir -p logs
+
+out=logs/start.out
+if [ -f "$out" ] && [ "$(wc -c < "$out" | tr -d ' ')" -gt 10485760 ]; then
+  mv "$out" "$out.1"
+fi
+# tee ignores Ctrl-C so the shutdown messages still reach the file.
+exec > >(trap '' INT TERM; tee -a "$out") 2>&1
+
+say() { printf '[start] %s\n' "$*"; }
+say "$(date '+%Y-%m-%d %H:%M:%S') starting slm_server in $root"
+
+if ! bash scripts/setup.sh; then
+  say "setup failed; see the messages above"
+  exit 1
+fi
+
+py="$root/.venv/bin/python"
+# shellcheck disable=SC1091  # .env is the user's file
+if [ -f .env ]; then set -a; . ./.env; set +a; fi
+router_host=${SLM_ROUTER_HOST:-127.0.0.1}
+router_port=${SLM_ROUTER_PORT:-8000}
+
+if ! "$py" -m slm_server check; then
+  say "the registry has problems (above); fix config/models.yaml and run again"
+  exit 1
+fi
+
+backends_pid=""
+router_pid=""
+stopping=false
+# shellcheck disable=SC2329  # invoked from the traps below
+cleanup() {
+  [ "$stopping" = true ] && return
+  stopping=true
+  say "stopping"
+  [ -n "$router_pid" ] && kill -TERM "$router_pid" 2>/dev/null
+  [ -n "$backends_pid" ] && kill -TERM "$backends_pid" 2>/dev/null
+  [ -n "$router_pid" ] && wait "$router_pid" 2>/dev/null
+  [ -n "$backends_pid" ] && wait "$backends_pid" 2>/dev/null
+  say "stopped"
+}
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+trap cleanup EXIT
+
+"$py" -m slm_server backends &
+backends_pid=$!
+say "backends launcher started (pid $backends_pid); loading models"
+
+# Follows the launcher's published states; a backend counts as ready only when its
+# /health answered 200 and its process (and the launcher) are alive.
+if ! "$py" -m slm_server status --wait "${SLM_READY_TIMEOUT_SECONDS:-600}" --launcher "$backends_pid"; then
+  say "no backend could start; see the messages above and logs/"
+  exit 1
+fi
+
+"$py" -m slm_server router &
+router_pid=$!
+url="http://$router_host:$router_port"
+tries=0
+until "$py" -c "import sys, httpx; sys.exit(httpx.get('$url/health', timeout=1).status_code != 200)" 2>/dev/null; do
+  if ! kill -0 "$router_pid" 2>/dev/null; then
+    say "the router exited; see the messages above"
+    exit 1
+  fi
+  tries=$((tries + 1))
+  if [ "$tries" -gt 120 ]; then
+    say "the router did not answer on $url within 60s"
+    exit 1
+  fi
+  sleep 0.5
+done
+
+say "ready: $url/v1 (OpenAI-compatible)"
+"$py" - "$url" <<'PY'
+import sys
+
+import httpx
+
+for model in httpx.get(sys.argv[1] + "/v1/models", timeout=5).json()["data"]:
+    print(f"[start]   model {model['id']} ({model['model_type']}, {model['backend']})")
+PY
+say "try: curl $url/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"smollm2-135m-instruct\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'"
+say "press Ctrl-C to stop"
+
+while kill -0 "$backends_pid" 2>/dev/null && kill -0 "$router_pid" 2>/dev/null; do
+  sleep 1
+done
+if ! kill -0 "$backends_pid" 2>/dev/null; then
+  say "the backends launcher exited; stopping the router"
+else
+  say "the router exited; stopping the backends"
+fi
+exit 1

@@ -1,0 +1,529 @@
+"""A scriptable fake OpenAI-compatible backend, run as a real process on a real port.
+
+    python -m tests.fakes.fake_backend --port PORT [--host 127.0.0.1] [--model-id NAME]
+
+Proxied endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank,
+/v1/responses (404 unless scripted), GET /v1/models.  GET /health answers {"status":"ok"}.
+Control endpoints used by tests: POST /_control (script, see ``Script``), GET /_requests,
+GET /_health_requests, POST /_reset.  Tests drive it through ``tests.fakes.control``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import os
+import signal
+import struct
+import sys
+import threading
+import time
+from contextlib import suppress
+from dataclasses import asdict, dataclass, field
+from types import FrameType, UnionType
+from typing import Any, get_args, get_origin, get_type_hints
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+JSON = dict[str, Any]
+Events = tuple[list[bytes], list[bytes], list[bytes]]  # SSE events: prefix, content, suffix
+PROXIED_POST = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank",
+                "/v1/responses")
+
+
+@dataclass
+class Script:
+    """Behaviour for subsequent requests; each POST /_control replaces the whole script.
+
+    Order of effects for a matched request: exit_on_request, stall, next status
+    (``statuses`` queue first, then ``status``), delay_seconds, then the answer.
+    Streamed content is ``chunk_text`` repeated ``chunks`` times (``reply`` only
+    affects non-streamed answers).
+    """
+
+    status: int | None = None
+    statuses: list[int] = field(default_factory=list)
+    delay_seconds: float = 0.0
+    stall: bool = False
+    chunks: int = 8
+    chunk_interval_seconds: float = 0.0
+    chunk_text: str = "tok "
+    fail_mid_stream_after: int | None = None
+    exit_on_request: bool = False
+    health_status: int = 200
+    health_stall: bool = False
+    paths: list[str] | None = None
+    responses: bool = False
+    reply: str | None = None
+
+    @classmethod
+    def parse(cls, data: Any) -> Script:
+        """Build a script from decoded JSON, rejecting unknown fields and wrong types."""
+        if not isinstance(data, dict):
+            raise ValueError("script must be a JSON object")
+        hints = get_type_hints(cls)
+        for name, value in data.items():
+            if name not in hints:
+                raise ValueError(f"unknown script field {name!r}")
+            if not _matches(value, hints[name]):
+                raise ValueError(f"script field {name!r}: {value!r} is not {hints[name]}")
+        return cls(**data)
+
+    def applies_to(self, path: str) -> bool:
+        return self.paths is None or path in self.paths
+
+    def next_status(self) -> int | None:
+        if self.statuses:
+            return self.statuses.pop(0)
+        return self.status
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if get_origin(hint) is list:
+        return isinstance(value, list) and all(_matches(v, get_args(hint)[0]) for v in value)
+    if get_origin(hint) is UnionType:
+        return any(_matches(value, h) for h in get_args(hint))
+    return isinstance(value, hint)
+
+
+@dataclass
+class Record:
+    seq: int
+    path: str
+    method: str
+    headers: dict[str, str]
+    body: Any
+    received_at: float
+    completed: bool = False
+    disconnected: bool = False
+    chunks_sent: int = 0
+    finished_at: float | None = None
+
+
+@dataclass
+class State:
+    model_id: str
+    script: Script = field(default_factory=Script)
+    requests: list[Record] = field(default_factory=list)
+    health_requests: list[JSON] = field(default_factory=list)
+    seq: int = 0
+    shutting_down: bool = False
+    active: set[asyncio.Event] = field(default_factory=set)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+        for stop in self.active:
+            stop.set()
+
+
+class AbortConnection(Exception):
+    """Raised inside a response to make uvicorn drop the connection without finishing it."""
+
+
+class _DropAbortLogs(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], AbortConnection))
+
+
+def error_body(status: int, message: str | None = None, kind: str = "fake") -> JSON:
+    return {"error": {"message": message or f"scripted {status}", "type": kind, "code": status}}
+
+
+def sse(data: JSON | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; True if it was set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+class ScriptedResponse(Response):
+    """Sends a JSON body or an SSE stream, honouring delay/stall/abort and client disconnects."""
+
+    def __init__(self, state: State, record: Record | None, script: Script, *, status: int = 200,
+                 payload: Any = None, events: Events | None = None, stall: bool = False,
+                 headers: dict[str, str] | None = None) -> None:
+        self.state, self.record, self.script, self.status_code = state, record, script, status
+        self.events, self.stall, self.final_sent = events, stall, False
+        self.body = json.dumps(payload).encode() if events is None else b""
+        kind = {"content-type": "application/json", "content-length": str(len(self.body))}
+        if events is not None:
+            kind = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+        self.extra_headers = {**kind, **(headers or {})}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stop = asyncio.Event()
+        if self.state.shutting_down:
+            stop.set()
+        self.state.active.add(stop)
+        watcher = asyncio.create_task(self._watch(receive, stop))
+        try:
+            await self._run(send, stop)
+        finally:
+            self.state.active.discard(stop)
+            watcher.cancel()
+            with suppress(asyncio.CancelledError):
+                await watcher
+            if self.record is not None:
+                self.record.finished_at = time.monotonic()
+
+    async def _watch(self, receive: Receive, stop: asyncio.Event) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if self.record is not None and not self.final_sent:
+                    self.record.disconnected = True
+                stop.set()
+                return
+
+    def _stopped(self) -> None:
+        if self.state.shutting_down:
+            raise AbortConnection("shutting down")
+        # Otherwise the client went away: return quietly, nothing more can be sent.
+
+    async def _run(self, send: Send, stop: asyncio.Event) -> None:
+        if self.stall:
+            await stop.wait()
+        elif self.script.delay_seconds > 0:
+            await wait_event(stop, self.script.delay_seconds)
+        if stop.is_set():
+            self._stopped()
+            return
+        raw_headers = [(k.encode(), v.encode()) for k, v in self.extra_headers.items()]
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": raw_headers})
+        if self.events is not None:
+            prefix, content, suffix = self.events
+            for event in prefix:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            if not await self._send_content(send, stop, content):
+                return
+            for event in suffix:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        await asyncio.sleep(0)  # let a pending disconnect notification reach the watcher
+        if stop.is_set():
+            self._stopped()
+            return
+        self.final_sent = True
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+        if self.record is not None:
+            self.record.completed = True
+
+    async def _send_content(self, send: Send, stop: asyncio.Event, content: list[bytes]) -> bool:
+        """Send the content chunks; False if stopped by a disconnect. Honours fail_after."""
+        fail_after, interval = self.script.fail_mid_stream_after, self.script.chunk_interval_seconds
+        for sent, event in enumerate(content):
+            if fail_after is not None and sent >= fail_after:
+                raise AbortConnection(f"scripted failure after {sent} chunks")
+            if sent > 0 and interval > 0:
+                await wait_event(stop, interval)
+            if stop.is_set():
+                self._stopped()
+                return False
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            if self.record is not None:
+                self.record.chunks_sent = sent + 1
+        if fail_after is not None and len(content) >= fail_after:
+            raise AbortConnection(f"scripted failure after {len(content)} chunks")
+        return True
+
+
+# ---------------------------------------------------------------- answer builders
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+        return " ".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def prompt_text(path: str, body: JSON) -> str:
+    """The last user message (chat, responses) or the prompt (completions)."""
+    if path == "/v1/completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt:
+            prompt = prompt[-1]
+        return prompt if isinstance(prompt, str) else ""
+    items = body.get("messages") if path == "/v1/chat/completions" else body.get("input")
+    if isinstance(items, str):
+        return items
+    if isinstance(items, list):
+        for item in reversed(items):
+            if isinstance(item, dict) and item.get("role", "user") == "user":
+                return _text_of(item.get("content"))
+    return ""
+
+
+def count_words(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def usage(prompt: int, completion: int) -> JSON:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def generate(path: str, body: JSON, model: str, seq: int,
+             script: Script) -> tuple[JSON | None, Events | None]:
+    """Return (payload, events) for a chat/text completion; events is None unless streaming."""
+    chat = path == "/v1/chat/completions"
+    prompt = prompt_text(path, body)
+    created = int(time.time())
+    base: JSON = {"id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{seq}", "created": created,
+                  "model": model}
+    if not body.get("stream"):
+        reply = script.reply if script.reply is not None else f"fake reply to: {prompt[:80]}"
+        choice: JSON = {"index": 0, "logprobs": None, "finish_reason": "stop"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": reply}
+        else:
+            choice["text"] = reply
+        return {**base, "object": "chat.completion" if chat else "text_completion",
+                "system_fingerprint": "fake", "choices": [choice],
+                "usage": usage(count_words(prompt), count_words(reply))}, None
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
+        choice: JSON = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if chat:
+            delta: JSON = {"role": "assistant", "content": ""} if role else {}
+            choice["delta"] = {**delta, "content": text} if text is not None else delta
+        else:
+            choice["text"] = text or ""
+        return sse({**base, "object": kind, "choices": [choice]})
+
+    prefix = [chunk(None, None, role=True)] if chat else []
+    content = [chunk(script.chunk_text, None) for _ in range(script.chunks)]
+    suffix = [chunk(None, "stop")]
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        suffix.append(sse({**base, "object": kind, "choices": [],
+                           "usage": usage(count_words(prompt), script.chunks)}))
+    suffix.append(sse("[DONE]"))
+    return None, (prefix, content, suffix)
+
+
+def embedding(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round(int.from_bytes(digest[i:i + 4], "big") / 2**31 - 1.0, 6)
+            for i in range(0, 32, 4)]
+
+
+def embeddings(body: JSON, model: str) -> JSON:
+    raw = body.get("input", "")
+    inputs = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
+    texts = [x if isinstance(x, str) else json.dumps(x) for x in inputs]
+    data = []
+    for index, text in enumerate(texts):
+        vector: Any = embedding(text)
+        if body.get("encoding_format") == "base64":
+            vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        data.append({"object": "embedding", "index": index, "embedding": vector})
+    tokens = sum(count_words(t) for t in texts)
+    return {"object": "list", "model": model, "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def rerank(body: JSON, model: str) -> JSON:
+    query = set(str(body.get("query", "")).lower().split())
+    documents = [_text_of([d]) if isinstance(d, dict) else str(d)
+                 for d in body.get("documents", [])]
+    scored = [{"index": i, "relevance_score": float(len(query & set(d.lower().split())))}
+              for i, d in enumerate(documents)]
+    scored.sort(key=lambda r: -r["relevance_score"])
+    top_n = body.get("top_n")
+    if isinstance(top_n, int):
+        scored = scored[:top_n]
+    tokens = count_words(" ".join(query)) + sum(count_words(d) for d in documents)
+    return {"model": model, "object": "list", "results": scored,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def responses_answer(body: JSON, model: str, seq: int, script: Script) -> JSON:
+    prompt = prompt_text("/v1/responses", body)
+    reply = script.reply if script.reply is not None else f"fake reply to: {prompt[:80]}"
+    item = {"type": "message", "id": f"msg_fake_{seq}", "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": reply, "annotations": []}]}
+    inp, out = count_words(prompt), count_words(reply)
+    return {"id": f"resp_fake_{seq}", "object": "response", "created_at": int(time.time()),
+            "model": model, "status": "completed", "output": [item],
+            "usage": {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}}
+
+
+# ---------------------------------------------------------------- endpoints
+
+
+def _state(request: Request) -> State:
+    state: State = request.app.state.fake
+    return state
+
+
+async def proxied(request: Request) -> Response:
+    state = _state(request)
+    raw = await request.body()
+    try:
+        body: Any = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    path = request.url.path
+    state.seq += 1
+    headers: dict[str, str] = {}
+    for key, value in request.headers.items():
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    record = Record(state.seq, path, request.method, headers, body, time.monotonic())
+    state.requests.append(record)
+    script = state.script if state.script.applies_to(path) else Script()
+    out_headers = {"x-fake-backend": state.model_id, "x-fake-seq": str(record.seq)}
+
+    def answer(status: int = 200, payload: Any = None, events: Events | None = None) -> Response:
+        return ScriptedResponse(state, record, script, status=status, payload=payload,
+                                events=events, headers=out_headers)
+
+    if script.exit_on_request:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+    if script.stall:
+        return ScriptedResponse(state, record, script, stall=True)
+    status = script.next_status()
+    if status is not None and status != 200:
+        return answer(status, error_body(status))
+    if request.method == "GET":
+        return answer(payload={"object": "list", "data": [
+            {"id": state.model_id, "object": "model", "created": 0, "owned_by": "fake"}]})
+    if not isinstance(body, dict):
+        return answer(400, error_body(400, "request body must be a JSON object",
+                                      "invalid_request_error"))
+    requested = body.get("model")
+    model = requested if isinstance(requested, str) else state.model_id
+    if path == "/v1/embeddings":
+        return answer(payload=embeddings(body, model))
+    if path == "/v1/rerank":
+        return answer(payload=rerank(body, model))
+    if path == "/v1/responses":
+        if not script.responses:
+            return answer(404, error_body(404, f"Not Found: {path}", "not_found_error"))
+        return answer(payload=responses_answer(body, model, record.seq, script))
+    payload, events = generate(path, body, model, record.seq, script)
+    return answer(payload=payload, events=events)
+
+
+async def health(request: Request) -> Response:
+    state = _state(request)
+    script = state.script
+    state.health_requests.append({"received_at": time.monotonic(), "status": script.health_status,
+                                  "stalled": script.health_stall})
+    if script.health_stall:
+        return ScriptedResponse(state, None, Script(), stall=True)
+    pid = {"x-fake-pid": str(os.getpid())}  # lets the test side check it reached *its* process
+    if script.health_status != 200:
+        return JSONResponse(error_body(script.health_status), script.health_status, pid)
+    return JSONResponse({"status": "ok"}, headers=pid)
+
+
+async def control_api(request: Request) -> Response:
+    """POST /_control, GET /_requests, GET /_health_requests, POST /_reset."""
+    state = _state(request)
+    if request.url.path == "/_requests":
+        return JSONResponse([asdict(r) for r in state.requests])
+    if request.url.path == "/_health_requests":
+        return JSONResponse(state.health_requests)
+    if request.url.path == "/_reset":
+        state.script, state.seq = Script(), 0
+        state.requests.clear()
+        state.health_requests.clear()
+        return JSONResponse({"ok": True})
+    try:
+        state.script = Script.parse(json.loads(await request.body() or b"{}"))
+    except ValueError as exc:
+        return JSONResponse({"error": {"message": str(exc), "type": "invalid_script"}}, 422)
+    return JSONResponse({"ok": True, "script": asdict(state.script)})
+
+
+def build_app(model_id: str) -> Starlette:
+    routes = [Route(p, proxied, methods=["POST"]) for p in PROXIED_POST]
+    routes += [Route("/v1/models", proxied, methods=["GET"]),
+               Route("/health", health, methods=["GET"])]
+    routes += [Route(p, control_api, methods=["POST"]) for p in ("/_control", "/_reset")]
+    routes += [Route(p, control_api, methods=["GET"]) for p in ("/_requests", "/_health_requests")]
+    app = Starlette(routes=routes)
+    app.state.fake = State(model_id=model_id)
+    return app
+
+
+class FakeServer(uvicorn.Server):
+    """uvicorn server that also wakes stalled/streaming requests on SIGTERM/SIGINT."""
+
+    def __init__(self, config: uvicorn.Config, state: State) -> None:
+        super().__init__(config)
+        self.fake_state = state
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.fake_state.shutdown)
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Never outlive the test process that started us (e.g. if pytest is SIGKILLed)."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(4)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--model-id", default="fake-model")
+    parser.add_argument("--parent-pid", type=int, help="exit when this parent process dies")
+    args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
+    app = build_app(args.model_id)
+    config = uvicorn.Config(app, host=args.host, port=args.port, http="h11", loop="asyncio",
+                            lifespan="off", log_level="info", access_log=False,
+                            timeout_keep_alive=30, timeout_graceful_shutdown=2)
+    logging.getLogger("uvicorn.error").addFilter(_DropAbortLogs())
+    server = FakeServer(config, app.state.fake)
+    # uvicorn re-raises the captured signal after its graceful shutdown: exit with code 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    server.run()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

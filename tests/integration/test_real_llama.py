@@ -1,0 +1,123 @@
+"""The default models on the real llama-server, launched by slm_server, through the
+router: every endpoint, the official client, and greedy output identical to direct."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.integration.real_stack import Stack, running_gateway
+
+pytestmark = pytest.mark.real_model
+
+CHAT_MODEL = "smollm2-135m-instruct"
+GEMMA_MODEL = "gemma-3-270m"
+EMBED_MODEL = "gemma-3-270m-embed"
+HELLO: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Say hello in one short sentence."}
+]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str]]:
+    workdir: Path = tmp_path_factory.mktemp("real")
+    with running_gateway(workdir) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(gateway: tuple[Stack, str]) -> Iterator[openai.OpenAI]:
+    _stack, url = gateway
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as sdk:
+        yield sdk
+
+
+def test_every_default_model_is_listed_and_healthy(gateway: tuple[Stack, str]) -> None:
+    _stack, url = gateway
+    models = httpx.get(f"{url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [CHAT_MODEL, GEMMA_MODEL, EMBED_MODEL]
+    health = httpx.get(f"{url}/v1/backends/health").json()
+    assert {role: item["status"] for role, item in health.items()} == {
+        "standard": "healthy",
+        "gemma": "healthy",
+        "embeddings": "healthy",
+    }
+    assert all(item["state"] == "ready" for item in health.values())
+
+
+@pytest.mark.parametrize("model", [CHAT_MODEL, GEMMA_MODEL])
+def test_chat_completion_answers_with_text(client: openai.OpenAI, model: str) -> None:
+    reply = client.chat.completions.create(model=model, messages=HELLO, max_tokens=24)
+    assert reply.model == model
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+
+def test_chat_completion_streams_through_the_official_client(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=CHAT_MODEL, messages=HELLO, max_tokens=24, stream=True
+    )
+    deltas = [
+        c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
+    ]
+    assert len(deltas) >= 2
+    assert "".join(deltas).strip()
+
+
+def test_completions(gateway: tuple[Stack, str]) -> None:
+    _stack, url = gateway
+    body = {"model": GEMMA_MODEL, "prompt": "The capital of France is", "max_tokens": 8}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["text"]
+
+
+def test_embeddings_have_640_dimensions(client: openai.OpenAI) -> None:
+    result = client.embeddings.create(model=EMBED_MODEL, input=["hello world", "goodbye"])
+    assert [len(item.embedding) for item in result.data] == [640, 640]
+    assert result.data[0].embedding != result.data[1].embedding
+
+
+def test_responses_api(client: openai.OpenAI) -> None:
+    response = client.responses.create(model=CHAT_MODEL, input="Say hi.", max_output_tokens=24)
+    assert response.output_text.strip()
+
+
+def test_responses_api_streaming(client: openai.OpenAI) -> None:
+    events = list(
+        client.responses.create(
+            model=CHAT_MODEL, input="Say hi.", max_output_tokens=24, stream=True
+        )
+    )
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert deltas and "".join(deltas).strip()
+    assert events[-1].type in ("response.completed", "response.incomplete")
+
+
+def test_greedy_output_through_the_router_equals_direct(gateway: tuple[Stack, str]) -> None:
+    stack, url = gateway
+    body = {
+        "model": CHAT_MODEL,
+        "messages": [{"role": "user", "content": "List three colours."}],
+        "max_tokens": 32,
+        "temperature": 0,
+        "seed": 7,
+    }
+    direct_url = f"http://127.0.0.1:{stack.ports['standard']}/v1/chat/completions"
+    direct = httpx.post(direct_url, json=body, timeout=60).json()
+    routed = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    text = direct["choices"][0]["message"]["content"]
+    assert text
+    assert routed["choices"][0]["message"]["content"] == text
+
+
+def test_wrong_endpoint_for_the_model_type_is_a_clear_400(gateway: tuple[Stack, str]) -> None:
+    _stack, url = gateway
+    response = httpx.post(f"{url}/v1/embeddings", json={"model": CHAT_MODEL, "input": "x"})
+    assert response.status_code == 400
+    assert "model_type 'lm'" in response.json()["error"]["message"]

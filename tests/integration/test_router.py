@@ -1,0 +1,314 @@
+"""The router on a real socket in front of scriptable fake backends (real processes):
+routing, streaming as it arrives, disconnects, and every error status."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.fakes.control import FakeBackend
+from tests.processes import free_port, running_router
+
+FAKE_ROLES = ("alpha", "beta", "slow", "embed", "rerank", "sick", "stuck")
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def entry(model_id: str, port: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "backend": "llamacpp",
+        "port": port,
+        "model_path": "models/none.gguf",
+        "default_timeout": 10,
+        "quantization": "Q4_0",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[dict[str, FakeBackend]]:
+    with ExitStack() as stack:
+        yield {role: stack.enter_context(FakeBackend.start(model_id=role)) for role in FAKE_ROLES}
+
+
+@pytest.fixture(scope="module")
+def router(
+    fakes: dict[str, FakeBackend], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    workdir: Path = tmp_path_factory.mktemp("router")
+    models = {
+        "alpha": entry(
+            "alpha", fakes["alpha"].port, chat_template_kwargs={"enable_thinking": False}
+        ),
+        "beta": entry("beta", fakes["beta"].port),
+        "slow": entry("slow", fakes["slow"].port, default_timeout=1),
+        "embed": entry("embed", fakes["embed"].port, model_type="embeddings"),
+        "rerank": entry("rerank", fakes["rerank"].port, model_type="rerank"),
+        "sick": entry("sick", fakes["sick"].port),
+        "stuck": entry("stuck", fakes["stuck"].port),
+        "ghost": entry("ghost", free_port()),
+        "off": entry("off", free_port(), enabled=False),
+        "twin_a": entry("twin", free_port()),
+        "twin_b": entry("twin", free_port()),
+    }
+    config = workdir / "models.yaml"
+    config.write_text(yaml.safe_dump({"models": models}))
+    env = {
+        "SLM_CONFIG": str(config),
+        "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
+        "SLM_HEALTH_PROBE_TIMEOUT_SECONDS": "0.5",
+        "SLM_LLAMA_SERVER_BIN": "",
+    }
+    with running_router(env, workdir) as (_process, url):
+        yield url
+
+
+@pytest.fixture(autouse=True)
+def _reset(fakes: dict[str, FakeBackend]) -> None:
+    for fake in fakes.values():
+        fake.reset()
+
+
+@pytest.fixture
+def http(router: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=router, timeout=10.0, trust_env=False) as client:
+        yield client
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}
+    assert {"message", "type", "code"} <= set(body["error"])
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+def test_requests_go_to_the_backend_named_by_model(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    for model in ("alpha", "beta", "alpha"):
+        response = http.post(CHAT, json={"model": model, "messages": HELLO})
+        assert response.status_code == 200
+        assert response.json()["model"] == model
+    assert len(fakes["alpha"].requests()) == 2
+    assert len(fakes["beta"].requests()) == 1
+
+
+def test_chat_template_kwargs_are_injected_only_when_absent(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    http.post(CHAT, json={"model": "alpha", "messages": HELLO})
+    own = {"enable_thinking": True}
+    http.post(CHAT, json={"model": "alpha", "messages": HELLO, "chat_template_kwargs": own})
+    http.post(CHAT, json={"model": "beta", "messages": HELLO})
+    first, second = fakes["alpha"].requests()
+    assert first["body"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert second["body"]["chat_template_kwargs"] == own
+    assert "chat_template_kwargs" not in fakes["beta"].requests()[0]["body"]
+
+
+def test_stream_chunks_reach_the_client_as_the_backend_sends_them(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    fakes["alpha"].script(chunks=5, chunk_interval_seconds=0.3)
+    arrivals: list[float] = []
+    body = {"model": "alpha", "messages": HELLO, "stream": True}
+    with http.stream("POST", CHAT, json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["x-accel-buffering"] == "no"
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.monotonic())
+    [record] = fakes["alpha"].requests()
+    assert record["finished_at"] is not None
+    # CLOCK_MONOTONIC is shared by every process on the machine.
+    assert arrivals[0] < record["finished_at"] - 0.8
+    assert arrivals[-1] - arrivals[0] > 0.8
+
+
+def test_client_disconnect_closes_the_upstream_request(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    fakes["alpha"].script(chunks=200, chunk_interval_seconds=0.05)
+    body = {"model": "alpha", "messages": HELLO, "stream": True}
+    with http.stream("POST", CHAT, json=body) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))
+    [record] = fakes["alpha"].wait_for(
+        lambda reqs: len(reqs) == 1 and reqs[0]["disconnected"], timeout=5
+    )
+    assert record["chunks_sent"] < 200
+
+
+def test_a_failure_mid_stream_becomes_one_error_event_and_a_clean_end(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    fakes["alpha"].script(chunks=10, fail_mid_stream_after=2)
+    body = {"model": "alpha", "messages": HELLO, "stream": True}
+    with http.stream("POST", CHAT, json=body) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data:")]
+    payloads = [json.loads(e[5:]) for e in events if e != "data: [DONE]"]
+    assert "error" in payloads[-1]
+    assert payloads[-1]["error"]["type"] == "backend_error"
+    assert all("error" not in p for p in payloads[:-1])
+
+
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [
+        (b"{not json", "invalid_json"),
+        (b"", "invalid_json"),
+        (b"[1, 2]", "invalid_json"),
+        (b'{"messages": []}', "missing_model"),
+        (b'{"model": 7, "messages": []}', "invalid_model"),
+    ],
+)
+def test_malformed_requests_get_400(http: httpx.Client, content: bytes, code: str) -> None:
+    response = http.post(CHAT, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert error_of(response)["code"] == code
+
+
+@pytest.mark.parametrize("model", ["nope", "off"])
+def test_unknown_or_disabled_model_is_404(http: httpx.Client, model: str) -> None:
+    response = http.post(CHAT, json={"model": model, "messages": HELLO})
+    assert response.status_code == 404
+    assert error_of(response)["code"] == "model_not_found"
+
+
+def test_endpoint_the_model_type_does_not_serve_is_400(http: httpx.Client) -> None:
+    response = http.post("/v1/rerank", json={"model": "alpha", "query": "q", "documents": ["d"]})
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "unsupported_endpoint"
+    assert "model_type 'lm'" in error["message"]
+
+
+def test_duplicate_enabled_id_is_409(http: httpx.Client) -> None:
+    response = http.post(CHAT, json={"model": "twin", "messages": HELLO})
+    assert response.status_code == 409
+    assert error_of(response)["code"] == "ambiguous_model"
+
+
+def test_unreachable_backend_is_503_with_retry_after(http: httpx.Client) -> None:
+    response = http.post(CHAT, json={"model": "ghost", "messages": HELLO})
+    assert response.status_code == 503
+    assert int(response.headers["retry-after"]) >= 1
+    assert error_of(response)["code"] == "backend_unreachable"
+
+
+def test_backend_timeout_is_504(http: httpx.Client, fakes: dict[str, FakeBackend]) -> None:
+    fakes["slow"].script(delay_seconds=3)
+    started = time.monotonic()
+    response = http.post(CHAT, json={"model": "slow", "messages": HELLO})
+    assert response.status_code == 504
+    assert error_of(response)["code"] == "backend_timeout"
+    assert time.monotonic() - started < 2.5
+
+
+@pytest.mark.parametrize("status", [500, 429, 503, 422])
+def test_backend_error_statuses_pass_through_openai_shaped(
+    http: httpx.Client, fakes: dict[str, FakeBackend], status: int
+) -> None:
+    fakes["beta"].script(status=status)
+    response = http.post(CHAT, json={"model": "beta", "messages": HELLO})
+    assert response.status_code == status
+    error_of(response)
+
+
+def test_embeddings_and_rerank_are_proxied(http: httpx.Client) -> None:
+    embedded = http.post("/v1/embeddings", json={"model": "embed", "input": ["a", "b"]})
+    assert embedded.status_code == 200
+    assert len(embedded.json()["data"]) == 2
+    body = {
+        "model": "rerank",
+        "query": "red fox",
+        "documents": ["blue sky", "red fox runs"],
+        "top_n": 1,
+    }
+    reranked = http.post("/v1/rerank", json=body)
+    assert reranked.status_code == 200
+    assert [r["index"] for r in reranked.json()["results"]] == [1]
+
+
+def test_unknown_routes_and_methods_are_openai_shaped(http: httpx.Client) -> None:
+    missing = http.get("/v1/nothing")
+    assert missing.status_code == 404
+    error_of(missing)
+    wrong_method = http.get(CHAT)
+    assert wrong_method.status_code == 405
+    error_of(wrong_method)
+
+
+def test_responses_fall_back_to_chat_when_the_backend_lacks_them(
+    router: str, fakes: dict[str, FakeBackend]
+) -> None:
+    with openai.OpenAI(base_url=f"{router}/v1", api_key="x", max_retries=0) as client:
+        response = client.responses.create(model="beta", input="hello there")
+        assert response.output_text.startswith("fake reply to: hello there")
+        events = list(client.responses.create(model="beta", input="hello there", stream=True))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text
+    assert events[-1].type == "response.completed"
+    paths = [r["path"] for r in fakes["beta"].requests()]
+    assert paths == ["/v1/responses", CHAT, "/v1/responses", CHAT]
+
+
+def test_responses_use_the_backend_s_own_api_when_it_has_one(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    fakes["beta"].script(responses=True)
+    response = http.post("/v1/responses", json={"model": "beta", "input": "hi"})
+    assert response.status_code == 200
+    assert response.json()["object"] == "response"
+    assert [r["path"] for r in fakes["beta"].requests()] == ["/v1/responses"]
+
+
+def test_models_lists_enabled_entries_with_their_settings(http: httpx.Client) -> None:
+    data = http.get("/v1/models").json()["data"]
+    ids = [m["id"] for m in data]
+    assert "off" not in ids
+    assert ids.count("twin") == 2
+    alpha = next(m for m in data if m["id"] == "alpha")
+    assert alpha["backend"] == "llamacpp"
+    assert alpha["model_type"] == "lm"
+    assert alpha["quantization"] == "Q4_0"
+    assert alpha["supports_function_calling"] is False
+    assert "context_length" in alpha
+
+
+def test_backends_health_reports_each_status(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    fakes["sick"].script(health_status=503)
+    fakes["stuck"].script(health_stall=True)
+    started = time.monotonic()
+    health = http.get("/v1/backends/health").json()
+    assert time.monotonic() - started < 3, "probes must run concurrently with a short timeout"
+    statuses = {role: item["status"] for role, item in health.items()}
+    assert statuses["alpha"] == "healthy"
+    assert statuses["ghost"] == "unreachable"
+    assert statuses["sick"] == "unhealthy"
+    assert statuses["stuck"] == "timeout"
+    assert statuses["off"] == "disabled"
+    assert health["ghost"]["error"].startswith("Connection refused")
+    assert health["alpha"]["port"] == fakes["alpha"].port
+
+
+def test_router_health(http: httpx.Client) -> None:
+    response = http.get("/health")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"

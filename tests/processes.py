@@ -1,0 +1,117 @@
+"""Starting the gateway's own commands as real processes for integration tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def poll(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Wait until ``predicate()`` holds; fail the test with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class Command:
+    """A running ``python -m slm_server <command>`` process and its output file."""
+
+    popen: subprocess.Popen[bytes]
+    output: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def text(self) -> str:
+        return self.output.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        return self.popen.returncode
+
+
+def start_command(
+    command: str, env: Mapping[str, str], output: Path, *extra: str
+) -> Command:
+    """Start ``python -m slm_server <command>`` in its own session."""
+    full_env = {**os.environ, **env}
+    full_env.setdefault("SLM_ENV_FILE", str(output.parent / "no.env"))
+    handle = output.open("wb")
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "slm_server", command, *extra],
+            cwd=ROOT,
+            env=full_env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        handle.close()
+    return Command(popen, output)
+
+
+@contextlib.contextmanager
+def running_router(env: Mapping[str, str], workdir: Path) -> Iterator[tuple[Command, str]]:
+    """A router on a free port; yields it and its base URL, stops it afterwards."""
+    port = free_port()
+    router = start_command("router", {**env, "SLM_ROUTER_PORT": str(port)}, workdir / "router.out")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        poll(
+            lambda: http_ok(f"{url}/health") or router.popen.poll() is not None,
+            30, "the router to answer /health",
+        )
+        if router.popen.poll() is not None:
+            raise AssertionError(f"router exited:\n{router.text()}")
+        yield router, url
+    finally:
+        router.stop()

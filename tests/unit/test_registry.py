@@ -1,0 +1,167 @@
+"""Routing by model id and endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slm_server.config import ModelEntry, ModelSpec
+from slm_server.errors import AmbiguousModel, InvalidRequest, ModelNotFound, UnsupportedEndpoint
+from slm_server.registry import ENDPOINT_MODEL_TYPES, Registry
+
+
+def spec(role: str, model_id: str, port: int, **fields: Any) -> ModelSpec:
+    raw: dict[str, Any] = {
+        "id": model_id,
+        "backend": "llamacpp",
+        "port": port,
+        "model_path": "/m.gguf",
+        "default_timeout": 60,
+        "quantization": "Q4_1",
+    }
+    raw.update(fields)
+    return ModelSpec(role=role, index=port, entry=ModelEntry.model_validate(raw))
+
+
+CHAT = spec("chat", "chat-model", 8501)
+EMBED = spec("embed", "embed-model", 8502, model_type="embeddings")
+RERANK = spec("rerank", "rerank-model", 8503, model_type="rerank")
+VISION = spec("vision", "vision-model", 8504, model_type="multimodal", mmproj_path="/p")
+OFF = spec("off", "off-model", 8505, enabled=False)
+WHISPER = spec("asr", "whisper-model", 8506, backend="mlx", model_type="whisper")
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry([CHAT, EMBED, RERANK, VISION, OFF, WHISPER])
+
+
+def test_models_and_enabled(registry: Registry) -> None:
+    assert registry.models == (CHAT, EMBED, RERANK, VISION, OFF, WHISPER)
+    assert registry.enabled == (CHAT, EMBED, RERANK, VISION, WHISPER)
+
+
+def test_lookup(registry: Registry) -> None:
+    assert registry.lookup("chat-model") is CHAT
+    assert registry.lookup("embed-model") is EMBED
+
+
+def test_lookup_unknown_is_404_listing_known_ids(registry: Registry) -> None:
+    with pytest.raises(ModelNotFound) as caught:
+        registry.lookup("gpt-4")
+    error = caught.value
+    assert error.status == 404
+    assert error.code == "model_not_found"
+    assert error.param == "model"
+    assert error.message == (
+        "The model 'gpt-4' does not exist or is not enabled (known: chat-model, "
+        "embed-model, rerank-model, vision-model, whisper-model)"
+    )
+
+
+def test_lookup_is_case_sensitive(registry: Registry) -> None:
+    with pytest.raises(ModelNotFound):
+        registry.lookup("CHAT-MODEL")
+
+
+def test_disabled_entry_is_not_routable(registry: Registry) -> None:
+    with pytest.raises(ModelNotFound) as caught:
+        registry.lookup("off-model")
+    assert "off-model, " not in caught.value.message
+    assert caught.value.message.startswith("The model 'off-model' does not exist or is not enabled")
+
+
+def test_empty_registry_knows_none() -> None:
+    with pytest.raises(ModelNotFound) as caught:
+        Registry([OFF]).lookup("x")
+    assert caught.value.message.endswith("(known: none)")
+
+
+def test_duplicate_enabled_ids_are_409() -> None:
+    first = spec("first", "same", 8601)
+    second = spec("second", "same", 8602)
+    with pytest.raises(AmbiguousModel) as caught:
+        Registry([first, second, CHAT]).lookup("same")
+    error = caught.value
+    assert error.status == 409
+    assert error.code == "ambiguous_model"
+    assert error.param == "model"
+    assert error.message == (
+        "The model id 'same' is used by several enabled entries ('first', 'second'); "
+        "give each a unique id in the registry"
+    )
+
+
+def test_duplicate_id_with_disabled_entry_routes_to_the_enabled_one() -> None:
+    on = spec("on", "same", 8601)
+    off = spec("off", "same", 8602, enabled=False)
+    assert Registry([off, on]).lookup("same") is on
+
+
+def test_other_ids_still_route_next_to_a_duplicate() -> None:
+    registry = Registry([spec("a", "same", 8601), spec("b", "same", 8602), CHAT])
+    assert registry.lookup("chat-model") is CHAT
+
+
+@pytest.mark.parametrize(
+    ("model_id", "endpoint"),
+    [
+        ("chat-model", "/v1/chat/completions"),
+        ("chat-model", "/v1/completions"),
+        ("chat-model", "/v1/responses"),
+        ("vision-model", "/v1/chat/completions"),
+        ("vision-model", "/v1/responses"),
+        ("embed-model", "/v1/embeddings"),
+        ("rerank-model", "/v1/rerank"),
+    ],
+)
+def test_route_allowed(registry: Registry, model_id: str, endpoint: str) -> None:
+    assert registry.route(model_id, endpoint).entry.id == model_id
+
+
+@pytest.mark.parametrize(
+    ("model_id", "model_type", "endpoint", "needs"),
+    [
+        ("chat-model", "lm", "/v1/rerank", "rerank"),
+        ("chat-model", "lm", "/v1/embeddings", "embeddings"),
+        ("embed-model", "embeddings", "/v1/chat/completions", "lm or multimodal"),
+        ("embed-model", "embeddings", "/v1/rerank", "rerank"),
+        ("rerank-model", "rerank", "/v1/embeddings", "embeddings"),
+        ("rerank-model", "rerank", "/v1/completions", "lm or multimodal"),
+        ("whisper-model", "whisper", "/v1/responses", "lm or multimodal"),
+    ],
+)
+def test_route_unsupported_endpoint_is_400(
+    registry: Registry, model_id: str, model_type: str, endpoint: str, needs: str
+) -> None:
+    with pytest.raises(UnsupportedEndpoint) as caught:
+        registry.route(model_id, endpoint)
+    error = caught.value
+    assert isinstance(error, InvalidRequest)
+    assert error.status == 400
+    assert error.code == "unsupported_endpoint"
+    assert error.param == "model"
+    assert error.message == (
+        f"The model '{model_id}' has model_type '{model_type}', which does not serve "
+        f"{endpoint} (that needs {needs})"
+    )
+
+
+def test_route_endpoint_matrix(registry: Registry) -> None:
+    for endpoint, allowed in ENDPOINT_MODEL_TYPES.items():
+        for s in registry.enabled:
+            if s.entry.model_type in allowed:
+                assert registry.route(s.entry.id, endpoint) is s
+            else:
+                with pytest.raises(UnsupportedEndpoint):
+                    registry.route(s.entry.id, endpoint)
+
+
+def test_route_unlisted_endpoint_only_looks_up(registry: Registry) -> None:
+    assert registry.route("whisper-model", "/v1/audio/transcriptions") is WHISPER
+
+
+def test_route_unknown_model_is_404_before_endpoint_check(registry: Registry) -> None:
+    with pytest.raises(ModelNotFound):
+        registry.route("nope", "/v1/rerank")
