@@ -7,9 +7,10 @@ set -u
 
 root=$(cd "$(dirname "$0")" && pwd)
 cd "$root" || exit 1
-mkdir -p logs
+log_dir=${SLM_BACKEND_LOG_DIR:-logs}
+mkdir -p "$log_dir"
 
-out=logs/start.out
+out=$log_dir/start.out
 if [ -f "$out" ] && [ "$(wc -c < "$out" | tr -d ' ')" -gt 10485760 ]; then
   mv "$out" "$out.1"
 fi
@@ -25,10 +26,16 @@ if ! bash scripts/setup.sh; then
 fi
 
 py="$root/.venv/bin/python"
-# shellcheck disable=SC1091  # .env is the user's file
-if [ -f .env ]; then set -a; . ./.env; set +a; fi
-router_host=${SLM_ROUTER_HOST:-127.0.0.1}
-router_port=${SLM_ROUTER_PORT:-8000}
+# The settings as the gateway resolves them (.env, with the environment winning).
+if ! settings=$("$py" -m slm_server settings router_host router_port ready_timeout_seconds); then
+  say "could not read the settings; see the message above"
+  exit 1
+fi
+# shellcheck disable=SC2086  # three words on purpose
+set -- $settings
+router_host=$1
+router_port=$2
+ready_timeout=$3
 
 if ! "$py" -m slm_server check; then
   say "the registry has problems (above); fix config/models.yaml and run again"
@@ -59,7 +66,7 @@ say "backends launcher started (pid $backends_pid); loading models"
 
 # Follows the launcher's published states; a backend counts as ready only when its
 # /health answered 200 and its process (and the launcher) are alive.
-if ! "$py" -m slm_server status --wait "${SLM_READY_TIMEOUT_SECONDS:-600}" --launcher "$backends_pid"; then
+if ! "$py" -m slm_server status --wait "$ready_timeout" --launcher "$backends_pid"; then
   say "no backend could start; see the messages above and logs/"
   exit 1
 fi

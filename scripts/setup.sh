@@ -44,15 +44,16 @@ say "fetching the default models into models/"
 $uv_cmd run --frozen python scripts/fetch_models.py >&2
 
 if [ "$for_tests" = false ]; then
-  if [ ! -f .env ]; then
-    cp .env.example .env
-    say "created .env from .env.example"
+  env_file=${SLM_ENV_FILE:-"$root/.env"}
+  if [ ! -f "$env_file" ]; then
+    cp .env.example "$env_file"
+    say "created $env_file from .env.example"
   fi
-  if ! grep -q '^SLM_LLAMA_SERVER_BIN=' .env; then
-    printf 'SLM_LLAMA_SERVER_BIN=%s\n' "$bin" >> .env
-    say "set SLM_LLAMA_SERVER_BIN in .env"
+  if ! grep -q '^SLM_LLAMA_SERVER_BIN=' "$env_file"; then
+    printf 'SLM_LLAMA_SERVER_BIN=%s\n' "$bin" >> "$env_file"
+    say "set SLM_LLAMA_SERVER_BIN in $env_file"
   fi
-  if [ ! -f config/models.yaml ]; then
+  if [ -z "${SLM_CONFIG:-}" ] && [ ! -f config/models.yaml ]; then
     cp config/models.yaml.example config/models.yaml
     say "created config/models.yaml from config/models.yaml.example"
   fi

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from slm_server.config import ConfigError, load_registry
+from slm_server.config import ConfigError, inspect_registry, load_registry, read_registry_text
 from slm_server.launch.plan import Toolchain, plan_registry
 from slm_server.launch.records import BackendState, read_state
 from slm_server.settings import Settings, SettingsError, load_environment
@@ -25,11 +25,14 @@ def _setup_logging(name: str) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stdout,
     )
+    # One line per health probe would drown the launcher's own messages.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def cmd_check(settings: Settings) -> int:
     """Validate the registry and print each model's launch command; start nothing."""
-    registry = load_registry(settings.config_path)
+    path = settings.config_path
+    registry = inspect_registry(read_registry_text(path), path)
     tools = Toolchain.discover(settings.llama_server_bin)
     plans, failures = plan_registry(registry, tools, settings.log_dir)
     for warning in registry.warnings:
@@ -40,7 +43,8 @@ def cmd_check(settings: Settings) -> int:
     for plan in plans:
         print(f"{plan.role} ({plan.model_id}) -> {plan.host}:{plan.port}, log {plan.log_path}")
         print("  " + " ".join(_quote(arg) for arg in plan.argv))
-    problems = [p for _spec, error in failures for p in error.problems]
+    problems = list(registry.problems)
+    problems += [p for _spec, error in failures for p in error.problems]
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
@@ -163,19 +167,38 @@ def cmd_status(settings: Settings, wait: float | None = None, launcher: int | No
     return 0 if _ready_count(launcher_pid, backends) else 1
 
 
-COMMANDS = {
-    "backends": (cmd_backends, "start one server process per enabled model and supervise them"),
-    "router": (cmd_router, "serve the OpenAI-compatible router"),
-    "check": (cmd_check, "validate the registry and print each launch command"),
-    "status": (cmd_status, "print each backend's state"),
+def cmd_settings(settings: Settings, names: Sequence[str]) -> int:
+    """Print the named settings as resolved (``.env`` under the environment), space
+    separated, for shell scripts."""
+    values = []
+    for name in names:
+        if name.startswith("_") or not hasattr(settings, name):
+            print(f"error: no setting named {name!r}", file=sys.stderr)
+            return 1
+        values.append(str(getattr(settings, name)))
+    print(" ".join(values))
+    return 0
+
+
+COMMANDS: dict[str, str] = {
+    "backends": "start one server process per enabled model and supervise them",
+    "router": "serve the OpenAI-compatible router",
+    "check": "validate the registry and print each launch command",
+    "status": "print each backend's state",
+    "settings": "print resolved settings by name, for scripts",
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slm_server", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m slm_server",
+        description="slm_server: one registry, one server process per model, one router.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_func, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "settings":
+            command.add_argument("names", nargs="+", metavar="NAME")
         if name == "status":
             command.add_argument(
                 "--wait",
@@ -194,7 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env()
         if args.command == "status":
             return cmd_status(settings, args.wait, args.launcher)
-        return COMMANDS[args.command][0](settings)
+        if args.command == "settings":
+            return cmd_settings(settings, args.names)
+        if args.command == "backends":
+            return cmd_backends(settings)
+        if args.command == "router":
+            return cmd_router(settings)
+        return cmd_check(settings)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -146,6 +146,16 @@ class ModelEntry(BaseModel):
     mmproj_path: str | None = None
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None
 
+    @property
+    def base_url(self) -> str:
+        """Where the router reaches this backend (a wildcard bind is reached on loopback)."""
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
     def set_fields(self) -> frozenset[str]:
         """The fields the YAML entry set explicitly."""
         return frozenset(self.model_fields_set)
@@ -200,6 +210,7 @@ class RegistryFile:
     path: Path
     models: tuple[ModelSpec, ...]
     warnings: tuple[Problem, ...] = ()
+    problems: tuple[Problem, ...] = ()
 
     @property
     def enabled(self) -> tuple[ModelSpec, ...]:
@@ -213,17 +224,28 @@ def _entry_label(role: str, raw: Any) -> str:
 
 
 def _validation_problems(source: str, label: str, exc: ValidationError) -> list[Problem]:
-    problems = []
+    """One problem per field: a union type's several complaints become one line."""
+    by_field: dict[str | None, list[str]] = {}
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or None
+        loc = err["loc"]
+        field = str(loc[0]) if loc else None
         if err["type"] == "extra_forbidden":
             message = "unknown field"
         elif err["type"] == "missing":
             message = "required field is missing"
+        elif len(loc) > 1 and field in _UNION_FIELDS:
+            message = f"must be {_UNION_FIELDS[field]} (got {err.get('input')!r})"
         else:
             message = f"{err['msg']} (got {err.get('input')!r})"
-        problems.append(Problem(source, label, field, message))
-    return problems
+        messages = by_field.setdefault(field, [])
+        if message not in messages:
+            messages.append(message)
+    return [
+        Problem(source, label, field, "; ".join(messages)) for field, messages in by_field.items()
+    ]
+
+
+_UNION_FIELDS = {"flash_attn": "true, false or 'auto'"}
 
 
 def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
@@ -246,6 +268,15 @@ def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
                 f"(it serves {allowed})",
             )
         )
+    if "config_name" in set_fields and entry.model_type not in ("image-generation", "image-edit"):
+        problems.append(
+            Problem(
+                source,
+                spec.label,
+                "config_name",
+                "applies to model_type image-generation or image-edit only",
+            )
+        )
     if entry.model_type == "multimodal" and entry.backend == "llamacpp" and not entry.mmproj_path:
         problems.append(
             Problem(source, spec.label, "mmproj_path", "required when model_type is multimodal")
@@ -260,7 +291,7 @@ def _entries(source: str, data: Any) -> list[tuple[str, Any]]:
         )
     extra = sorted(str(k) for k in data if k != "models")
     if extra:
-        raise ConfigError([Problem(source, None, extra[0], "unknown top-level key")])
+        raise ConfigError([Problem(source, None, key, "unknown top-level key") for key in extra])
     models = data["models"]
     if isinstance(models, dict):
         return [(str(role), raw) for role, raw in models.items()]
@@ -272,15 +303,35 @@ def _entries(source: str, data: Any) -> list[tuple[str, Any]]:
     raise ConfigError([Problem(source, None, "models", "must map role names to model entries")])
 
 
-def parse_registry(text: str, path: Path) -> RegistryFile:
-    """Validate registry YAML text; raises :class:`ConfigError` with every problem."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses a mapping with the same key twice (PyYAML would keep
+    the last one silently, hiding a whole registry entry)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def inspect_registry(text: str, path: Path) -> RegistryFile:
+    """Validate registry YAML text, keeping every entry that is valid on its own and
+    listing every problem in ``problems``. Raises :class:`ConfigError` only when the
+    file as a whole cannot be read as a registry."""
     source = str(path)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError([Problem(source, None, None, f"not valid YAML{where}")]) from None
+        detail = getattr(exc, "problem", None)
+        reason = f": {detail}" if detail else ""
+        raise ConfigError([Problem(source, None, None, f"not valid YAML{where}{reason}")]) from None
     problems: list[Problem] = []
     specs: list[ModelSpec] = []
     for index, (role, raw) in enumerate(_entries(source, data)):
@@ -310,9 +361,6 @@ def parse_registry(text: str, path: Path) -> RegistryFile:
                     f"port {spec.entry.port} is also used by {', '.join(repr(o) for o in others)}",
                 )
             )
-    if problems:
-        raise ConfigError(problems)
-
     warnings: list[Problem] = []
     id_counts = Counter(s.entry.id for s in enabled)
     for spec in enabled:
@@ -326,13 +374,23 @@ def parse_registry(text: str, path: Path) -> RegistryFile:
                     severity="warning",
                 )
             )
-    return RegistryFile(path=path, models=tuple(specs), warnings=tuple(warnings))
+    return RegistryFile(
+        path=path, models=tuple(specs), warnings=tuple(warnings), problems=tuple(problems)
+    )
 
 
-def load_registry(path: Path) -> RegistryFile:
-    """Read and validate the registry file at ``path``."""
+def parse_registry(text: str, path: Path) -> RegistryFile:
+    """Validate registry YAML text; raises :class:`ConfigError` with every problem."""
+    registry = inspect_registry(text, path)
+    if registry.problems:
+        raise ConfigError(list(registry.problems))
+    return registry
+
+
+def read_registry_text(path: Path) -> str:
+    """The registry file's text; :class:`ConfigError` when it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         hint = ""
         example = path.with_name(path.name + ".example")
@@ -343,4 +401,8 @@ def load_registry(path: Path) -> RegistryFile:
         raise ConfigError(
             [Problem(str(path), None, None, f"cannot read: {exc.strerror}")]
         ) from None
-    return parse_registry(text, path)
+
+
+def load_registry(path: Path) -> RegistryFile:
+    """Read and validate the registry file at ``path``; raises :class:`ConfigError`."""
+    return parse_registry(read_registry_text(path), path)

@@ -17,6 +17,7 @@ Built-in exceptions are never mapped to 4xx: only these classes are.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, ClassVar
 
 
@@ -56,7 +57,7 @@ class GatewayError(Exception):
         """Extra response headers (``Retry-After`` for retryable refusals)."""
         if self.retry_after is None:
             return {}
-        return {"Retry-After": str(max(1, round(self.retry_after)))}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
 
     def sse_event(self) -> bytes:
         """The in-band rendering, for a stream whose headers were already sent."""

@@ -58,8 +58,9 @@ def resolve_model_path(entry: ModelEntry, root: Path = PROJECT_ROOT) -> str:
         if entry.backend == "llamacpp":
             raise ModelPathError(
                 "model_path",
-                f"'{raw}' looks like a Hugging Face model id; llamacpp needs a local "
-                ".gguf file or a directory holding one",
+                f"'{raw}' is neither a local file nor a directory; Hugging Face model "
+                "ids work for backend mlx only, llamacpp needs a local .gguf file or a "
+                "directory holding one",
             )
         return raw
     path = project_path(raw, root)
@@ -80,6 +81,8 @@ def resolve_model_path(entry: ModelEntry, root: Path = PROJECT_ROOT) -> str:
 def resolve_file_field(field: str, raw: str, root: Path = PROJECT_ROOT) -> str:
     """A path field that must name an existing file (templates, projectors, drafts)."""
     path = project_path(raw, root)
-    if not path.is_file():
+    if not path.exists():
         raise ModelPathError(field, f"{path} does not exist", missing=True)
+    if not path.is_file():
+        raise ModelPathError(field, f"{path} is not a file")
     return str(path)

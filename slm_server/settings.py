@@ -10,6 +10,7 @@ it. ``.env`` never overrides a variable already present in the environment, so
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,8 +36,8 @@ def read_dotenv(path: Path) -> dict[str, str]:
         key, _, value = line.partition("=")
         key = key.strip().removeprefix("export ").strip()
         value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
+        if value[:1] in ("'", '"') and value.find(value[0], 1) > 0:
+            value = value[1 : value.find(value[0], 1)]
         elif " #" in value:
             value = value.split(" #", 1)[0].rstrip()
         values[key] = value
@@ -61,12 +62,16 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise SettingsError(f"{name}={raw!r} must be a finite number")
     if value < minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum:g}")
     return value
 
 
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+def _int(
+    env: Mapping[str, str], name: str, default: int, *, minimum: int = 0, maximum: int | None = None
+) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -76,6 +81,8 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -
         raise SettingsError(f"{name}={raw!r} is not an integer") from None
     if value < minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name}={raw!r} must be at most {maximum}")
     return value
 
 
@@ -118,7 +125,7 @@ class Settings:
             log_dir=_path(env, "SLM_BACKEND_LOG_DIR", PROJECT_ROOT / "logs"),
             llama_server_bin=bin_raw or None,
             router_host=env.get("SLM_ROUTER_HOST", "").strip() or "127.0.0.1",
-            router_port=_int(env, "SLM_ROUTER_PORT", 8000, minimum=1),
+            router_port=_int(env, "SLM_ROUTER_PORT", 8000, minimum=1, maximum=65535),
             ready_timeout_seconds=_float(env, "SLM_READY_TIMEOUT_SECONDS", 600.0),
             stop_timeout_seconds=_float(env, "SLM_STOP_TIMEOUT_SECONDS", 10.0),
             health_probe_timeout_seconds=_float(env, "SLM_HEALTH_PROBE_TIMEOUT_SECONDS", 2.0),

@@ -39,8 +39,8 @@ class ModelFiles:
 
 
 def kv_cache_types(entry: ModelEntry) -> tuple[CacheType | None, CacheType | None]:
-    """K and V cache types: explicit fields win; an 8-bit model defaults both to q8_0,
-    and a 16-bit one to f16 (the llama.cpp default), otherwise llama.cpp decides."""
+    """K and V cache types: explicit fields win; an 8-bit model defaults both to q8_0;
+    otherwise llama.cpp decides (f16)."""
     quant = entry.quantization.lower().replace("-", "_")
     derived: CacheType | None = None
     if quant.startswith(("q8", "8bit")):
@@ -53,7 +53,8 @@ def _on_off(value: bool) -> str:
 
 
 def _num(value: float) -> str:
-    return format(value, "g")
+    """Integers as digits (never ``1e+06``); floats compactly (``0.7``, ``0``)."""
+    return str(value) if isinstance(value, int) else format(value, ".10g")
 
 
 def native_argv(program: str, entry: ModelEntry, files: ModelFiles) -> list[str]:

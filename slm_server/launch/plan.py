@@ -31,11 +31,11 @@ class LaunchPlan:
     port: int
     argv: tuple[str, ...]
     log_path: Path
+    base_url: str
 
     @property
     def health_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}/health"
+        return f"{self.base_url}/health"
 
 
 class PlanError(Exception):
@@ -157,6 +157,7 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
         port=entry.port,
         argv=tuple(argv),
         log_path=log_path(log_dir, spec),
+        base_url=entry.base_url,
     )
 
 

@@ -108,7 +108,8 @@ def read_state(path: Path) -> tuple[int | None, list[BackendState]]:
     if not isinstance(data, dict):
         return None, []
     backends: list[BackendState] = []
-    for raw in data.get("backends", []):
+    raw_backends = data.get("backends")
+    for raw in raw_backends if isinstance(raw_backends, list) else []:
         try:
             backends.append(BackendState(**raw))
         except TypeError:

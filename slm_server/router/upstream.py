@@ -41,15 +41,6 @@ _DROPPED_HEADERS = frozenset(
 )
 
 
-def base_url(spec: ModelSpec) -> str:
-    host = spec.entry.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    elif ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{spec.entry.port}"
-
-
 def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The client's headers worth passing upstream."""
     return {k: v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
@@ -57,7 +48,7 @@ def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 def translate(exc: httpx.HTTPError, spec: ModelSpec) -> Exception:
     """The gateway error for a transport failure talking to ``spec``'s backend."""
-    where = f"backend for '{spec.entry.id}' ({base_url(spec)})"
+    where = f"backend for '{spec.entry.id}' ({spec.entry.base_url})"
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
         return BackendUnavailable(
             f"The {where} is unreachable: it is not running or still starting",
@@ -89,7 +80,7 @@ class Upstream:
             timeout = httpx.Timeout(spec.entry.default_timeout, connect=connect_timeout)
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
             self._clients[spec.role] = httpx.AsyncClient(
-                base_url=base_url(spec), timeout=timeout, limits=limits, trust_env=False
+                base_url=spec.entry.base_url, timeout=timeout, limits=limits, trust_env=False
             )
 
     async def aclose(self) -> None:

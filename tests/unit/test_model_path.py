@@ -103,8 +103,8 @@ def test_hub_id_rejected_for_llamacpp(tmp_path: Path) -> None:
     assert caught.value.field == "model_path"
     assert caught.value.missing is False
     assert caught.value.message == (
-        f"'{HUB_ID}' looks like a Hugging Face model id; llamacpp needs a local "
-        ".gguf file or a directory holding one"
+        f"'{HUB_ID}' is neither a local file nor a directory; Hugging Face model ids work "
+        "for backend mlx only, llamacpp needs a local .gguf file or a directory holding one"
     )
 
 

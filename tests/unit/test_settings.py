@@ -89,12 +89,6 @@ def test_read_dotenv_directory(tmp_path: Path) -> None:
     assert read_dotenv(tmp_path) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="settings.py read_dotenv: a quoted value followed by an inline comment "
-    '(KEY="a b" # note) keeps its quotes, because the quote check runs on the whole '
-    "rest of the line before the comment is stripped",
-)
 def test_read_dotenv_quoted_value_with_inline_comment(tmp_path: Path) -> None:
     path = dotenv(tmp_path, 'SLM_CONFIG="config/my models.yaml" # mine\n')
     assert read_dotenv(path) == {"SLM_CONFIG": "config/my models.yaml"}
@@ -117,9 +111,7 @@ def test_empty_environment_value_still_beats_dotenv(tmp_path: Path) -> None:
     assert merged["SLM_ROUTER_HOST"] == ""
 
 
-def test_load_environment_reads_os_environ(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_load_environment_reads_os_environ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = dotenv(tmp_path, "SLM_TEST_FROM_FILE=file\nSLM_TEST_BOTH=file\n")
     monkeypatch.setenv("SLM_ENV_FILE", str(path))
     monkeypatch.setenv("SLM_TEST_BOTH", "env")
@@ -239,21 +231,11 @@ def test_invalid_number_in_dotenv(tmp_path: Path) -> None:
         Settings.from_env({"SLM_ENV_FILE": str(path)})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="settings.py _int has a minimum but no maximum: SLM_ROUTER_PORT=70000 is "
-    "accepted and only fails later when the router binds",
-)
 def test_router_port_above_65535_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(SettingsError):
         settings(tmp_path, SLM_ROUTER_PORT="70000")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="settings.py _float: float('nan') passes the 'value < minimum' check, so a "
-    "timeout of 'nan' is accepted",
-)
 def test_nan_timeout_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(SettingsError):
         settings(tmp_path, SLM_STOP_TIMEOUT_SECONDS="nan")

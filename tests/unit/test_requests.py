@@ -1,0 +1,193 @@
+"""Reading and adjusting client request bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slm_server.config import ModelEntry
+from slm_server.errors import InvalidRequest
+from slm_server.router.requests import apply_defaults, is_stream, model_field, parse_body
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
+EMBEDDINGS = "/v1/embeddings"
+RERANK = "/v1/rerank"
+KWARGS = {"enable_thinking": False}
+SAMPLING = {"temperature": 0.2, "top_k": 20, "max_tokens": 64}
+
+
+def entry(**fields: Any) -> ModelEntry:
+    raw: dict[str, Any] = {
+        "id": "m1",
+        "backend": "llamacpp",
+        "port": 8501,
+        "model_path": "/m.gguf",
+        "default_timeout": 60,
+        "quantization": "Q4_1",
+    }
+    raw.update(fields)
+    return ModelEntry.model_validate(raw)
+
+
+# --- parse_body -------------------------------------------------------------------------
+
+
+def test_parse_body_object() -> None:
+    assert parse_body(b'{"model": "m1", "messages": []}') == {"model": "m1", "messages": []}
+
+
+def test_parse_body_utf8() -> None:
+    assert parse_body('{"input": "héllo ✓"}'.encode()) == {"input": "héllo ✓"}
+
+
+@pytest.mark.parametrize("raw", [b"", b"   ", b"\n\t "])
+def test_parse_body_empty(raw: bytes) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(raw)
+    assert caught.value.code == "invalid_json"
+    assert caught.value.status == 400
+    assert caught.value.message == "The request body is empty; send a JSON object"
+
+
+@pytest.mark.parametrize("raw", [b"{", b"{'a': 1}", b"model=m1", b"\xff\xfe{}", b'{"a": 1}x'])
+def test_parse_body_invalid_json(raw: bytes) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(raw)
+    assert caught.value.code == "invalid_json"
+    assert caught.value.message.startswith("The request body is not valid JSON: ")
+    assert caught.value.param is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind"),
+    [(b"[1, 2]", "list"), (b'"text"', "str"), (b"42", "int"), (b"null", "NoneType")],
+)
+def test_parse_body_not_an_object(raw: bytes, kind: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(raw)
+    assert caught.value.code == "invalid_json"
+    assert caught.value.message == f"The request body must be a JSON object, not {kind}"
+
+
+# --- model_field --------------------------------------------------------------------------
+
+
+def test_model_field() -> None:
+    assert model_field({"model": "m1"}) == "m1"
+
+
+@pytest.mark.parametrize("payload", [{}, {"model": None}, {"messages": []}])
+def test_model_field_missing(payload: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        model_field(payload)
+    error = caught.value
+    assert error.code == "missing_model"
+    assert error.param == "model"
+    assert error.status == 400
+    assert "GET /v1/models" in error.message
+
+
+@pytest.mark.parametrize("value", [5, "", ["m1"], {"id": "m1"}, True])
+def test_model_field_invalid(value: Any) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        model_field({"model": value})
+    error = caught.value
+    assert error.code == "invalid_model"
+    assert error.param == "model"
+    assert error.message == "The 'model' field must be a non-empty string"
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        ({"stream": True}, True),
+        ({"stream": False}, False),
+        ({}, False),
+        ({"stream": "true"}, False),
+    ],
+)
+def test_is_stream(payload: dict[str, Any], expected: bool) -> None:
+    assert is_stream(payload) is expected
+
+
+# --- apply_defaults -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, RESPONSES])
+def test_chat_template_kwargs_injected_when_absent(endpoint: str) -> None:
+    e = entry(chat_template_kwargs=KWARGS)
+    payload: dict[str, Any] = {"model": "m1"}
+    assert apply_defaults(payload, e, endpoint, {}) is True
+    assert payload == {"model": "m1", "chat_template_kwargs": {"enable_thinking": False}}
+    payload["chat_template_kwargs"]["enable_thinking"] = True
+    assert e.chat_template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, RESPONSES])
+def test_chat_template_kwargs_of_the_request_win(endpoint: str) -> None:
+    payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": {"enable_thinking": True}}
+    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
+    assert payload["chat_template_kwargs"] == {"enable_thinking": True}
+
+
+def test_explicit_null_chat_template_kwargs_is_kept() -> None:
+    payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": None}
+    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), CHAT, {}) is False
+    assert payload["chat_template_kwargs"] is None
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, EMBEDDINGS, RERANK])
+def test_chat_template_kwargs_only_for_chat_endpoints(endpoint: str) -> None:
+    payload: dict[str, Any] = {"model": "m1"}
+    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
+    assert payload == {"model": "m1"}
+
+
+def test_no_chat_template_kwargs_in_entry() -> None:
+    payload: dict[str, Any] = {"model": "m1"}
+    assert apply_defaults(payload, entry(), CHAT, {}) is False
+    assert payload == {"model": "m1"}
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
+def test_sampling_defaults_fill_only_what_is_absent(endpoint: str) -> None:
+    payload: dict[str, Any] = {"model": "m1", "temperature": 0.9, "max_tokens": None}
+    assert apply_defaults(payload, entry(), endpoint, SAMPLING) is True
+    assert payload == {"model": "m1", "temperature": 0.9, "max_tokens": None, "top_k": 20}
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
+def test_sampling_defaults_all_present_is_no_change(endpoint: str) -> None:
+    payload: dict[str, Any] = {"model": "m1", "temperature": 1, "top_k": 1, "max_tokens": 1}
+    before = dict(payload)
+    assert apply_defaults(payload, entry(), endpoint, SAMPLING) is False
+    assert payload == before
+
+
+@pytest.mark.parametrize("endpoint", [RESPONSES, EMBEDDINGS, RERANK])
+def test_sampling_defaults_not_for_other_endpoints(endpoint: str) -> None:
+    payload: dict[str, Any] = {"model": "m1"}
+    assert apply_defaults(payload, entry(), endpoint, SAMPLING) is False
+    assert payload == {"model": "m1"}
+
+
+def test_both_defaults_on_chat() -> None:
+    payload: dict[str, Any] = {"model": "m1", "messages": []}
+    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), CHAT, SAMPLING) is True
+    assert payload == {
+        "model": "m1",
+        "messages": [],
+        "chat_template_kwargs": KWARGS,
+        "temperature": 0.2,
+        "top_k": 20,
+        "max_tokens": 64,
+    }
+
+
+def test_kwargs_present_but_sampling_added_still_reports_change() -> None:
+    payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": {}}
+    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), CHAT, {"top_p": 1}) is True
+    assert payload == {"model": "m1", "chat_template_kwargs": {}, "top_p": 1}
