@@ -78,9 +78,7 @@ class Command:
         return self.popen.returncode
 
 
-def start_command(
-    command: str, env: Mapping[str, str], output: Path, *extra: str
-) -> Command:
+def start_command(command: str, env: Mapping[str, str], output: Path, *extra: str) -> Command:
     """Start ``python -m slm_server <command>`` in its own session."""
     full_env = {**os.environ, **env}
     full_env.setdefault("SLM_ENV_FILE", str(output.parent / "no.env"))
@@ -108,7 +106,8 @@ def running_router(env: Mapping[str, str], workdir: Path) -> Iterator[tuple[Comm
     try:
         poll(
             lambda: http_ok(f"{url}/health") or router.popen.poll() is not None,
-            30, "the router to answer /health",
+            30,
+            "the router to answer /health",
         )
         if router.popen.poll() is not None:
             raise AssertionError(f"router exited:\n{router.text()}")

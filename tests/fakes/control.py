@@ -1,9 +1,9 @@
 """Test-side helper that runs ``tests.fakes.fake_backend`` as a real process and scripts it.
 
-    with FakeBackend.start(model_id="m1") as fake:
-        fake.script(chunks=4, chunk_interval_seconds=0.2)
-        ...  # point the router (or a client) at fake.url
-        fake.wait_for(lambda reqs: len(reqs) == 1 and reqs[0]["completed"])
+with FakeBackend.start(model_id="m1") as fake:
+    fake.script(chunks=4, chunk_interval_seconds=0.2)
+    ...  # point the router (or a client) at fake.url
+    fake.wait_for(lambda reqs: len(reqs) == 1 and reqs[0]["completed"])
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ class _PortTaken(FakeBackendError):
 class FakeBackend:
     """A running ``tests.fakes.fake_backend`` process; create it with ``FakeBackend.start()``."""
 
-    def __init__(self, port: int, model_id: str, process: subprocess.Popen[bytes],
-                 log_path: Path) -> None:
+    def __init__(
+        self, port: int, model_id: str, process: subprocess.Popen[bytes], log_path: Path
+    ) -> None:
         self.port = port
         self.model_id = model_id
         self.process = process
@@ -59,8 +60,9 @@ class FakeBackend:
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def start(cls, port: int | None = None, model_id: str = "fake-model", *,
-              startup_timeout: float = 15.0) -> FakeBackend:
+    def start(
+        cls, port: int | None = None, model_id: str = "fake-model", *, startup_timeout: float = 15.0
+    ) -> FakeBackend:
         """Spawn the fake (own process group) and wait until GET /health answers 200."""
         attempts = 1 if port is not None else 3  # a free_port() race only needs a retry
         for attempt in range(attempts):
@@ -82,12 +84,27 @@ class FakeBackend:
     @classmethod
     def _spawn(cls, port: int, model_id: str) -> FakeBackend:
         fd, name = tempfile.mkstemp(prefix=f"fake-backend-{port}-", suffix=".log")
-        command = [sys.executable, "-m", "tests.fakes.fake_backend", "--port", str(port),
-                   "--host", HOST, "--model-id", model_id, "--parent-pid", str(os.getpid())]
+        command = [
+            sys.executable,
+            "-m",
+            "tests.fakes.fake_backend",
+            "--port",
+            str(port),
+            "--host",
+            HOST,
+            "--model-id",
+            model_id,
+            "--parent-pid",
+            str(os.getpid()),
+        ]
         with os.fdopen(fd, "wb") as log:
             process = subprocess.Popen(
-                command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                command,
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         return cls(port, model_id, process, Path(name))
@@ -97,7 +114,8 @@ class FakeBackend:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise FakeBackendError(
-                    f"fake backend exited with code {self.process.returncode} during startup")
+                    f"fake backend exited with code {self.process.returncode} during startup"
+                )
             try:
                 response = self._client.get("/health", timeout=1.0)
             except httpx.TransportError:
@@ -121,8 +139,9 @@ class FakeBackend:
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"fake backend (pid {self.pid}) still running after "
-                                 f"{timeout}s") from None
+            raise AssertionError(
+                f"fake backend (pid {self.pid}) still running after {timeout}s"
+            ) from None
 
     def stop(self, timeout: float = 5.0) -> str:
         """SIGTERM, then SIGKILL after ``timeout``; always reaps. Returns the process output."""
@@ -143,8 +162,12 @@ class FakeBackend:
     def __enter__(self) -> FakeBackend:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     # ------------------------------------------------------------------ properties
@@ -200,8 +223,9 @@ class FakeBackend:
         records: list[dict[str, Any]] = response.json()
         return records
 
-    def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool],
-                 timeout: float = 5.0) -> list[dict[str, Any]]:
+    def wait_for(
+        self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 5.0
+    ) -> list[dict[str, Any]]:
         """Poll ``requests()`` until ``predicate`` holds; AssertionError after ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -210,6 +234,6 @@ class FakeBackend:
                 return records
             if time.monotonic() >= deadline:
                 raise AssertionError(
-                    f"condition not met within {timeout}s; requests seen: {records!r}")
+                    f"condition not met within {timeout}s; requests seen: {records!r}"
+                )
             time.sleep(POLL_INTERVAL)
-

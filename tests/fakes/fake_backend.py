@@ -36,8 +36,13 @@ from starlette.types import Receive, Scope, Send
 
 JSON = dict[str, Any]
 Events = tuple[list[bytes], list[bytes], list[bytes]]  # SSE events: prefix, content, suffix
-PROXIED_POST = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank",
-                "/v1/responses")
+PROXIED_POST = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/responses",
+)
 
 
 @dataclass
@@ -159,9 +164,18 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
 class ScriptedResponse(Response):
     """Sends a JSON body or an SSE stream, honouring delay/stall/abort and client disconnects."""
 
-    def __init__(self, state: State, record: Record | None, script: Script, *, status: int = 200,
-                 payload: Any = None, events: Events | None = None, stall: bool = False,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        state: State,
+        record: Record | None,
+        script: Script,
+        *,
+        status: int = 200,
+        payload: Any = None,
+        events: Events | None = None,
+        stall: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.state, self.record, self.script, self.status_code = state, record, script, status
         self.events, self.stall, self.final_sent = events, stall, False
         self.body = json.dumps(payload).encode() if events is None else b""
@@ -209,8 +223,9 @@ class ScriptedResponse(Response):
             self._stopped()
             return
         raw_headers = [(k.encode(), v.encode()) for k, v in self.extra_headers.items()]
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": raw_headers})
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": raw_headers}
+        )
         if self.events is not None:
             prefix, content, suffix = self.events
             for event in prefix:
@@ -281,18 +296,25 @@ def count_words(text: str) -> int:
 
 
 def usage(prompt: int, completion: int) -> JSON:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
-def generate(path: str, body: JSON, model: str, seq: int,
-             script: Script) -> tuple[JSON | None, Events | None]:
+def generate(
+    path: str, body: JSON, model: str, seq: int, script: Script
+) -> tuple[JSON | None, Events | None]:
     """Return (payload, events) for a chat/text completion; events is None unless streaming."""
     chat = path == "/v1/chat/completions"
     prompt = prompt_text(path, body)
     created = int(time.time())
-    base: JSON = {"id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{seq}", "created": created,
-                  "model": model}
+    base: JSON = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{seq}",
+        "created": created,
+        "model": model,
+    }
     if not body.get("stream"):
         reply = script.reply if script.reply is not None else f"fake reply to: {prompt[:80]}"
         choice: JSON = {"index": 0, "logprobs": None, "finish_reason": "stop"}
@@ -300,9 +322,13 @@ def generate(path: str, body: JSON, model: str, seq: int,
             choice["message"] = {"role": "assistant", "content": reply}
         else:
             choice["text"] = reply
-        return {**base, "object": "chat.completion" if chat else "text_completion",
-                "system_fingerprint": "fake", "choices": [choice],
-                "usage": usage(count_words(prompt), count_words(reply))}, None
+        return {
+            **base,
+            "object": "chat.completion" if chat else "text_completion",
+            "system_fingerprint": "fake",
+            "choices": [choice],
+            "usage": usage(count_words(prompt), count_words(reply)),
+        }, None
     kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
@@ -319,16 +345,25 @@ def generate(path: str, body: JSON, model: str, seq: int,
     suffix = [chunk(None, "stop")]
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
-        suffix.append(sse({**base, "object": kind, "choices": [],
-                           "usage": usage(count_words(prompt), script.chunks)}))
+        suffix.append(
+            sse(
+                {
+                    **base,
+                    "object": kind,
+                    "choices": [],
+                    "usage": usage(count_words(prompt), script.chunks),
+                }
+            )
+        )
     suffix.append(sse("[DONE]"))
     return None, (prefix, content, suffix)
 
 
 def embedding(text: str) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
-    return [round(int.from_bytes(digest[i:i + 4], "big") / 2**31 - 1.0, 6)
-            for i in range(0, 32, 4)]
+    return [
+        round(int.from_bytes(digest[i : i + 4], "big") / 2**31 - 1.0, 6) for i in range(0, 32, 4)
+    ]
 
 
 def embeddings(body: JSON, model: str) -> JSON:
@@ -342,35 +377,56 @@ def embeddings(body: JSON, model: str) -> JSON:
             vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         data.append({"object": "embedding", "index": index, "embedding": vector})
     tokens = sum(count_words(t) for t in texts)
-    return {"object": "list", "model": model, "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {
+        "object": "list",
+        "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def rerank(body: JSON, model: str) -> JSON:
     query = set(str(body.get("query", "")).lower().split())
-    documents = [_text_of([d]) if isinstance(d, dict) else str(d)
-                 for d in body.get("documents", [])]
-    scored = [{"index": i, "relevance_score": float(len(query & set(d.lower().split())))}
-              for i, d in enumerate(documents)]
+    documents = [
+        _text_of([d]) if isinstance(d, dict) else str(d) for d in body.get("documents", [])
+    ]
+    scored = [
+        {"index": i, "relevance_score": float(len(query & set(d.lower().split())))}
+        for i, d in enumerate(documents)
+    ]
     scored.sort(key=lambda r: -r["relevance_score"])
     top_n = body.get("top_n")
     if isinstance(top_n, int):
         scored = scored[:top_n]
     tokens = count_words(" ".join(query)) + sum(count_words(d) for d in documents)
-    return {"model": model, "object": "list", "results": scored,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {
+        "model": model,
+        "object": "list",
+        "results": scored,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def responses_answer(body: JSON, model: str, seq: int, script: Script) -> JSON:
     prompt = prompt_text("/v1/responses", body)
     reply = script.reply if script.reply is not None else f"fake reply to: {prompt[:80]}"
-    item = {"type": "message", "id": f"msg_fake_{seq}", "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": reply, "annotations": []}]}
+    item = {
+        "type": "message",
+        "id": f"msg_fake_{seq}",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": reply, "annotations": []}],
+    }
     inp, out = count_words(prompt), count_words(reply)
-    return {"id": f"resp_fake_{seq}", "object": "response", "created_at": int(time.time()),
-            "model": model, "status": "completed", "output": [item],
-            "usage": {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}}
+    return {
+        "id": f"resp_fake_{seq}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "status": "completed",
+        "output": [item],
+        "usage": {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out},
+    }
 
 
 # ---------------------------------------------------------------- endpoints
@@ -399,8 +455,15 @@ async def proxied(request: Request) -> Response:
     out_headers = {"x-fake-backend": state.model_id, "x-fake-seq": str(record.seq)}
 
     def answer(status: int = 200, payload: Any = None, events: Events | None = None) -> Response:
-        return ScriptedResponse(state, record, script, status=status, payload=payload,
-                                events=events, headers=out_headers)
+        return ScriptedResponse(
+            state,
+            record,
+            script,
+            status=status,
+            payload=payload,
+            events=events,
+            headers=out_headers,
+        )
 
     if script.exit_on_request:
         sys.stdout.flush()
@@ -412,11 +475,18 @@ async def proxied(request: Request) -> Response:
     if status is not None and status != 200:
         return answer(status, error_body(status))
     if request.method == "GET":
-        return answer(payload={"object": "list", "data": [
-            {"id": state.model_id, "object": "model", "created": 0, "owned_by": "fake"}]})
+        return answer(
+            payload={
+                "object": "list",
+                "data": [
+                    {"id": state.model_id, "object": "model", "created": 0, "owned_by": "fake"}
+                ],
+            }
+        )
     if not isinstance(body, dict):
-        return answer(400, error_body(400, "request body must be a JSON object",
-                                      "invalid_request_error"))
+        return answer(
+            400, error_body(400, "request body must be a JSON object", "invalid_request_error")
+        )
     requested = body.get("model")
     model = requested if isinstance(requested, str) else state.model_id
     if path == "/v1/embeddings":
@@ -434,8 +504,13 @@ async def proxied(request: Request) -> Response:
 async def health(request: Request) -> Response:
     state = _state(request)
     script = state.script
-    state.health_requests.append({"received_at": time.monotonic(), "status": script.health_status,
-                                  "stalled": script.health_stall})
+    state.health_requests.append(
+        {
+            "received_at": time.monotonic(),
+            "status": script.health_status,
+            "stalled": script.health_stall,
+        }
+    )
     if script.health_stall:
         return ScriptedResponse(state, None, Script(), stall=True)
     pid = {"x-fake-pid": str(os.getpid())}  # lets the test side check it reached *its* process
@@ -465,8 +540,10 @@ async def control_api(request: Request) -> Response:
 
 def build_app(model_id: str) -> Starlette:
     routes = [Route(p, proxied, methods=["POST"]) for p in PROXIED_POST]
-    routes += [Route("/v1/models", proxied, methods=["GET"]),
-               Route("/health", health, methods=["GET"])]
+    routes += [
+        Route("/v1/models", proxied, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
     routes += [Route(p, control_api, methods=["POST"]) for p in ("/_control", "/_reset")]
     routes += [Route(p, control_api, methods=["GET"]) for p in ("/_requests", "/_health_requests")]
     app = Starlette(routes=routes)
@@ -513,9 +590,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid is not None:
         threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
     app = build_app(args.model_id)
-    config = uvicorn.Config(app, host=args.host, port=args.port, http="h11", loop="asyncio",
-                            lifespan="off", log_level="info", access_log=False,
-                            timeout_keep_alive=30, timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        http="h11",
+        loop="asyncio",
+        lifespan="off",
+        log_level="info",
+        access_log=False,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=2,
+    )
     logging.getLogger("uvicorn.error").addFilter(_DropAbortLogs())
     server = FakeServer(config, app.state.fake)
     # uvicorn re-raises the captured signal after its graceful shutdown: exit with code 0.
