@@ -63,11 +63,11 @@ def _quote(arg: str) -> str:
 
 
 def cmd_backends(settings: Settings) -> int:
-    from slm_server.launch.launcher import Launcher
+    from slm_server.supervise.supervisor import Supervisor
 
     _setup_logging("backends")
     registry = load_registry(settings.config_path)
-    return Launcher(settings, registry, load_environment()).run()
+    return Supervisor(settings, registry, load_environment()).run()
 
 
 def cmd_router(settings: Settings) -> int:
@@ -110,19 +110,47 @@ def _pid_alive(pid: int | None) -> bool:
 def _print_table(launcher_pid: int | None, backends: list[BackendState]) -> None:
     running = _pid_alive(launcher_pid)
     print(f"launcher pid {launcher_pid}: {'running' if running else 'not running'}")
-    print(f"{'ROLE':<14} {'MODEL':<32} {'PORT':>5} {'STATE':<10} {'PID':>7} {'UPTIME':>8}  REASON")
+    columns = ("ROLE", "MODEL", "PORT", "STATE", "PID", "UPTIME", "RESTARTS", "LAST EXIT")
+    rows: list[tuple[str, ...]] = [columns]
+    notes: list[str] = []
     now = time.time()
     for b in backends:
         alive = b.pid is not None and _pid_alive(b.pid)
         state = b.state
         if b.state in ("starting", "ready") and not (running and alive):
             state = "dead"
-        uptime = f"{now - b.started_at:.0f}s" if b.started_at and alive else "-"
-        pid = str(b.pid) if b.pid is not None else "-"
-        print(
-            f"{b.role:<14} {b.model_id[:32]:<32} {b.port:>5} {state:<10} {pid:>7} {uptime:>8}"
-            f"  {b.reason or ''}"
+        uptime = _duration(now - b.started_at) if b.started_at and alive else "-"
+        rows.append(
+            (
+                b.role,
+                b.model_id,
+                str(b.port),
+                state,
+                str(b.pid) if b.pid is not None and alive else "-",
+                uptime,
+                str(b.restarts),
+                b.last_exit or "-",
+            )
         )
+        if b.reason or b.last_restart_reason:
+            why = b.reason or ""
+            if b.last_restart_reason:
+                why = f"{why} (last restart: {b.last_restart_reason})".strip()
+            notes.append(f"  {b.role}: {why}")
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    for note in notes:
+        print(note)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def _ready_count(launcher_pid: int | None, backends: list[BackendState]) -> int:

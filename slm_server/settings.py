@@ -92,6 +92,66 @@ def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
     return path if path.is_absolute() else PROJECT_ROOT / path
 
 
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a boolean (true/false)")
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    """The watchdog's tunables (``SLM_WATCHDOG_*``), all in seconds unless named."""
+
+    enabled: bool
+    failure_threshold: int
+    stall_seconds: float
+    sweep_seconds: float
+    max_restarts: int
+    restart_window_seconds: float
+    restart_cooldown_seconds: float
+    startup_grace_seconds: float
+    request_dir: Path
+    log_path: Path
+    backend_log_max_mb: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], log_dir: Path) -> WatchdogSettings:
+        return cls(
+            enabled=_bool(env, "SLM_WATCHDOG_ENABLED", True),
+            failure_threshold=_int(env, "SLM_WATCHDOG_FAILURE_THRESHOLD", 2, minimum=1),
+            stall_seconds=_float(env, "SLM_WATCHDOG_STALL_SECONDS", 300.0, minimum=0.001),
+            sweep_seconds=_float(env, "SLM_WATCHDOG_SWEEP_SECONDS", 5.0, minimum=0.01),
+            max_restarts=_int(env, "SLM_WATCHDOG_MAX_RESTARTS", 5, minimum=0),
+            restart_window_seconds=_float(env, "SLM_WATCHDOG_RESTART_WINDOW_SECONDS", 600.0),
+            restart_cooldown_seconds=_float(env, "SLM_WATCHDOG_RESTART_COOLDOWN_SECONDS", 10.0),
+            startup_grace_seconds=_float(env, "SLM_WATCHDOG_STARTUP_GRACE_SECONDS", 180.0),
+            request_dir=_path(env, "SLM_WATCHDOG_REQUEST_DIR", log_dir / "watchdog-requests"),
+            log_path=_path(env, "SLM_WATCHDOG_LOG_PATH", log_dir / "watchdog.jsonl"),
+            backend_log_max_mb=_float(env, "SLM_BACKEND_LOG_MAX_MB", 100.0),
+        )
+
+    def tunables(self) -> dict[str, object]:
+        """Every tunable in effect, for ``supervisor_started``."""
+        return {
+            "enabled": self.enabled,
+            "failure_threshold": self.failure_threshold,
+            "stall_seconds": self.stall_seconds,
+            "sweep_seconds": self.sweep_seconds,
+            "max_restarts": self.max_restarts,
+            "restart_window_seconds": self.restart_window_seconds,
+            "restart_cooldown_seconds": self.restart_cooldown_seconds,
+            "startup_grace_seconds": self.startup_grace_seconds,
+            "request_dir": str(self.request_dir),
+            "log_path": str(self.log_path),
+            "backend_log_max_mb": self.backend_log_max_mb,
+        }
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything tunable by environment, with its default."""
@@ -105,6 +165,7 @@ class Settings:
     stop_timeout_seconds: float
     health_probe_timeout_seconds: float
     connect_timeout_seconds: float
+    watchdog: WatchdogSettings
 
     @property
     def pidfile_path(self) -> Path:
@@ -120,9 +181,10 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = load_environment(environ)
         bin_raw = env.get("SLM_LLAMA_SERVER_BIN", "").strip()
+        log_dir = _path(env, "SLM_BACKEND_LOG_DIR", PROJECT_ROOT / "logs")
         return cls(
             config_path=_path(env, "SLM_CONFIG", PROJECT_ROOT / "config" / "models.yaml"),
-            log_dir=_path(env, "SLM_BACKEND_LOG_DIR", PROJECT_ROOT / "logs"),
+            log_dir=log_dir,
             llama_server_bin=bin_raw or None,
             router_host=env.get("SLM_ROUTER_HOST", "").strip() or "127.0.0.1",
             router_port=_int(env, "SLM_ROUTER_PORT", 8000, minimum=1, maximum=65535),
@@ -130,4 +192,5 @@ class Settings:
             stop_timeout_seconds=_float(env, "SLM_STOP_TIMEOUT_SECONDS", 10.0),
             health_probe_timeout_seconds=_float(env, "SLM_HEALTH_PROBE_TIMEOUT_SECONDS", 2.0),
             connect_timeout_seconds=_float(env, "SLM_CONNECT_TIMEOUT_SECONDS", 5.0),
+            watchdog=WatchdogSettings.from_env(env, log_dir),
         )

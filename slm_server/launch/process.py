@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -156,10 +157,12 @@ def stop_pid(pid: int, create_time: float, timeout: float) -> bool:
 
 @dataclass(frozen=True)
 class PortHolder:
-    """Who listens on a port: ``pid`` and command line when the OS tells us."""
+    """Who listens on a port: ``pid``, create time and command line when the OS tells."""
 
     pid: int | None
     command: str
+    argv: tuple[str, ...] = ()
+    create_time: float | None = None
 
     def __str__(self) -> str:
         return f"pid {self.pid} ({self.command})" if self.pid is not None else self.command
@@ -187,11 +190,48 @@ def port_holder(host: str, port: int) -> PortHolder | None:
             if conn.pid is None:
                 return PortHolder(None, "a process of another user")
             try:
-                cmdline = " ".join(psutil.Process(conn.pid).cmdline()) or "?"
+                holder = psutil.Process(conn.pid)
+                argv, created = tuple(holder.cmdline()), holder.create_time()
             except psutil.Error:
-                cmdline = "?"
-            return PortHolder(conn.pid, cmdline[:200])
+                argv, created = (), None
+            command = (" ".join(argv) or "?")[:200]
+            return PortHolder(conn.pid, command, argv, created)
     return PortHolder(None, "an unknown process")
+
+
+def describe_exit(status: int | None) -> str:
+    """``exit code N`` or ``killed by SIGNAME`` for a ``Popen.returncode``."""
+    if status is None:
+        return "still running"
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit code {status}"
+
+
+def kill_process(pid: int, create_time: float | None, timeout: float) -> bool:
+    """SIGTERM then SIGKILL one process (and its group), only while ``pid`` is still the
+    process created at ``create_time``; True once it is gone."""
+    if create_time is None:
+        return False
+    return stop_pid(pid, create_time, timeout)
+
+
+def trim_log(path: Path, max_bytes: int) -> int | None:
+    """When ``path`` exceeds ``max_bytes``, copy it to ``.prev`` and truncate it in
+    place (the backend keeps appending to the same descriptor); returns the old size."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if max_bytes <= 0 or size <= max_bytes:
+        return None
+    shutil.copyfile(path, path.with_name(path.name + ".prev"))
+    with path.open("r+b") as handle:
+        handle.truncate(0)
+    return size
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:

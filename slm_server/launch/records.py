@@ -94,6 +94,8 @@ class BackendState:
     restarts: int
     reason: str | None
     log_path: str
+    last_exit: str | None = None
+    last_restart_reason: str | None = None
 
 
 def write_state(path: Path, launcher_pid: int, backends: list[BackendState]) -> None:

@@ -19,6 +19,8 @@ from slm_server.registry import Registry
 from slm_server.router.routes import Gateway, error_response
 from slm_server.router.upstream import Upstream
 from slm_server.settings import Settings
+from slm_server.supervise.events import EventLog
+from slm_server.supervise.tripwire import Tripwire
 
 log = logging.getLogger("slm_server.router")
 
@@ -69,7 +71,9 @@ def create_app(settings: Settings, registry_file: RegistryFile) -> Starlette:
     upstream = Upstream(
         registry.enabled, settings.connect_timeout_seconds, settings.health_probe_timeout_seconds
     )
-    gateway = Gateway(settings, registry, upstream, python_llama)
+    events = EventLog(settings.watchdog.log_path)
+    tripwire = Tripwire(settings.watchdog, events)
+    gateway = Gateway(settings, registry, upstream, python_llama, tripwire)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

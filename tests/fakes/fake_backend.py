@@ -1,6 +1,10 @@
 """A scriptable fake OpenAI-compatible backend, run as a real process on a real port.
 
     python -m tests.fakes.fake_backend --port PORT [--host 127.0.0.1] [--model-id NAME]
+    python -m tests.fakes.fake_backend --llama-server-args LLAMA_SERVER_ARGV...
+
+The second form (used by tests/fakes/fake-llama-server) takes llama-server's flags and
+reads start-up behaviour from the --model file: see ``tests.fakes.startup``.
 
 Proxied endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank,
 /v1/responses (404 unless scripted), GET /v1/models.  GET /health answers {"status":"ok"}.
@@ -22,6 +26,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from types import FrameType, UnionType
@@ -33,6 +38,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+
+from tests.fakes import startup
 
 JSON = dict[str, Any]
 Events = tuple[list[bytes], list[bytes], list[bytes]]  # SSE events: prefix, content, suffix
@@ -127,6 +134,7 @@ class State:
     seq: int = 0
     shutting_down: bool = False
     active: set[asyncio.Event] = field(default_factory=set)
+    on_first_healthy: Callable[[], None] | None = None  # called at the first /health 200
 
     def shutdown(self) -> None:
         self.shutting_down = True
@@ -516,6 +524,9 @@ async def health(request: Request) -> Response:
     pid = {"x-fake-pid": str(os.getpid())}  # lets the test side check it reached *its* process
     if script.health_status != 200:
         return JSONResponse(error_body(script.health_status), script.health_status, pid)
+    if state.on_first_healthy is not None:
+        state.on_first_healthy()
+        state.on_first_healthy = None
     return JSONResponse({"status": "ok"}, headers=pid)
 
 
@@ -554,14 +565,22 @@ def build_app(model_id: str) -> Starlette:
 class FakeServer(uvicorn.Server):
     """uvicorn server that also wakes stalled/streaming requests on SIGTERM/SIGINT."""
 
-    def __init__(self, config: uvicorn.Config, state: State) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state: State, on_started: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(config)
         self.fake_state = state
+        self.on_started = on_started
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: Any = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)  # exits the process if the port cannot be bound
+        if self.on_started is not None and not self.should_exit:
+            self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
@@ -580,20 +599,14 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(4)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--model-id", default="fake-model")
-    parser.add_argument("--parent-pid", type=int, help="exit when this parent process dies")
-    args = parser.parse_args(argv)
-    if args.parent_pid is not None:
-        threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
-    app = build_app(args.model_id)
+def serve(
+    app: Starlette, host: str, port: int, on_started: Callable[[], None] | None = None
+) -> int:
+    """Serve ``app`` until SIGTERM/SIGINT (exit code 0); 1 if it never started."""
     config = uvicorn.Config(
         app,
-        host=args.host,
-        port=args.port,
+        host=host,
+        port=port,
         http="h11",
         loop="asyncio",
         lifespan="off",
@@ -603,12 +616,48 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=2,
     )
     logging.getLogger("uvicorn.error").addFilter(_DropAbortLogs())
-    server = FakeServer(config, app.state.fake)
+    server = FakeServer(config, app.state.fake, on_started)
     # uvicorn re-raises the captured signal after its graceful shutdown: exit with code 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
     server.run()
     return 0 if server.started else 1
+
+
+def main_as_llama_server(argv: list[str]) -> int:
+    """Stand in for llama-server (see ``tests.fakes.startup``)."""
+    try:
+        start = startup.prepare(argv)
+    except startup.StartupExit as exc:
+        startup.say(exc.message)
+        return exc.code
+    try:
+        script = Script.parse(start.behaviour.script)
+    except ValueError as exc:
+        startup.say(f"fake: {start.model}: bad script: {exc}")
+        return 2
+    startup.say(start.describe())
+    app = build_app(start.alias)
+    app.state.fake.script = script
+    after = start.behaviour.exit_after_seconds
+    if after is not None:
+        app.state.fake.on_first_healthy = lambda: startup.exit_later(after)
+    return serve(app, start.host, start.port, lambda: startup.say(start.listening()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == [startup.FLAG]:
+        return main_as_llama_server(arguments[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--model-id", default="fake-model")
+    parser.add_argument("--parent-pid", type=int, help="exit when this parent process dies")
+    args = parser.parse_args(arguments)
+    if args.parent_pid is not None:
+        threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
+    return serve(build_app(args.model_id), args.host, args.port)
 
 
 if __name__ == "__main__":

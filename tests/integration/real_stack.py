@@ -83,7 +83,7 @@ def running_backends(workdir: Path, roles: tuple[str, ...] | None = None) -> Ite
     ports = {role: free_port() for role in data["models"]}
     registry = example_registry(ports, roles)
     config = workdir / "models.yaml"
-    config.write_text(yaml.safe_dump(registry))
+    config.write_text(yaml.safe_dump(registry, sort_keys=False))
     env = {
         "SLM_CONFIG": str(config),
         "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),

@@ -1,6 +1,6 @@
 """The pidfile sweep: a leftover backend of an earlier launcher is stopped at the next
-start only when its pid *and* create time match the record; a missing model path
-fails that backend at once."""
+start only when its pid *and* create time match the record. A missing model path is
+never waited on: every launch fails at once and the restart budget abandons it."""
 
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ def run_launcher(tmp_path: Path) -> tuple[int, str]:
         "SLM_BACKEND_LOG_DIR": str(tmp_path / "logs"),
         "SLM_LLAMA_SERVER_BIN": "/bin/true",
         "SLM_STOP_TIMEOUT_SECONDS": "2",
+        "SLM_WATCHDOG_RESTART_COOLDOWN_SECONDS": "0",
     }
     started = time.monotonic()
     launcher = start_command("backends", env, tmp_path / "backends.out")
@@ -80,7 +81,10 @@ def test_leftover_with_matching_create_time_is_stopped(
     assert "stopped leftover backend old-model" in output
     assert status == 1
     assert "absent.gguf does not exist" in output
-    assert "nothing could be started" in output
+    log_lines = (tmp_path / "logs" / "watchdog.jsonl").read_text().splitlines()
+    events = [json.loads(line)["event"] for line in log_lines]
+    assert events.count("model_path_missing") == 6, "the first launch and five restarts"
+    assert events[-2:] == ["backend_abandoned", "supervisor_stopped"]
 
 
 def test_a_reused_pid_is_never_killed(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:

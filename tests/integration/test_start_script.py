@@ -26,7 +26,7 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
     data = yaml.safe_load((ROOT / "config" / "models.yaml.example").read_text())
     registry = example_registry({role: free_port() for role in data["models"]})
     config = tmp_path / "models.yaml"
-    config.write_text(yaml.safe_dump(registry))
+    config.write_text(yaml.safe_dump(registry, sort_keys=False))
     router_port = free_port()
     env = {
         **os.environ,

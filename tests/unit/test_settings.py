@@ -10,6 +10,7 @@ from slm_server.settings import (
     PROJECT_ROOT,
     Settings,
     SettingsError,
+    WatchdogSettings,
     load_environment,
     read_dotenv,
 )
@@ -135,6 +136,19 @@ def test_defaults(tmp_path: Path) -> None:
         stop_timeout_seconds=10.0,
         health_probe_timeout_seconds=2.0,
         connect_timeout_seconds=5.0,
+        watchdog=WatchdogSettings(
+            enabled=True,
+            failure_threshold=2,
+            stall_seconds=300.0,
+            sweep_seconds=5.0,
+            max_restarts=5,
+            restart_window_seconds=600.0,
+            restart_cooldown_seconds=10.0,
+            startup_grace_seconds=180.0,
+            request_dir=PROJECT_ROOT / "logs" / "watchdog-requests",
+            log_path=PROJECT_ROOT / "logs" / "watchdog.jsonl",
+            backend_log_max_mb=100.0,
+        ),
     )
     assert s.pidfile_path == PROJECT_ROOT / "logs" / "backends.pids.json"
     assert s.state_path == PROJECT_ROOT / "logs" / "backends.state.json"

@@ -1,0 +1,72 @@
+"""What one proxied outcome says about a backend's health. Pure.
+
+Statuses are sorted into three verdicts rather than split at 500, because a 4xx can
+describe the backend (429 saturated, 408 timed out) as well as the caller:
+
+    health   2xx, 400, 404, 422          resets the model's failure streak
+    failure  408, 425, 429, every 5xx,   counts toward a restart
+             refused connections, timeouts, broken connections
+    ignore   every other status          neither counts nor resets: an unknown code
+                                         is not evidence of health
+
+A first-byte stall on a streaming request is a failure that trips at once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+HEALTH_STATUSES = frozenset({400, 404, 422})
+FAILURE_4XX = {408: "timeout", 425: "saturated", 429: "saturated"}
+
+
+class Verdict(enum.Enum):
+    HEALTH = "health"
+    FAILURE = "failure"
+    IGNORE = "ignore"
+
+
+class FailureClass(enum.Enum):
+    """The kinds of failure; a trip needs N consecutive failures of one kind."""
+
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    SERVER_ERROR = "5xx"
+    SATURATED = "saturated"
+    BROKEN = "broken_connection"
+    STALL = "stall"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A classified outcome: the verdict, and for failures their class."""
+
+    verdict: Verdict
+    failure: FailureClass | None = None
+    status: int | None = None
+
+    @property
+    def reason(self) -> str:
+        if self.failure is not None:
+            return self.failure.value
+        return self.verdict.value
+
+
+def classify_status(status: int) -> Outcome:
+    """The verdict on a status code the backend answered with."""
+    if 200 <= status < 300 or status in HEALTH_STATUSES:
+        return Outcome(Verdict.HEALTH, status=status)
+    if status >= 500:
+        return Outcome(Verdict.FAILURE, FailureClass.SERVER_ERROR, status)
+    if status in FAILURE_4XX:
+        kind = FailureClass.TIMEOUT if status == 408 else FailureClass.SATURATED
+        return Outcome(Verdict.FAILURE, kind, status)
+    return Outcome(Verdict.IGNORE, status=status)
+
+
+HEALTHY = Outcome(Verdict.HEALTH)
+UNREACHABLE = Outcome(Verdict.FAILURE, FailureClass.UNREACHABLE)
+TIMED_OUT = Outcome(Verdict.FAILURE, FailureClass.TIMEOUT)
+BROKEN = Outcome(Verdict.FAILURE, FailureClass.BROKEN)
+STALLED = Outcome(Verdict.FAILURE, FailureClass.STALL)
