@@ -88,7 +88,6 @@ until "$py" -c "import sys, httpx; sys.exit(httpx.get('$url/health', timeout=1).
   sleep 0.5
 done
 
-say "ready: $url/v1 (OpenAI-compatible)"
 "$py" - "$url" <<'PY'
 import sys
 
@@ -98,6 +97,7 @@ for model in httpx.get(sys.argv[1] + "/v1/models", timeout=5).json()["data"]:
     print(f"[start]   model {model['id']} ({model['model_type']}, {model['backend']})")
 PY
 say "try: curl $url/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"smollm2-135m-instruct\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'"
+say "ready: $url/v1 (OpenAI-compatible)"
 say "press Ctrl-C to stop"
 
 while kill -0 "$backends_pid" 2>/dev/null && kill -0 "$router_pid" 2>/dev/null; do

@@ -49,7 +49,7 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
         )
     try:
         poll(
-            lambda: "[start] ready:" in output.read_text() or start.poll() is not None,
+            lambda: "[start] press Ctrl-C" in output.read_text() or start.poll() is not None,
             300,
             "start.sh to report ready",
         )
