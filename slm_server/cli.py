@@ -19,12 +19,16 @@ from slm_server.settings import Settings, SettingsError, load_environment
 
 
 def _setup_logging(name: str) -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s [{name}] %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stdout,
+    """One line per record: ``2026-11-30T09:14:02.117Z [router] INFO message`` (UTC, like
+    the watchdog log, so ``slm-logs.sh all`` can interleave them)."""
+    handler = logging.StreamHandler(sys.stdout)
+    formatter = logging.Formatter(
+        f"%(asctime)s.%(msecs)03dZ [{name}] %(levelname)s %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S",
     )
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     # One line per health probe would drown the launcher's own messages.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 

@@ -1,0 +1,224 @@
+"""Chaos tests of the watchdog on real processes: the launcher supervises fake
+llama-servers (real processes on real ports), the router judges real traffic, and every
+decision must appear in ``logs/watchdog.jsonl``. Thresholds are seconds, not minutes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from slm_server.supervise.requests import RestartRequest, write_request
+from tests.integration.watched import Watched, fake_entry, watched
+from tests.processes import pid_alive, poll
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def chat(stack: Watched, role: str, timeout: float = 10.0, **extra: Any) -> httpx.Response:
+    body = {"model": stack.model_id(role), "messages": HELLO, **extra}
+    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=timeout)
+
+
+def wait_past_grace(stack: Watched, role: str, grace: float = 0.5) -> None:
+    """A trip is only accepted once the backend has been up for the startup grace."""
+    started = stack.state(role)["started_at"]
+    poll(lambda: time.time() > started + grace + 0.05, 5, "the startup grace to pass")
+
+
+def test_kill_9_is_noticed_without_traffic_and_requests_never_hang(tmp_path: Path) -> None:
+    models = {"standard": fake_entry(tmp_path, "standard")}
+    with watched(tmp_path, models) as stack:
+        old_pid = stack.pid("standard")
+        os.kill(old_pid, signal.SIGKILL)
+        exited = stack.wait_event("backend_exited", pid=old_pid)
+        assert exited["signal"] == "SIGKILL"
+        outage: list[tuple[int, float, str | None]] = []
+        deadline = time.monotonic() + 20
+        while True:
+            started = time.monotonic()
+            response = chat(stack, "standard")
+            outage.append(
+                (
+                    response.status_code,
+                    time.monotonic() - started,
+                    response.headers.get("retry-after"),
+                )
+            )
+            if response.status_code == 200:
+                break
+            assert time.monotonic() < deadline, outage
+        for status, seconds, retry_after in outage[:-1]:
+            assert status == 503
+            assert retry_after is not None
+            assert seconds < 3, "a request during the outage must not hang"
+        done = stack.wait_event("restart_succeeded", old_pid=old_pid)
+        assert done["reason"] == "exited"
+        assert done["attempt"] == 1
+        assert done["new_pid"] == stack.pid("standard") != old_pid
+
+
+def test_a_wedged_backend_trips_on_the_first_byte_stall(tmp_path: Path) -> None:
+    models = {"standard": fake_entry(tmp_path, "standard", default_timeout=2)}
+    with watched(tmp_path, models) as stack:
+        wait_past_grace(stack, "standard")
+        old_pid = stack.pid("standard")
+        os.kill(old_pid, signal.SIGSTOP)  # alive, holds its port, never answers
+        started = time.monotonic()
+        response = chat(stack, "standard")
+        assert response.status_code == 504, "a non-streaming request ends at its timeout"
+        assert time.monotonic() - started < 4
+        assert not stack.events("restart_requested"), "one timeout is not yet a streak"
+
+        body = {"model": stack.model_id("standard"), "messages": HELLO, "stream": True}
+        started = time.monotonic()
+        with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30):
+            pass
+        assert time.monotonic() - started < 15
+        requested = stack.wait_event("restart_requested", reason="stall")
+        assert requested["role"] == "standard"
+        done = stack.wait_event("restart_succeeded", old_pid=old_pid)
+        assert done["reason"] == "stall"
+        assert not pid_alive(old_pid)
+        assert chat(stack, "standard").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("statuses", "restarts"),
+    [
+        pytest.param([500, 500], True, id="500-500-restarts"),
+        pytest.param([500, 200, 500], False, id="500-200-500-does-not"),
+        pytest.param([429, 429], True, id="429s-count"),
+        pytest.param([500, 418, 500], True, id="418-does-not-reset"),
+        pytest.param([418, 418, 418], False, id="418-does-not-count"),
+    ],
+)
+def test_status_streaks(tmp_path: Path, statuses: list[int], restarts: bool) -> None:
+    models = {"standard": fake_entry(tmp_path, "standard")}
+    with watched(tmp_path, models) as stack:
+        wait_past_grace(stack, "standard")
+        old_pid = stack.pid("standard")
+        stack.control("standard", statuses=statuses)
+        for expected in statuses:
+            assert chat(stack, "standard").status_code == expected
+        failures = [e for e in stack.events("backend_failure")]
+        assert [e["status"] for e in failures] == [s for s in statuses if s in (429, 500)]
+        ignored = stack.events("unclassified_status")
+        assert [e["status"] for e in ignored] == [s for s in statuses if s == 418]
+        if restarts:
+            done = stack.wait_event("restart_succeeded", old_pid=old_pid)
+            assert done["reason"] in ("5xx", "saturated")
+        else:
+            # The supervisor sweeps every 0.1 s: give it a few sweeps to (not) act.
+            marker = write_request(
+                stack.log_dir / "watchdog-requests",
+                RestartRequest("nobody", "none", 1, "marker", time.time()),
+            )
+            poll(lambda: not marker.exists(), 5, "a sweep after the requests")
+            assert not stack.events("restart_requested")
+            assert not stack.events("restart_started")
+            assert stack.pid("standard") == old_pid
+
+
+def test_a_request_older_than_start_plus_grace_is_discarded(tmp_path: Path) -> None:
+    models = {"standard": fake_entry(tmp_path, "standard")}
+    with watched(tmp_path, models, router=False, SLM_WATCHDOG_STARTUP_GRACE_SECONDS="60") as stack:
+        pid = stack.pid("standard")
+        for age in (3600.0, 0.0):  # a previous run's leftover, and one raised while loading
+            request = RestartRequest(
+                "standard", "fake-standard", stack.port("standard"), "5xx", time.time() - age
+            )
+            write_request(stack.log_dir / "watchdog-requests", request)
+            stack.wait_event("stale_request_discarded", requested_at=request.requested_at)
+        assert not stack.events("restart_started")
+        assert stack.pid("standard") == pid
+
+
+def test_a_backend_that_crashes_on_every_start_is_abandoned(tmp_path: Path) -> None:
+    models = {
+        "good": fake_entry(tmp_path, "good"),
+        "broken": fake_entry(tmp_path, "broken", {"exit_at_start": 3}),
+    }
+    with watched(tmp_path, models, wait_ready=False) as stack:
+        stack.wait_ready("good")
+        abandoned = stack.wait_event("backend_abandoned", role="broken")
+        assert "5 restarts within 600s" in abandoned["reason"]
+        assert len([e for e in stack.events("restart_started") if e["role"] == "broken"]) == 5
+        exits = [e for e in stack.events("backend_exited") if e["role"] == "broken"]
+        assert len(exits) == 6
+        assert all(e["exit_code"] == 3 for e in exits)
+        response = chat(stack, "broken")
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "backend_abandoned"
+        assert "abandoned by the watchdog: 5 restarts within 600s" in error["message"]
+        assert chat(stack, "good").status_code == 200
+        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()
+        assert health["broken"]["state"] == "abandoned"
+        assert health["good"]["state"] == "ready"
+
+
+def test_the_launcher_exits_non_zero_when_every_backend_is_abandoned(tmp_path: Path) -> None:
+    models = {"broken": fake_entry(tmp_path, "broken", {"exit_at_start": 3})}
+    with watched(tmp_path, models, router=False, wait_ready=False) as stack:
+        assert stack.launcher.popen.wait(timeout=30) == 1
+        assert [e["event"] for e in stack.events()][-2:] == [
+            "backend_abandoned",
+            "supervisor_stopped",
+        ]
+
+
+def test_a_healthy_backend_under_steady_load_is_never_restarted(tmp_path: Path) -> None:
+    models = {
+        "standard": fake_entry(
+            tmp_path,
+            "standard",
+            {"script": {"chunks": 4, "chunk_interval_seconds": 0.05}},
+            max_concurrency=8,
+        )
+    }
+    with watched(tmp_path, models) as stack:
+        pid = stack.pid("standard")
+        stop = threading.Event()
+        statuses: list[int] = []
+
+        def client(index: int) -> None:
+            with httpx.Client(base_url=stack.url, timeout=10) as http:
+                while not stop.is_set():
+                    body = {
+                        "model": stack.model_id("standard"),
+                        "messages": HELLO,
+                        "stream": index % 2 == 0,
+                    }
+                    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                        response.read()
+                        statuses.append(response.status_code)
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            futures = [pool.submit(client, i) for i in range(6)]
+            # Load for well past the stall threshold (1 s) and many sweeps (0.1 s).
+            poll(lambda: len(statuses) >= 300, 60, "300 requests under load")
+            stop.set()
+            for future in futures:
+                future.result()
+        assert set(statuses) == {200}
+        assert stack.pid("standard") == pid
+        for name in ("backend_failure", "restart_requested", "restart_started"):
+            assert not stack.events(name), name
+
+
+def test_watchdog_disabled_starts_and_never_supervises(tmp_path: Path) -> None:
+    models = {"standard": fake_entry(tmp_path, "standard")}
+    with watched(tmp_path, models, router=False, SLM_WATCHDOG_ENABLED="false") as stack:
+        os.kill(stack.pid("standard"), signal.SIGKILL)
+        assert stack.launcher.popen.wait(timeout=15) == 1
+        assert not stack.events("restart_started")
+        started = stack.events("supervisor_started")
+        assert started[0]["enabled"] is False

@@ -1,0 +1,72 @@
+"""kill -9 and SIGSTOP against the real llama-server with the default chat model: the
+watchdog must bring it back, and must catch the one that is alive but silent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.real_stack import example_registry, llama_server_bin
+from tests.integration.watched import Watched, watched
+from tests.processes import free_port, pid_alive, poll
+
+pytestmark = pytest.mark.real_model
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def smollm(tmp_path: Path) -> dict[str, dict[str, object]]:
+    registry = example_registry(
+        {"standard": free_port(), "gemma": 0, "embeddings": 0}, roles=("standard",)
+    )
+    models: dict[str, dict[str, object]] = registry["models"]
+    models["standard"]["default_timeout"] = 3
+    return models
+
+
+def chat(stack: Watched, stream: bool = False) -> httpx.Response:
+    body = {"model": "smollm2-135m-instruct", "messages": HELLO, "max_tokens": 8, "stream": stream}
+    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30)
+
+
+def test_real_llama_server_killed_is_restarted(tmp_path: Path) -> None:
+    with watched(tmp_path, smollm(tmp_path), llama_server=llama_server_bin()) as stack:
+        assert chat(stack).status_code == 200
+        old_pid = stack.pid("standard")
+        os.kill(old_pid, signal.SIGKILL)
+        stack.wait_event("backend_exited", pid=old_pid)
+        done = stack.wait_event("restart_succeeded", old_pid=old_pid, timeout=60)
+        assert done["reason"] == "exited"
+        poll(lambda: chat(stack).status_code == 200, 30, "a chat completion after the restart")
+
+
+def test_real_llama_server_stopped_is_caught_by_the_stall(tmp_path: Path) -> None:
+    with watched(tmp_path, smollm(tmp_path), llama_server=llama_server_bin()) as stack:
+        started = stack.state("standard")["started_at"]
+        poll(lambda: time.time() > started + 0.6, 5, "the startup grace to pass")
+        old_pid = stack.pid("standard")
+        os.kill(old_pid, signal.SIGSTOP)
+        try:
+            timed_out = chat(stack)
+            assert timed_out.status_code == 504
+            with httpx.stream(
+                "POST",
+                f"{stack.url}/v1/chat/completions",
+                timeout=60,
+                json={"model": "smollm2-135m-instruct", "messages": HELLO, "stream": True},
+            ):
+                pass
+            done = stack.wait_event("restart_succeeded", old_pid=old_pid, timeout=60)
+            assert done["reason"] == "stall"
+            assert not pid_alive(old_pid)
+        finally:
+            if pid_alive(old_pid):
+                os.kill(old_pid, signal.SIGCONT)
+        reply = chat(stack)
+        assert reply.status_code == 200
+        assert reply.json()["choices"][0]["message"]["content"]

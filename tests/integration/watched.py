@@ -1,0 +1,155 @@
+"""A supervised gateway for watchdog tests: the real launcher running fake (or real)
+llama-servers, the real router in front, every watchdog threshold set to seconds."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.processes import ROOT, Command, free_port, pid_alive, poll, running_router, start_command
+
+FAKE_LLAMA_SERVER = ROOT / "tests" / "fakes" / "fake-llama-server"
+
+FAST_WATCHDOG = {
+    "SLM_WATCHDOG_SWEEP_SECONDS": "0.1",
+    "SLM_WATCHDOG_STARTUP_GRACE_SECONDS": "0.5",
+    "SLM_WATCHDOG_RESTART_COOLDOWN_SECONDS": "0",
+    "SLM_WATCHDOG_STALL_SECONDS": "1",
+    "SLM_WATCHDOG_FAILURE_THRESHOLD": "2",
+    "SLM_STOP_TIMEOUT_SECONDS": "2",
+}
+
+
+def fake_entry(
+    tmp: Path, role: str, behaviour: dict[str, Any] | None = None, **fields: Any
+) -> dict[str, Any]:
+    """A registry entry whose model file tells the fake llama-server how to behave."""
+    model = tmp / f"{role}.gguf"
+    model.write_text(json.dumps(behaviour) if behaviour else "")
+    return {
+        "id": f"fake-{role}",
+        "backend": "llamacpp",
+        "port": free_port(),
+        "model_path": str(model),
+        "default_timeout": 5,
+        "quantization": "Q4_0",
+        **fields,
+    }
+
+
+@dataclass
+class Watched:
+    """The running launcher (and router), with views of what the watchdog did."""
+
+    tmp: Path
+    env: dict[str, str]
+    models: dict[str, dict[str, Any]]
+    launcher: Command
+    url: str = ""
+
+    @property
+    def log_dir(self) -> Path:
+        return self.tmp / "logs"
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads((self.log_dir / "backends.state.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return {b["role"]: b for b in data.get("backends", [])}
+
+    def state(self, role: str) -> dict[str, Any]:
+        return self.states().get(role, {})
+
+    def pid(self, role: str) -> int:
+        pid = self.state(role).get("pid")
+        assert isinstance(pid, int), self.state(role)
+        return pid
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        path = self.log_dir / "watchdog.jsonl"
+        if not path.exists():
+            return []
+        records = [json.loads(line) for line in path.read_text().splitlines() if line]
+        return [r for r in records if name is None or r["event"] == name]
+
+    def wait_event(self, name: str, timeout: float = 15.0, **match: Any) -> dict[str, Any]:
+        """The first ``name`` event whose fields include ``match``; fails after ``timeout``."""
+        found: list[dict[str, Any]] = []
+
+        def seen() -> bool:
+            found[:] = [
+                e for e in self.events(name) if all(e.get(k) == v for k, v in match.items())
+            ]
+            return bool(found)
+
+        poll(seen, timeout, f"watchdog event {name} {match}")
+        return found[0]
+
+    def wait_ready(self, role: str, timeout: float = 20.0) -> None:
+        poll(lambda: self.state(role).get("state") == "ready", timeout, f"{role} to be ready")
+
+    def port(self, role: str) -> int:
+        port = self.models[role]["port"]
+        assert isinstance(port, int)
+        return port
+
+    def control(self, role: str, **script: Any) -> None:
+        """Script the fake backend behind ``role`` directly on its port."""
+        url = f"http://127.0.0.1:{self.port(role)}/_control"
+        httpx.post(url, json=script, timeout=5).raise_for_status()
+
+    def model_id(self, role: str) -> str:
+        model_id = self.models[role]["id"]
+        assert isinstance(model_id, str)
+        return model_id
+
+
+@contextmanager
+def watched(
+    tmp: Path,
+    models: dict[str, dict[str, Any]],
+    *,
+    router: bool = True,
+    wait_ready: bool = True,
+    llama_server: str | None = None,
+    **env_overrides: str,
+) -> Iterator[Watched]:
+    """Start the launcher on ``models`` (and the router); stop both afterwards and check
+    that no backend process outlives them."""
+    config = tmp / "models.yaml"
+    config.write_text(yaml.safe_dump({"models": models}, sort_keys=False))
+    env = {
+        "SLM_CONFIG": str(config),
+        "SLM_BACKEND_LOG_DIR": str(tmp / "logs"),
+        "SLM_LLAMA_SERVER_BIN": llama_server or str(FAKE_LLAMA_SERVER),
+        "FAKE_BACKEND_PYTHON": sys.executable,
+        "SLM_ENV_FILE": str(tmp / "no.env"),
+        **FAST_WATCHDOG,
+        **env_overrides,
+    }
+    launcher = start_command("backends", env, tmp / "backends.out")
+    stack = Watched(tmp, env, models, launcher)
+    seen_pids: set[int] = set()
+    try:
+        with ExitStack() as stack_exit:
+            if wait_ready:
+                for role in models:
+                    if models[role].get("enabled", True):
+                        stack.wait_ready(role)
+            if router:
+                _process, stack.url = stack_exit.enter_context(running_router(env, tmp))
+            yield stack
+            seen_pids = {e["new_pid"] for e in stack.events("restart_succeeded")}
+    finally:
+        seen_pids |= {s["pid"] for s in stack.states().values() if s.get("pid")}
+        launcher.stop()
+        poll(lambda: not any(pid_alive(p) for p in seen_pids), 15, "backends to exit")

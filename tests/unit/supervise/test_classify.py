@@ -1,0 +1,187 @@
+"""Sorting proxied outcomes into health, failure and ignore verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from slm_server.supervise.classify import (
+    BROKEN,
+    FAILURE_4XX,
+    HEALTH_STATUSES,
+    HEALTHY,
+    STALLED,
+    TIMED_OUT,
+    UNREACHABLE,
+    FailureClass,
+    Outcome,
+    Verdict,
+    classify_status,
+)
+
+HEALTH = [200, 201, 202, 204, 206, 250, 299, 400, 404, 422]
+FAILURES = {
+    408: FailureClass.TIMEOUT,
+    425: FailureClass.SATURATED,
+    429: FailureClass.SATURATED,
+    500: FailureClass.SERVER_ERROR,
+    501: FailureClass.SERVER_ERROR,
+    502: FailureClass.SERVER_ERROR,
+    503: FailureClass.SERVER_ERROR,
+    504: FailureClass.SERVER_ERROR,
+    507: FailureClass.SERVER_ERROR,
+    550: FailureClass.SERVER_ERROR,
+    599: FailureClass.SERVER_ERROR,
+}
+IGNORED = [
+    100,
+    101,
+    103,
+    199,
+    300,
+    301,
+    302,
+    304,
+    307,
+    308,
+    399,
+    401,
+    402,
+    403,
+    405,
+    406,
+    407,
+    409,
+    410,
+    411,
+    412,
+    413,
+    414,
+    415,
+    416,
+    417,
+    418,
+    421,
+    423,
+    424,
+    426,
+    428,
+    431,
+    451,
+    499,
+]
+
+
+@pytest.mark.parametrize("status", HEALTH)
+def test_health_statuses(status: int) -> None:
+    outcome = classify_status(status)
+    assert outcome == Outcome(Verdict.HEALTH, None, status)
+    assert outcome.failure is None
+    assert outcome.status == status
+    assert outcome.reason == "health"
+
+
+@pytest.mark.parametrize(("status", "kind"), sorted(FAILURES.items()))
+def test_failure_statuses(status: int, kind: FailureClass) -> None:
+    outcome = classify_status(status)
+    assert outcome == Outcome(Verdict.FAILURE, kind, status)
+    assert outcome.reason == kind.value
+
+
+@pytest.mark.parametrize("status", IGNORED)
+def test_ignored_statuses(status: int) -> None:
+    outcome = classify_status(status)
+    assert outcome == Outcome(Verdict.IGNORE, None, status)
+    assert outcome.reason == "ignore"
+
+
+def test_every_status_from_100_to_599_has_the_documented_verdict() -> None:
+    for status in range(100, 600):
+        verdict = classify_status(status).verdict
+        if 200 <= status <= 299 or status in (400, 404, 422):
+            assert verdict is Verdict.HEALTH, status
+        elif status in (408, 425, 429) or 500 <= status <= 599:
+            assert verdict is Verdict.FAILURE, status
+        else:
+            assert verdict is Verdict.IGNORE, status
+
+
+def test_2xx_boundaries() -> None:
+    assert classify_status(199).verdict is Verdict.IGNORE
+    assert classify_status(200).verdict is Verdict.HEALTH
+    assert classify_status(299).verdict is Verdict.HEALTH
+    assert classify_status(300).verdict is Verdict.IGNORE
+
+
+def test_5xx_boundaries() -> None:
+    assert classify_status(499).verdict is Verdict.IGNORE
+    assert classify_status(500).failure is FailureClass.SERVER_ERROR
+    assert classify_status(599).failure is FailureClass.SERVER_ERROR
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="classify_status uses `status >= 500`, so a non-5xx code such as 600 or 999 "
+    "counts as a 5xx failure instead of being ignored",
+)
+@pytest.mark.parametrize("status", [600, 999])
+def test_statuses_above_5xx_are_ignored(status: int) -> None:
+    assert classify_status(status).verdict is Verdict.IGNORE
+
+
+def test_408_is_a_timeout_and_425_429_are_saturation() -> None:
+    assert classify_status(408).reason == "timeout"
+    assert classify_status(425).reason == "saturated"
+    assert classify_status(429).reason == "saturated"
+
+
+def test_failure_4xx_table_matches_the_classes() -> None:
+    assert set(FAILURE_4XX) == {408, 425, 429}
+    for status, name in FAILURE_4XX.items():
+        assert classify_status(status).reason == name
+
+
+def test_health_status_set() -> None:
+    assert frozenset({400, 404, 422}) == HEALTH_STATUSES
+
+
+@pytest.mark.parametrize(
+    ("outcome", "verdict", "kind", "reason"),
+    [
+        (HEALTHY, Verdict.HEALTH, None, "health"),
+        (UNREACHABLE, Verdict.FAILURE, FailureClass.UNREACHABLE, "unreachable"),
+        (TIMED_OUT, Verdict.FAILURE, FailureClass.TIMEOUT, "timeout"),
+        (BROKEN, Verdict.FAILURE, FailureClass.BROKEN, "broken_connection"),
+        (STALLED, Verdict.FAILURE, FailureClass.STALL, "stall"),
+    ],
+)
+def test_transport_outcomes(
+    outcome: Outcome, verdict: Verdict, kind: FailureClass | None, reason: str
+) -> None:
+    assert outcome.verdict is verdict
+    assert outcome.failure is kind
+    assert outcome.status is None
+    assert outcome.reason == reason
+
+
+def test_reason_prefers_the_failure_class() -> None:
+    assert Outcome(Verdict.FAILURE, FailureClass.SERVER_ERROR, 503).reason == "5xx"
+    assert Outcome(Verdict.FAILURE).reason == "failure"
+    assert Outcome(Verdict.IGNORE, status=418).reason == "ignore"
+    assert Outcome(Verdict.HEALTH, status=200).reason == "health"
+
+
+def test_failure_class_values() -> None:
+    assert {c.value for c in FailureClass} == {
+        "unreachable",
+        "timeout",
+        "5xx",
+        "saturated",
+        "broken_connection",
+        "stall",
+    }
+
+
+def test_outcome_is_frozen() -> None:
+    outcome = classify_status(200)
+    with pytest.raises(AttributeError):
+        outcome.status = 500  # type: ignore[misc]
