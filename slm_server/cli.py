@@ -218,6 +218,7 @@ COMMANDS: dict[str, str] = {
     "check": "validate the registry and print each launch command",
     "status": "print each backend's state",
     "settings": "print resolved settings by name, for scripts",
+    "logs": "show start.out and the watchdog log (server, watchdog, all or raw)",
 }
 
 
@@ -244,6 +245,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metavar="PID",
                 help="only accept state published by this launcher process",
             )
+        if name == "logs":
+            command.add_argument(
+                "mode",
+                nargs="?",
+                default="server",
+                choices=("server", "watchdog", "all", "raw"),
+                help="server: start.out (default); watchdog: the watchdog events as a "
+                "timeline; all: both merged by time; raw: both files unformatted",
+            )
+            command.add_argument(
+                "-f", "--follow", action="store_true", help="keep printing appended lines"
+            )
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
@@ -255,6 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_backends(settings)
         if args.command == "router":
             return cmd_router(settings)
+        if args.command == "logs":
+            from slm_server import logview
+
+            return logview.main(
+                args.mode, settings.log_dir, settings.watchdog.log_path, args.follow
+            )
         return cmd_check(settings)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)

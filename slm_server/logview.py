@@ -1,15 +1,12 @@
-"""Reading the gateway's logs: ``python -m slm_server logs`` and ``scripts/slm-logs.sh``.
-
-Two files: ``start.out`` (everything ``start.sh`` printed: launcher, router and uvicorn
-lines stamped ``2026-11-30T09:14:02.117Z [router] INFO ...``, plus unstamped ``[start]``
-and ``[setup]`` lines) and the watchdog's ``watchdog.jsonl`` (one JSON event per line).
-Modes: ``server`` (start.out), ``watchdog`` (a readable timeline of the events), ``all``
-(both, merged in time order) and ``raw`` (both files as they are). ``follow`` keeps
-printing what is appended, across truncation and rotation, until Ctrl-C or SIGTERM.
+"""``python -m slm_server logs`` / ``scripts/slm-logs.sh``: ``start.out`` (what start.sh
+printed; lines stamped ``2026-11-30T09:14:02.117Z [router] INFO ...`` or unstamped) and
+``watchdog.jsonl`` (one JSON event per line), shown as ``server``, ``watchdog`` (a
+timeline), ``all`` (both merged by time) or ``raw``; ``follow`` tails them like ``tail -F``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import heapq
 import json
@@ -17,16 +14,15 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import FrameType
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, NamedTuple, TextIO
 
 from slm_server.supervise.events import EVENTS
 
-MODES = ("server", "watchdog", "all", "raw")
+MODES = ("server", "watchdog", "all", "raw")  # ``server`` is the default
 POLL_SECONDS = 0.25
 WATCHDOG_MARK = "[watchdog] "
 
@@ -34,15 +30,16 @@ RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
 RED, GREEN, YELLOW, CYAN = "\033[31m", "\033[32m", "\033[33m", "\033[36m"
 
 _EVENT_WIDTH = max(len(name) for name in EVENTS)
+# Failures red, recoveries green, housekeeping dim, every other known event yellow.
+_FAILURES = "backend_failure backend_exited restart_failed backend_abandoned model_path_missing"
 _EVENT_COLOURS = {
-    **dict.fromkeys(
-        ("backend_failure", "backend_exited", "restart_failed", "backend_abandoned"), RED
-    ),
-    **dict.fromkeys(("model_path_missing", "stray_kill_refused"), RED),
+    **dict.fromkeys(EVENTS, YELLOW),
+    **dict.fromkeys((*_FAILURES.split(), "stray_kill_refused"), RED),
     **dict.fromkeys(("restart_succeeded", "supervisor_started"), GREEN),
     **dict.fromkeys(("supervisor_stopped", "backend_log_trimmed"), DIM),
 }
-_SUBJECT_KEYS = ("role", "model_id", "port")
+# How the backend an event concerns is named: ``reasoning (unsloth/qwen3) :8502``.
+_SUBJECT = (("role", "{}"), ("model_id", "({})"), ("port", ":{}"))
 _ISO_PREFIX = re.compile(
     r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?(?=\s|$)"
 )
@@ -53,8 +50,7 @@ _WARNING = re.compile(r"\bWARNING\b")
 def use_colour(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
     """Colour only on a terminal, and never when ``NO_COLOR`` is set (no-color.org)."""
     env = os.environ if environ is None else environ
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty is not None and isatty()) and not env.get("NO_COLOR")
+    return stream.isatty() and not env.get("NO_COLOR")
 
 
 def _paint(text: str, code: str, colour: bool) -> str:
@@ -88,21 +84,23 @@ def _clock(moment: datetime.datetime, date: bool = True) -> str:
     return f"{shown}.{moment.microsecond // 1000:03d}"
 
 
-def _value(key: str, value: Any) -> str:
-    """One field's value: numbers plain, ``*_seconds`` with a unit, wall-clock ``*_at``
-    as a UTC time, strings quoted when they hold spaces, containers as compact JSON."""
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, int | float):
-        if key.endswith("_at") and value > 1e9:
-            stamp = datetime.datetime.fromtimestamp(value, tz=datetime.UTC)
-            return _clock(stamp, date=False)
-        number = str(int(value)) if float(value).is_integer() else repr(value)
-        return number + "s" if key.endswith("_seconds") else number
-    if isinstance(value, str):
+def _field(key: str, value: Any) -> str:
+    """``key=value``: numbers plain (``stall_seconds=300.0`` as ``stall=300s``, ``*_mb``
+    likewise), wall-clock ``*_at`` as a UTC time, strings quoted when they hold spaces
+    or quotes, lists and dicts as compact JSON."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        shown = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    elif isinstance(value, str):
         plain = value and not any(c.isspace() or c in "\"'" for c in value)
-        return value if plain else json.dumps(value, ensure_ascii=False)
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+        shown = value if plain else json.dumps(value, ensure_ascii=False)
+    elif key.endswith("_at") and value > 1e9:
+        shown = _clock(datetime.datetime.fromtimestamp(value, tz=datetime.UTC), date=False)
+    else:
+        shown = str(int(value)) if float(value).is_integer() else repr(value)
+        for suffix, unit in (("_seconds", "s"), ("_mb", "MB")):
+            if key.endswith(suffix):
+                key, shown = key.removesuffix(suffix), shown + unit
+    return f"{key}={shown}"
 
 
 def format_event(record: Mapping[str, Any], colour: bool = False) -> str:
@@ -111,30 +109,18 @@ def format_event(record: Mapping[str, Any], colour: bool = False) -> str:
     event = str(record.get("event", "?"))
     moment = parse_time(record)
     stamp = _clock(moment) if moment else str(record.get("ts", "-")).ljust(23)
-    parts = [_paint(stamp, DIM, colour), _paint(event.ljust(_EVENT_WIDTH), _event_code(event), colour)]
-    subject = []
-    if "role" in record:
-        subject.append(str(record["role"]))
-    if "model_id" in record:
-        subject.append(f"({record['model_id']})")
-    if "port" in record:
-        subject.append(f":{record['port']}")
+    code = _EVENT_COLOURS.get(event, "")
+    parts = [_paint(stamp, DIM, colour), _paint(event.ljust(_EVENT_WIDTH), code, colour)]
+    subject = " ".join(shape.format(record[key]) for key, shape in _SUBJECT if key in record)
     if not subject and event.startswith("supervisor_"):
-        subject.append("supervisor")
+        subject = "supervisor"
     if subject:
-        parts.append(_paint(" ".join(subject), BOLD, colour))
-    fields = [
-        f"{key}={_value(key, value)}"
-        for key, value in record.items()
-        if key not in ("ts", "event", *_SUBJECT_KEYS)
-    ]
+        parts.append(_paint(subject, BOLD, colour))
+    skip = {"ts", "event", *(key for key, _shape in _SUBJECT)}
+    fields = [_field(key, value) for key, value in record.items() if key not in skip]
     if fields:
         parts.append(" ".join(fields))
     return "  ".join(parts)
-
-
-def _event_code(event: str) -> str:
-    return _EVENT_COLOURS.get(event, YELLOW if event in EVENTS else RED)
 
 
 def format_watchdog_line(line: str, colour: bool = False) -> str | None:
@@ -143,13 +129,21 @@ def format_watchdog_line(line: str, colour: bool = False) -> str | None:
     text = line.rstrip()
     if not text:
         return None
-    try:
-        record = json.loads(text)
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+    record = parse_record(text)
+    if record is None:
         return _paint(f"? {text}", RED, colour)
     return format_event(record, colour)
+
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """A watchdog line's JSON object, or ``None`` when it is not an event."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        return None
+    return record
 
 
 def format_server_line(line: str, colour: bool = False) -> str:
@@ -172,17 +166,15 @@ def format_server_line(line: str, colour: bool = False) -> str:
 class LogFile:
     """A file read incrementally: each ``read_lines()`` returns the complete lines
     appended since the last call (the whole file the first time). A file that shrinks
-    (truncated) is read again from the start; one replaced by another (rotated) is
-    drained, then the new one is read from its start."""
+    (truncated) is read again from its start; one replaced or removed (rotated) is
+    drained, then its successor is read from the start once it appears."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, kind: str = "server") -> None:
         self.path = path
+        self.kind = kind
         self.last_time: datetime.datetime | None = None
         self._handle: BinaryIO | None = None
         self._pending = b""
-
-    def exists(self) -> bool:
-        return self.path.is_file()
 
     def close(self) -> None:
         if self._handle is not None:
@@ -191,30 +183,25 @@ class LogFile:
 
     def read_lines(self, final: bool = False) -> list[str]:
         """New complete lines; with ``final``, also a last line lacking its newline."""
-        data = b""
+        lines: list[str] = []
         try:
-            current = os.stat(self.path)
+            current: os.stat_result | None = os.stat(self.path)
         except OSError:
             current = None
         if self._handle is not None:
             opened = os.fstat(self._handle.fileno())
-            if current is None or (current.st_dev, current.st_ino) != (
-                opened.st_dev,
-                opened.st_ino,
-            ):
-                data = self._handle.read()
+            if current is None or not os.path.samestat(current, opened):
+                lines = self._split(self._handle.read(), final=True)
                 self.close()
             elif current.st_size < self._handle.tell():
                 self._handle.seek(0)
                 self._pending = b""
         if self._handle is None and current is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._handle = self.path.open("rb")
-            except OSError:
-                return self._split(data, final)
         if self._handle is not None:
-            data += self._handle.read()
-        return self._split(data, final)
+            lines += self._split(self._handle.read(), final)
+        return lines
 
     def _split(self, data: bytes, final: bool) -> list[str]:
         chunks = (self._pending + data).split(b"\n")
@@ -225,30 +212,20 @@ class LogFile:
         return [chunk.decode("utf-8", errors="replace").rstrip("\r") for chunk in chunks]
 
 
-@dataclass(frozen=True)
-class _Item:
+class _Item(NamedTuple):
     time: datetime.datetime | None
     text: str
 
 
-_EARLIEST = datetime.datetime.min.replace(tzinfo=datetime.UTC)
-
-
 def _items(mode: str, source: LogFile, lines: Iterable[str], colour: bool) -> list[_Item]:
     """Rendered lines of one file, each with its (possibly inherited) time."""
-    is_watchdog = source.path.suffix == ".jsonl"
     items = []
     for line in lines:
         if mode == "raw":
             items.append(_Item(None, line))
             continue
-        if is_watchdog:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
-            if isinstance(record, dict):
-                source.last_time = parse_time(record, source.last_time)
+        if source.kind == "watchdog":
+            source.last_time = parse_time(parse_record(line) or {}, source.last_time)
             text = format_watchdog_line(line, colour)
             if text is not None and mode == "all":
                 text = _paint(WATCHDOG_MARK, CYAN, colour) + text
@@ -263,71 +240,50 @@ def _items(mode: str, source: LogFile, lines: Iterable[str], colour: bool) -> li
 def _merge(batches: list[list[_Item]]) -> Iterable[_Item]:
     """Each file's lines in their own order, interleaved by time; earlier batches win
     ties. Lines before any timestamp come first."""
-    return heapq.merge(*batches, key=lambda item: item.time or _EARLIEST)
-
-
-class _Stopped(Exception):
-    """SIGTERM while following."""
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise _Stopped
+    earliest = datetime.datetime.min.replace(tzinfo=datetime.UTC)
+    return heapq.merge(*batches, key=lambda item: item.time or earliest)
 
 
 def render(
     mode: str, log_dir: Path, watchdog_path: Path, follow: bool, colour: bool, out: TextIO
 ) -> int:
     """Print the logs in ``mode``; with ``follow``, keep printing what is appended
-    (polling every 0.25 s) until interrupted. Returns the exit status."""
-    if mode not in MODES:
-        print(f"logs: unknown mode {mode!r} (expected one of {', '.join(MODES)})", file=sys.stderr)
-        return 2
-    server, watchdog = LogFile(log_dir / "start.out"), LogFile(watchdog_path)
-    missing = {
-        server: f"no server output at {server.path} (./start.sh writes it)",
-        watchdog: f"no watchdog log at {watchdog.path} (no watchdog event recorded yet)",
-    }
-    # The watchdog file first so that, at equal times, an event precedes its log line.
-    sources = {"server": [server], "watchdog": [watchdog]}.get(mode, [watchdog, server])
-    if mode == "raw":
-        sources = [server, watchdog]
-    absent = [source for source in sources if not source.exists()]
+    (polling every 0.25 s) until Ctrl-C or SIGTERM. Returns the exit status: 1 when
+    there is nothing to show (for ``all`` and ``raw``: neither file exists)."""
+    server, watchdog = LogFile(log_dir / "start.out", "server"), LogFile(watchdog_path, "watchdog")
+    # In ``all`` the watchdog comes first: at equal times an event precedes its log line.
+    orders = {"server": [server], "watchdog": [watchdog], "all": [watchdog, server]}
+    sources = orders.get(mode, [server, watchdog])
+    absent = [source for source in sources if not source.path.is_file()]
     for source in absent:
-        print(f"logs: {missing[source]}", file=sys.stderr)
-    if len(absent) == len(sources) and not follow or len(absent) == len(sources) == 1:
+        why = "no server output yet" if source.kind == "server" else "no watchdog event yet"
+        print(f"logs: {source.path} does not exist ({why})", file=sys.stderr)
+    if len(absent) == len(sources):
         return 1
-    restore: Callable[[], None] = lambda: None  # noqa: E731
-    if follow and _in_main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-        restore = lambda: signal.signal(signal.SIGTERM, previous)  # noqa: E731
+    handle_term = follow and threading.current_thread() is threading.main_thread()
+    # SIGTERM raises KeyboardInterrupt, so both end the loop the same clean way.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if handle_term else None
     try:
         _emit(mode, sources, colour, out, final=not follow)
         while follow:
             time.sleep(POLL_SECONDS)
             _emit(mode, sources, colour, out, final=False)
-    except (KeyboardInterrupt, _Stopped):
+    except KeyboardInterrupt:
         return 0
     finally:
-        restore()
+        if handle_term:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
         for source in sources:
             source.close()
     return 0
 
 
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
 def _emit(mode: str, sources: list[LogFile], colour: bool, out: TextIO, final: bool) -> None:
     batches = [_items(mode, s, s.read_lines(final), colour) for s in sources]
     items = (i for b in batches for i in b) if mode == "raw" else _merge(batches)
-    wrote = False
-    for item in items:
-        out.write(item.text + "\n")
-        wrote = True
-    if wrote:
+    text = "".join(item.text + "\n" for item in items)
+    if text:
+        out.write(text)
         out.flush()
 
 

@@ -15,6 +15,7 @@ class RestartBudget:
     window: float
     cooldown: float
     _times: deque[float] = field(default_factory=deque)
+    _last: float | None = None
 
     def _expire(self, now: float) -> None:
         while self._times and now - self._times[0] >= self.window:
@@ -27,12 +28,13 @@ class RestartBudget:
 
     def cooling(self, now: float) -> bool:
         """True while the last restart is more recent than the cooldown."""
-        return bool(self._times) and now - self._times[-1] < self.cooldown
+        return self._last is not None and now - self._last < self.cooldown
 
     def spend(self, now: float) -> int:
         """Record a restart at ``now``; returns how many the window now holds."""
         self._expire(now)
         self._times.append(now)
+        self._last = now
         return len(self._times)
 
     @property

@@ -57,7 +57,7 @@ def classify_status(status: int) -> Outcome:
     """The verdict on a status code the backend answered with."""
     if 200 <= status < 300 or status in HEALTH_STATUSES:
         return Outcome(Verdict.HEALTH, status=status)
-    if status >= 500:
+    if 500 <= status <= 599:
         return Outcome(Verdict.FAILURE, FailureClass.SERVER_ERROR, status)
     if status in FAILURE_4XX:
         kind = FailureClass.TIMEOUT if status == 408 else FailureClass.SATURATED

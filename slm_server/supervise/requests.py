@@ -9,6 +9,7 @@ previous run, or while the backend was still loading.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -50,8 +51,8 @@ def take_requests(directory: Path) -> list[RestartRequest | str]:
     """Remove and return every pending request, oldest first; an unreadable file
     yields its name instead."""
     try:
-        names = sorted(p for p in directory.iterdir() if p.suffix == ".json")
-    except FileNotFoundError:
+        names = sorted(p for p in directory.iterdir() if p.suffix == ".json" and p.is_file())
+    except (FileNotFoundError, NotADirectoryError):
         return []
     taken: list[RestartRequest | str] = []
     for path in names:
@@ -68,7 +69,8 @@ def take_requests(directory: Path) -> list[RestartRequest | str]:
         except (OSError, ValueError, KeyError, TypeError):
             taken.append(path.name)
             request = None
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
         if request is not None:
             taken.append(request)
     taken.sort(key=lambda r: r.requested_at if isinstance(r, RestartRequest) else 0.0)

@@ -45,6 +45,10 @@ class Streaks:
             return Trip(key, outcome.failure, count)
         return None
 
+    def count(self, key: str, failure: FailureClass) -> int:
+        """How many failures of ``failure``'s class ``key``'s open streak holds."""
+        return self._counts.get(key, Counter())[failure]
+
     def open(self, key: str) -> int:
         """How many failures ``key``'s open streak holds (0 when none)."""
         return sum(self._counts.get(key, Counter()).values())

@@ -59,8 +59,10 @@ class Tripwire:
             self.events.emit("unclassified_status", **ids, status=outcome.status)
             return
         trip = self.streaks.record(spec.role, outcome)
-        if outcome.verdict is Verdict.FAILURE:
-            streak = trip.count if trip is not None else self.streaks.open(spec.role)
+        if outcome.verdict is Verdict.FAILURE and outcome.failure is not None:
+            streak = (
+                trip.count if trip is not None else self.streaks.count(spec.role, outcome.failure)
+            )
             self.events.emit(
                 "backend_failure",
                 **ids,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +65,19 @@ def test_kill_9_is_noticed_without_traffic_and_requests_never_hang(tmp_path: Pat
         assert done["reason"] == "exited"
         assert done["attempt"] == 1
         assert done["new_pid"] == stack.pid("standard") != old_pid
+        table = subprocess.run(
+            [sys.executable, "-m", "slm_server", "status"],
+            env={**os.environ, **stack.env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert table.returncode == 0, table.stdout + table.stderr
+        [row] = [line for line in table.stdout.splitlines() if line.startswith("standard ")]
+        assert row.split()[2:5] == [str(stack.port("standard")), "ready", str(done["new_pid"])]
+        assert row.split()[6:] == ["1", "killed", "by", "SIGKILL"]
+        assert "(last restart: exited)" in table.stdout
 
 
 def test_a_wedged_backend_trips_on_the_first_byte_stall(tmp_path: Path) -> None:
@@ -112,6 +127,10 @@ def test_status_streaks(tmp_path: Path, statuses: list[int], restarts: bool) -> 
         assert [e["status"] for e in failures] == [s for s in statuses if s in (429, 500)]
         ignored = stack.events("unclassified_status")
         assert [e["status"] for e in ignored] == [s for s in statuses if s == 418]
+        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["standard"]
+        if statuses[-1] == 500 and not restarts:
+            assert health["state"] == "degraded"
+            assert health["failure_streak"] == 1
         if restarts:
             done = stack.wait_event("restart_succeeded", old_pid=old_pid)
             assert done["reason"] in ("5xx", "saturated")
@@ -163,6 +182,9 @@ def test_a_backend_that_crashes_on_every_start_is_abandoned(tmp_path: Path) -> N
         health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()
         assert health["broken"]["state"] == "abandoned"
         assert health["good"]["state"] == "ready"
+        request = RestartRequest("broken", "fake-broken", stack.port("broken"), "5xx", time.time())
+        write_request(stack.log_dir / "watchdog-requests", request)
+        stack.wait_event("backend_not_running", role="broken")
 
 
 def test_the_launcher_exits_non_zero_when_every_backend_is_abandoned(tmp_path: Path) -> None:
@@ -222,3 +244,18 @@ def test_watchdog_disabled_starts_and_never_supervises(tmp_path: Path) -> None:
         assert not stack.events("restart_started")
         started = stack.events("supervisor_started")
         assert started[0]["enabled"] is False
+
+
+def test_an_oversized_backend_log_is_trimmed(tmp_path: Path) -> None:
+    models = {"standard": fake_entry(tmp_path, "standard")}
+    with watched(tmp_path, models, router=False, SLM_BACKEND_LOG_MAX_MB="0.01") as stack:
+        log = Path(stack.state("standard")["log_path"])
+        first_lines = log.read_text()
+        with log.open("a") as handle:
+            handle.write("x" * 20_000 + "\n")
+        trimmed = stack.wait_event("backend_log_trimmed", role="standard")
+        assert trimmed["bytes"] > 20_000
+        prev = log.with_name(log.name + ".prev").read_text()
+        assert prev.startswith(first_lines)
+        assert log.stat().st_size < 10_000
+        assert stack.state("standard")["state"] == "ready"

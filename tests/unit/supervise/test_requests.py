@@ -89,7 +89,9 @@ def test_write_creates_the_directory(tmp_path: Path) -> None:
     assert take_requests(directory) == [request()]
 
 
-def test_failed_write_removes_its_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_write_removes_its_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refuse(src: str, dst: Path) -> None:
         raise OSError("rename refused")
 
@@ -102,7 +104,7 @@ def test_failed_write_removes_its_temp_file(tmp_path: Path, monkeypatch: pytest.
 def test_write_into_a_file_raises_oserror(tmp_path: Path) -> None:
     blocker = tmp_path / "blocker"
     blocker.write_text("not a directory")
-    with pytest.raises(OSError):
+    with pytest.raises(NotADirectoryError):
         write_request(blocker / "requests", request())
 
 

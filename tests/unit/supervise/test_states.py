@@ -37,7 +37,9 @@ ALLOWED: set[tuple[State, State]] = {
     (S.STOPPED, S.STOPPED),
 }
 ALL_PAIRS = list(itertools.product(State, State))
+ALLOWED_PAIRS = [pair for pair in ALL_PAIRS if pair in ALLOWED]
 FORBIDDEN = [pair for pair in ALL_PAIRS if pair not in ALLOWED]
+RUNNING_STATES = [s for s in State if s in RUNNING]
 
 
 def name(pair: tuple[State, State]) -> str:
@@ -50,7 +52,7 @@ def test_the_expected_table_is_the_implemented_one() -> None:
     assert set(TRANSITIONS) == set(State)
 
 
-@pytest.mark.parametrize("pair", sorted(ALLOWED, key=name), ids=name)
+@pytest.mark.parametrize("pair", ALLOWED_PAIRS, ids=name)
 def test_allowed_transitions(pair: tuple[State, State]) -> None:
     current, target = pair
     assert check_transition(current, target) is target
@@ -65,11 +67,12 @@ def test_forbidden_transitions(pair: tuple[State, State]) -> None:
 
 
 def test_counts() -> None:
+    assert len(ALLOWED_PAIRS) == len(ALLOWED) == 17
     assert len(ALLOWED) + len(FORBIDDEN) == len(State) ** 2 == 49
     assert len(FORBIDDEN) == 32
 
 
-@pytest.mark.parametrize("state", sorted(RUNNING, key=lambda s: s.value))
+@pytest.mark.parametrize("state", RUNNING_STATES)
 def test_every_running_state_can_stop(state: State) -> None:
     assert check_transition(state, S.STOPPED) is S.STOPPED
 
@@ -108,7 +111,7 @@ def test_running_and_final_groupings() -> None:
     assert frozenset({S.STARTING, S.READY, S.RESTARTING}) == RUNNING
     assert frozenset({S.ABANDONED, S.FAILED, S.STOPPED, S.DISABLED}) == FINAL
     assert RUNNING.isdisjoint(FINAL)
-    assert RUNNING | FINAL == frozenset(State)
+    assert frozenset(State) == RUNNING | FINAL
 
 
 def test_final_states_never_return_to_running() -> None:
