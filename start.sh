@@ -7,7 +7,14 @@ set -u
 
 root=$(cd "$(dirname "$0")" && pwd)
 cd "$root" || exit 1
-log_dir=${SLM_BACKEND_LOG_DIR:-logs}
+env_file=${SLM_ENV_FILE:-$root/.env}
+log_dir=${SLM_BACKEND_LOG_DIR:-}
+if [ -z "$log_dir" ] && [ -f "$env_file" ]; then
+  # The same precedence as the gateway's own settings: environment first, then .env.
+  log_dir=$(sed -n 's/^[[:space:]]*\(export[[:space:]]*\)\{0,1\}SLM_BACKEND_LOG_DIR=//p' "$env_file" \
+    | tail -n 1 | sed "s/^[\"']//; s/[\"']\$//")
+fi
+log_dir=${log_dir:-logs}
 mkdir -p "$log_dir"
 
 out=$log_dir/start.out

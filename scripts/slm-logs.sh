@@ -55,7 +55,7 @@ if [ -x "$root/.venv/bin/python" ]; then
   exec "$root/.venv/bin/python" "$@"
 fi
 if command -v uv >/dev/null 2>&1; then
-  exec uv run --quiet --project "$root" python "$@"
+  exec uv run --quiet --frozen --project "$root" python "$@"
 fi
 printf 'slm-logs.sh: no %s and no uv; run scripts/setup.sh first\n' "$root/.venv" >&2
 exit 1

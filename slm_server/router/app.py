@@ -16,7 +16,9 @@ from slm_server.config import RegistryFile
 from slm_server.errors import GatewayError
 from slm_server.launch.runtime import RuntimeNotFound, find_llama_runtime
 from slm_server.registry import Registry
-from slm_server.router.routes import Gateway, error_response
+from slm_server.router.backend_state import StateView
+from slm_server.router.info import Info, error_response
+from slm_server.router.proxy import Proxy
 from slm_server.router.upstream import Upstream
 from slm_server.settings import Settings
 from slm_server.supervise.events import EventLog
@@ -73,7 +75,9 @@ def create_app(settings: Settings, registry_file: RegistryFile) -> Starlette:
     )
     events = EventLog(settings.watchdog.log_path)
     tripwire = Tripwire(settings.watchdog, events)
-    gateway = Gateway(settings, registry, upstream, python_llama, tripwire)
+    states = StateView(settings.state_path)
+    proxy = Proxy(settings, registry, upstream, python_llama, tripwire, states)
+    info = Info(registry, upstream, tripwire, states)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -84,12 +88,12 @@ def create_app(settings: Settings, registry_file: RegistryFile) -> Starlette:
         finally:
             await upstream.aclose()
 
-    routes = [Route(path, gateway.proxy, methods=["POST"]) for path in PROXIED_PATHS]
+    routes = [Route(path, proxy.proxy, methods=["POST"]) for path in PROXIED_PATHS]
     routes += [
-        Route("/v1/responses", gateway.responses, methods=["POST"]),
-        Route("/v1/models", gateway.models, methods=["GET"]),
-        Route("/v1/backends/health", gateway.backends_health, methods=["GET"]),
-        Route("/health", gateway.health, methods=["GET"]),
+        Route("/v1/responses", proxy.responses, methods=["POST"]),
+        Route("/v1/models", info.models, methods=["GET"]),
+        Route("/v1/backends/health", info.backends_health, methods=["GET"]),
+        Route("/health", info.health, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,

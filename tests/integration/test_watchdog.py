@@ -19,7 +19,7 @@ import pytest
 
 from slm_server.supervise.requests import RestartRequest, write_request
 from tests.integration.watched import Watched, fake_entry, watched
-from tests.processes import pid_alive, poll
+from tests.processes import ROOT, pid_alive, poll
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -78,6 +78,20 @@ def test_kill_9_is_noticed_without_traffic_and_requests_never_hang(tmp_path: Pat
         assert row.split()[2:5] == [str(stack.port("standard")), "ready", str(done["new_pid"])]
         assert row.split()[6:] == ["1", "killed", "by", "SIGKILL"]
         assert "(last restart: exited)" in table.stdout
+        timeline = subprocess.run(
+            ["bash", "scripts/slm-logs.sh", "watchdog"],
+            env={**os.environ, **stack.env},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert timeline.returncode == 0, timeline.stderr
+        rendered = [line for line in timeline.stdout.splitlines() if "restart_succeeded" in line]
+        assert len(rendered) == 1
+        assert f"standard (fake-standard) :{stack.port('standard')}" in rendered[0]
+        assert f"old_pid={old_pid}" in rendered[0]
 
 
 def test_a_wedged_backend_trips_on_the_first_byte_stall(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
-"""The router's HTTP endpoints: proxying by model id, listings and health."""
+"""Proxying one request to the backend its ``model`` names: prepare, refuse when the
+supervisor says the backend cannot serve, send, judge the outcome for the watchdog,
+and answer — whole, or relayed chunk by chunk."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
 from slm_server.launch.llama_argv import python_request_defaults
 from slm_server.registry import Registry
 from slm_server.router.backend_state import StateView
+from slm_server.router.exchange import Exchange, exchange_of
 from slm_server.router.relay import StreamRelay
 from slm_server.router.requests import apply_defaults, is_stream, model_field, parse_body
 from slm_server.router.responses import (
@@ -25,6 +27,7 @@ from slm_server.router.responses import (
     chat_to_response,
     responses_to_chat,
 )
+from slm_server.router.sse import SseTap
 from slm_server.router.upstream import RETRY_AFTER_SECONDS, Upstream, forward_headers
 from slm_server.settings import Settings
 from slm_server.supervise.classify import (
@@ -37,12 +40,12 @@ from slm_server.supervise.classify import (
 )
 from slm_server.supervise.tripwire import StallTimer, Tripwire
 
+RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
+USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _T = TypeVar("_T")
 
-RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
 
-
-def _backend_error_body(status: int, content: bytes) -> bytes:
+def backend_error_body(status: int, content: bytes) -> bytes:
     """A backend's error body, wrapped in the OpenAI shape when it is not already."""
     try:
         parsed = json.loads(content)
@@ -65,9 +68,23 @@ def outcome_of(error: GatewayError) -> Outcome:
     return BROKEN
 
 
-class Gateway:
-    """Request handlers bound to one registry, one set of upstream clients, and the
-    router's half of the watchdog."""
+def ask_for_usage(payload: dict[str, Any], endpoint: str) -> bool:
+    """Ask a streaming backend to end with a usage chunk; True when the client did not
+    ask for it itself (so that chunk is kept from it)."""
+    if endpoint not in USAGE_STREAM_ENDPOINTS or not is_stream(payload):
+        return False
+    options = payload.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    merged = dict(options) if isinstance(options, dict) else {}
+    merged["include_usage"] = True
+    payload["stream_options"] = merged
+    return True
+
+
+class Proxy:
+    """The proxying handlers, bound to one registry, one set of upstream clients and
+    the router's half of the watchdog."""
 
     def __init__(
         self,
@@ -76,14 +93,14 @@ class Gateway:
         upstream: Upstream,
         python_llama: bool,
         tripwire: Tripwire,
+        states: StateView,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.upstream = upstream
         self.python_llama = python_llama
         self.tripwire = tripwire
-        self.states = StateView(settings.state_path)
-        self.started = int(time.time())
+        self.states = states
 
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
         if spec.entry.backend == "llamacpp" and self.python_llama:
@@ -91,14 +108,18 @@ class Gateway:
         return {}
 
     async def _prepare(
-        self, request: Request, endpoint: str
-    ) -> tuple[ModelSpec, dict[str, Any], bytes]:
+        self, request: Request, endpoint: str, exchange: Exchange
+    ) -> tuple[ModelSpec, dict[str, Any], bytes, bool]:
         raw = await request.body()
         payload = parse_body(raw)
+        exchange.note_request(payload)
         spec = self.registry.route(model_field(payload), endpoint)
-        if apply_defaults(payload, spec.entry, endpoint, self.sampling_defaults(spec)):
+        exchange.spec = spec
+        changed = apply_defaults(payload, spec.entry, endpoint, self.sampling_defaults(spec))
+        hidden_usage = ask_for_usage(payload, endpoint)
+        if changed or hidden_usage:
             raw = json.dumps(payload).encode()
-        return spec, payload, raw
+        return spec, payload, raw, hidden_usage
 
     def _refuse_if_down(self, spec: ModelSpec) -> None:
         """Answer for the supervisor when it says the backend cannot serve: abandoned
@@ -122,11 +143,22 @@ class Gateway:
                 retry_after=RETRY_AFTER_SECONDS,
             )
 
+    def _headers(self, request: Request, exchange: Exchange) -> dict[str, str]:
+        headers = forward_headers(request.headers)
+        headers["x-request-id"] = exchange.request_id
+        return headers
+
     async def _open(
-        self, spec: ModelSpec, path: str, body: bytes, headers: dict[str, str], stream: bool
+        self,
+        spec: ModelSpec,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        exchange: Exchange,
     ) -> tuple[httpx.Response, StallTimer]:
         """Send the request; streams get a first-byte stall timer armed before sending."""
-        timer = self.tripwire.stall_timer(spec) if stream else StallTimer(None)
+        timer = self.tripwire.stall_timer(spec) if exchange.stream else StallTimer(None)
+        started = time.perf_counter()
         try:
             return await self.upstream.open(spec, path, body, headers), timer
         except GatewayError as error:
@@ -136,110 +168,157 @@ class Gateway:
         except BaseException:
             timer.cancel()
             raise
+        finally:
+            exchange.upstream_seconds += time.perf_counter() - started
 
-    async def _read(self, spec: ModelSpec, upstream: httpx.Response) -> bytes:
+    async def _read(self, spec: ModelSpec, upstream: httpx.Response, exchange: Exchange) -> bytes:
         """The whole body, with the outcome judged by the watchdog."""
+        started = time.perf_counter()
         try:
             content = await self.upstream.read(spec, upstream)
         except GatewayError as error:
             self.tripwire.observe(spec, outcome_of(error), error.message)
             raise
+        finally:
+            exchange.upstream_seconds += time.perf_counter() - started
         self.tripwire.observe(spec, classify_status(upstream.status_code))
         return content
 
     async def _watched(
-        self, spec: ModelSpec, chunks: AsyncIterator[_T], timer: StallTimer
+        self,
+        spec: ModelSpec,
+        chunks: AsyncIterator[_T],
+        timer: StallTimer,
+        exchange: Exchange,
     ) -> AsyncIterator[_T]:
         """``chunks`` as they come; the first one clears the stall timer and counts as
         health, a transport failure counts against the backend."""
-        first = True
+        iterator = aiter(chunks)
         try:
-            async for chunk in chunks:
-                if first:
-                    first = False
+            while True:
+                started = time.perf_counter()
+                try:
+                    chunk = await anext(iterator)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    exchange.upstream_seconds += time.perf_counter() - started
+                if exchange.first_chunk is None:
                     timer.first_byte()
                     self.tripwire.observe(spec, HEALTHY)
+                exchange.note_chunk()
                 yield chunk
         except GatewayError as error:
+            exchange.error_type = error.code
             self.tripwire.observe(spec, outcome_of(error), error.message)
             raise
         finally:
             timer.cancel()
 
-    async def _pass_through(
-        self, spec: ModelSpec, upstream: httpx.Response, timer: StallTimer, stream: bool
+    async def _tapped(self, chunks: AsyncIterator[bytes], tap: SseTap) -> AsyncIterator[bytes]:
+        async for chunk in chunks:
+            forward = tap.feed(chunk)
+            if forward:
+                yield forward
+        rest = tap.flush()
+        if rest:
+            yield rest
+        if tap.error is not None:
+            tap.exchange.error_type = "backend_stream_error"
+
+    async def _answer(
+        self,
+        spec: ModelSpec,
+        upstream: httpx.Response,
+        timer: StallTimer,
+        exchange: Exchange,
+        hidden_usage: bool = False,
     ) -> Response | ASGIApp:
         """Answer with the backend's response: relayed if it streams, else whole."""
         content_type = upstream.headers.get("content-type", "application/json")
-        if stream and upstream.status_code == 200 and "event-stream" in content_type:
-            return StreamRelay(
-                self._watched(spec, self.upstream.iter_raw(spec, upstream), timer),
-                upstream.aclose,
-                media_type=content_type,
-            )
+        if exchange.stream and upstream.status_code == 200 and "event-stream" in content_type:
+            chunks = self._watched(spec, self.upstream.iter_raw(spec, upstream), timer, exchange)
+            tap = SseTap(exchange, drop_usage_chunk=hidden_usage)
+            return StreamRelay(self._tapped(chunks, tap), upstream.aclose, media_type=content_type)
         timer.cancel()
-        content = await self._read(spec, upstream)
+        content = await self._read(spec, upstream, exchange)
         if upstream.status_code >= 400:
-            content = _backend_error_body(upstream.status_code, content)
+            content = backend_error_body(upstream.status_code, content)
             content_type = "application/json"
+        elif "json" in content_type:
+            try:
+                body = json.loads(content)
+            except ValueError:
+                body = None
+            if isinstance(body, dict):
+                exchange.note_response(body)
         return Response(content, status_code=upstream.status_code, media_type=content_type)
 
     async def proxy(self, request: Request) -> Response | ASGIApp:
         """``POST`` chat completions, completions, embeddings and rerank."""
         endpoint = request.url.path
-        spec, payload, raw = await self._prepare(request, endpoint)
+        exchange = exchange_of(request.scope)
+        spec, _payload, raw, hidden_usage = await self._prepare(request, endpoint, exchange)
         self._refuse_if_down(spec)
-        headers = forward_headers(request.headers)
-        stream = is_stream(payload)
-        upstream, timer = await self._open(spec, endpoint, raw, headers, stream)
-        return await self._pass_through(spec, upstream, timer, stream)
+        headers = self._headers(request, exchange)
+        upstream, timer = await self._open(spec, endpoint, raw, headers, exchange)
+        return await self._answer(spec, upstream, timer, exchange, hidden_usage)
 
     async def responses(self, request: Request) -> Response | ASGIApp:
         """``POST /v1/responses``: the backend's own, else translated to chat."""
-        spec, payload, raw = await self._prepare(request, "/v1/responses")
+        exchange = exchange_of(request.scope)
+        spec, payload, raw, _hidden = await self._prepare(request, "/v1/responses", exchange)
         self._refuse_if_down(spec)
-        headers = forward_headers(request.headers)
-        stream = is_stream(payload)
-        upstream, timer = await self._open(spec, "/v1/responses", raw, headers, stream)
+        headers = self._headers(request, exchange)
+        upstream, timer = await self._open(spec, "/v1/responses", raw, headers, exchange)
         if upstream.status_code not in RESPONSES_FALLBACK_STATUSES:
-            return await self._pass_through(spec, upstream, timer, stream)
+            return await self._answer(spec, upstream, timer, exchange)
         timer.cancel()
         await upstream.aclose()
         chat = responses_to_chat(payload)
         apply_defaults(chat, spec.entry, "/v1/chat/completions", self.sampling_defaults(spec))
         upstream, timer = await self._open(
-            spec, "/v1/chat/completions", json.dumps(chat).encode(), headers, stream
+            spec, "/v1/chat/completions", json.dumps(chat).encode(), headers, exchange
         )
         if upstream.status_code != 200:
-            return await self._pass_through(spec, upstream, timer, stream=False)
-        if not stream:
-            content = await self._read(spec, upstream)
+            timer.cancel()
+            exchange.stream = False
+            return await self._answer(spec, upstream, timer, exchange)
+        if not exchange.stream:
+            content = await self._read(spec, upstream, exchange)
             try:
                 completion = json.loads(content)
             except ValueError:
                 completion = None
             if not isinstance(completion, dict):
                 return Response(
-                    _backend_error_body(502, content), 502, media_type="application/json"
+                    backend_error_body(502, content), 502, media_type="application/json"
                 )
-            return JSONResponse(chat_to_response(completion, payload))
+            result = chat_to_response(completion, payload)
+            exchange.note_response(result)
+            return JSONResponse(result)
         translator = ResponseStreamTranslator(payload)
-        events = self._watched(spec, self.upstream.iter_sse(spec, upstream), timer)
+        events = self._watched(spec, self.upstream.iter_sse(spec, upstream), timer, exchange)
         return StreamRelay(
-            self._translated(events, translator),
+            self._translated(events, translator, exchange),
             upstream.aclose,
             error_event=lambda error: b"".join(translator.error(error.message)),
         )
 
     async def _translated(
-        self, chunks: AsyncIterator[dict[str, Any]], translator: ResponseStreamTranslator
+        self,
+        chunks: AsyncIterator[dict[str, Any]],
+        translator: ResponseStreamTranslator,
+        exchange: Exchange,
     ) -> AsyncIterator[bytes]:
         for event in translator.start():
             yield event
         async for chunk in chunks:
+            exchange.note_response(chunk)
             error = chunk.get("error")
             if error is not None:
                 message = error.get("message") if isinstance(error, dict) else str(error)
+                exchange.error_type = "backend_stream_error"
                 for event in translator.error(str(message)):
                     yield event
                 return
@@ -247,77 +326,3 @@ class Gateway:
                 yield event
         for event in translator.finish():
             yield event
-
-    async def models(self, _request: Request) -> JSONResponse:
-        """``GET /v1/models``: the enabled models and their settings."""
-        data = [
-            {
-                "id": spec.entry.id,
-                "object": "model",
-                "created": self.started,
-                "owned_by": "slm_server",
-                "role": spec.role,
-                "backend": spec.entry.backend,
-                "port": spec.entry.port,
-                "model_type": spec.entry.model_type,
-                "context_length": spec.entry.context_length,
-                "quantization": spec.entry.quantization,
-                "supports_function_calling": spec.entry.supports_function_calling,
-            }
-            for spec in self.registry.enabled
-        ]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def backends_health(self, _request: Request) -> JSONResponse:
-        """``GET /v1/backends/health``: every backend probed at once, keyed by role."""
-        probes = await asyncio.gather(*(self.upstream.probe(s) for s in self.registry.enabled))
-        by_role = dict(zip((s.role for s in self.registry.enabled), probes, strict=True))
-        launcher_alive = self.states.launcher_alive()
-        report: dict[str, dict[str, Any]] = {}
-        now = time.time()
-        for spec in self.registry.models:
-            entry = spec.entry
-            item: dict[str, Any] = {
-                "model_id": entry.id,
-                "backend": entry.backend,
-                "port": entry.port,
-                "model_type": entry.model_type,
-            }
-            probe = by_role.get(spec.role)
-            if not entry.enabled or probe is None:
-                item["status"] = "disabled"
-                item["state"] = "disabled"
-            else:
-                item["status"] = probe.status
-                if probe.detail is not None:
-                    item["error"] = probe.detail
-                if probe.http_status is not None and probe.status != "healthy":
-                    item["http_status"] = probe.http_status
-                known = self.states.get(spec.role, entry.port)
-                streak = self.tripwire.open_streak(spec.role)
-                if known is not None:
-                    state = known.state if launcher_alive else "unsupervised"
-                    if state == "ready" and streak:
-                        state = "degraded"
-                    item.update(
-                        state=state,
-                        pid=known.pid,
-                        uptime_seconds=round(now - known.started_at, 1)
-                        if known.started_at
-                        else None,
-                        restarts=known.restarts,
-                        last_exit=known.last_exit,
-                        last_restart_reason=known.last_restart_reason,
-                        reason=known.reason,
-                    )
-                item["failure_streak"] = streak
-            report[spec.role] = item
-        return JSONResponse(report)
-
-    async def health(self, _request: Request) -> JSONResponse:
-        """``GET /health``: the router itself."""
-        return JSONResponse({"status": "ok", "models": len(self.registry.enabled)})
-
-
-def error_response(error: GatewayError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())

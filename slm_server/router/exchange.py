@@ -1,0 +1,171 @@
+"""What the router learns about one request while serving it: the record that the
+access log, the OpenTelemetry span and the Prometheus metrics are all made from.
+
+The middleware creates an :class:`Exchange` per request (``exchange_of(scope)``); the
+handlers fill it in as they go — the model, the request's sampling fields, the status,
+usage and finish reasons, the time of the first streamed chunk and the time spent
+waiting on the backend.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Scope
+
+from slm_server.config import ModelSpec
+
+EMIT_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+}
+OPERATIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "text_completion",
+    "/v1/responses": "chat",
+    "/v1/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+}
+_SCOPE_KEY = "slm.exchange"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+@dataclass
+class Exchange:
+    """One request's record. Times are ``time.perf_counter()`` seconds."""
+
+    request_id: str
+    method: str
+    path: str
+    started: float = field(default_factory=time.perf_counter)
+    spec: ModelSpec | None = None
+    model: str | None = None
+    stream: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    status: int | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    first_chunk: float | None = None
+    last_chunk: float | None = None
+    chunks: int = 0
+    upstream_seconds: float = 0.0
+    error_type: str | None = None
+    finished: float | None = None
+
+    @property
+    def emit_path(self) -> str:
+        """One distinct value per emit site: chat, completions, responses, embeddings,
+        rerank, or streaming for any streamed answer."""
+        if self.stream and self.path in ("/v1/chat/completions", "/v1/completions"):
+            return "streaming"
+        return EMIT_PATHS.get(self.path, "other")
+
+    @property
+    def operation(self) -> str:
+        return OPERATIONS.get(self.path, "other")
+
+    @property
+    def routed(self) -> bool:
+        """Whether the request reached the point of naming a known model."""
+        return self.spec is not None
+
+    def note_request(self, payload: dict[str, Any]) -> None:
+        """The request fields telemetry reports."""
+        model = payload.get("model")
+        self.model = model if isinstance(model, str) else None
+        self.stream = payload.get("stream") is True
+        self.max_tokens = _count(payload.get("max_tokens", payload.get("max_output_tokens")))
+        self.temperature = _number(payload.get("temperature"))
+        self.top_p = _number(payload.get("top_p"))
+
+    def note_response(self, body: dict[str, Any]) -> None:
+        """Fold in what a response object (or one stream chunk) says: id, model,
+        finish reasons and token usage, in the chat, completions, embeddings or
+        Responses-API shapes."""
+        if self.response_id is None and isinstance(body.get("id"), str):
+            self.response_id = body["id"]
+        if self.response_model is None and isinstance(body.get("model"), str):
+            self.response_model = body["model"]
+        choices = body.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+                if isinstance(reason, str):
+                    self.finish_reasons.append(reason)
+        status = body.get("status")
+        if body.get("object") == "response" and isinstance(status, str):
+            self.finish_reasons.append(status)
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+            completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+            if prompt is not None:
+                self.input_tokens = prompt
+            if completion is not None:
+                self.output_tokens = completion
+
+    def note_chunk(self) -> None:
+        now = time.perf_counter()
+        if self.first_chunk is None:
+            self.first_chunk = now
+        self.last_chunk = now
+        self.chunks += 1
+
+    @property
+    def duration(self) -> float:
+        end = self.finished if self.finished is not None else time.perf_counter()
+        return end - self.started
+
+    @property
+    def time_to_first_chunk(self) -> float | None:
+        return None if self.first_chunk is None else self.first_chunk - self.started
+
+    @property
+    def output_tokens_per_second(self) -> float | None:
+        """Streamed completion tokens per second after the first chunk."""
+        if not self.output_tokens or self.first_chunk is None or self.last_chunk is None:
+            return None
+        span = self.last_chunk - self.first_chunk
+        return self.output_tokens / span if span > 0 else None
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def exchange_of(scope: Scope) -> Exchange:
+    """The request's exchange; created on first use when no middleware made one."""
+    state = scope.setdefault("state", {})
+    exchange = state.get(_SCOPE_KEY)
+    if not isinstance(exchange, Exchange):
+        exchange = Exchange(
+            request_id=new_request_id(), method=scope.get("method", ""), path=scope.get("path", "")
+        )
+        state[_SCOPE_KEY] = exchange
+    return exchange
+
+
+def attach_exchange(scope: Scope, exchange: Exchange) -> None:
+    scope.setdefault("state", {})[_SCOPE_KEY] = exchange

@@ -1,0 +1,103 @@
+"""The router's own endpoints: the model list and the health views."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from slm_server.errors import GatewayError
+from slm_server.registry import Registry
+from slm_server.router.backend_state import StateView
+from slm_server.router.upstream import Upstream
+from slm_server.supervise.tripwire import Tripwire
+
+
+class Info:
+    """``/v1/models``, ``/v1/backends/health`` and ``/health``."""
+
+    def __init__(
+        self, registry: Registry, upstream: Upstream, tripwire: Tripwire, states: StateView
+    ) -> None:
+        self.registry = registry
+        self.upstream = upstream
+        self.tripwire = tripwire
+        self.states = states
+        self.started = int(time.time())
+
+    async def models(self, _request: Request) -> JSONResponse:
+        """``GET /v1/models``: the enabled models and their settings."""
+        data = [
+            {
+                "id": spec.entry.id,
+                "object": "model",
+                "created": self.started,
+                "owned_by": "slm_server",
+                "role": spec.role,
+                "backend": spec.entry.backend,
+                "port": spec.entry.port,
+                "model_type": spec.entry.model_type,
+                "context_length": spec.entry.context_length,
+                "quantization": spec.entry.quantization,
+                "supports_function_calling": spec.entry.supports_function_calling,
+            }
+            for spec in self.registry.enabled
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def backends_health(self, _request: Request) -> JSONResponse:
+        """``GET /v1/backends/health``: every backend probed at once, keyed by role."""
+        probes = await asyncio.gather(*(self.upstream.probe(s) for s in self.registry.enabled))
+        by_role = dict(zip((s.role for s in self.registry.enabled), probes, strict=True))
+        launcher_alive = self.states.launcher_alive()
+        report: dict[str, dict[str, Any]] = {}
+        now = time.time()
+        for spec in self.registry.models:
+            entry = spec.entry
+            item: dict[str, Any] = {
+                "model_id": entry.id,
+                "backend": entry.backend,
+                "port": entry.port,
+                "model_type": entry.model_type,
+            }
+            probe = by_role.get(spec.role)
+            if not entry.enabled or probe is None:
+                item["status"] = "disabled"
+                item["state"] = "disabled"
+            else:
+                item["status"] = probe.status
+                if probe.detail is not None:
+                    item["error"] = probe.detail
+                if probe.http_status is not None and probe.status != "healthy":
+                    item["http_status"] = probe.http_status
+                known = self.states.get(spec.role, entry.port)
+                streak = self.tripwire.open_streak(spec.role)
+                if known is not None:
+                    state = known.state if launcher_alive else "unsupervised"
+                    if state == "ready" and streak:
+                        state = "degraded"
+                    item.update(
+                        state=state,
+                        pid=known.pid,
+                        uptime_seconds=round(now - known.started_at, 1)
+                        if known.started_at
+                        else None,
+                        restarts=known.restarts,
+                        last_exit=known.last_exit,
+                        last_restart_reason=known.last_restart_reason,
+                        reason=known.reason,
+                    )
+                item["failure_streak"] = streak
+            report[spec.role] = item
+        return JSONResponse(report)
+
+    async def health(self, _request: Request) -> JSONResponse:
+        """``GET /health``: the router itself."""
+        return JSONResponse({"status": "ok", "models": len(self.registry.enabled)})
+
+
+def error_response(error: GatewayError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
