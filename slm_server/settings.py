@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -153,6 +153,56 @@ class WatchdogSettings:
 
 
 @dataclass(frozen=True)
+class TelemetrySettings:
+    """OpenTelemetry export and log format (``SLM_OTLP_ENDPOINT`` and friends)."""
+
+    enabled: bool
+    otlp_endpoint: str
+    service_name: str
+    log_json: bool
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TelemetrySettings:
+        endpoint = env.get("SLM_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
+        return cls(
+            enabled=_bool(env, "SLM_OTEL_ENABLED", True),
+            otlp_endpoint=endpoint.rstrip("/"),
+            service_name=env.get("SLM_OTEL_SERVICE_NAME", "").strip() or "slm-server",
+            log_json=_bool(env, "SLM_LOG_JSON", False),
+        )
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """The router's serving policy: body size, API keys, drain (``SLM_*``)."""
+
+    max_body_bytes: int
+    api_keys: tuple[str, ...]
+    drain_timeout_seconds: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ServingSettings:
+        keys = [k.strip() for k in env.get("SLM_API_KEYS", "").split(",") if k.strip()]
+        keys_file = env.get("SLM_API_KEYS_FILE", "").strip()
+        if keys_file:
+            path = Path(keys_file).expanduser()
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise SettingsError(f"SLM_API_KEYS_FILE={keys_file}: {exc.strerror}") from None
+            keys += [
+                line.strip()
+                for line in text.splitlines()
+                if line.strip() and not line.strip().startswith("#")
+            ]
+        return cls(
+            max_body_bytes=int(_float(env, "SLM_MAX_BODY_MB", 32.0, minimum=0.001) * 1024 * 1024),
+            api_keys=tuple(dict.fromkeys(keys)),
+            drain_timeout_seconds=_float(env, "SLM_DRAIN_TIMEOUT_SECONDS", 30.0),
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything tunable by environment, with its default."""
 
@@ -166,6 +216,8 @@ class Settings:
     health_probe_timeout_seconds: float
     connect_timeout_seconds: float
     watchdog: WatchdogSettings
+    telemetry: TelemetrySettings = field(default_factory=lambda: TelemetrySettings.from_env({}))
+    serving: ServingSettings = field(default_factory=lambda: ServingSettings.from_env({}))
 
     @property
     def pidfile_path(self) -> Path:
@@ -193,4 +245,6 @@ class Settings:
             health_probe_timeout_seconds=_float(env, "SLM_HEALTH_PROBE_TIMEOUT_SECONDS", 2.0),
             connect_timeout_seconds=_float(env, "SLM_CONNECT_TIMEOUT_SECONDS", 5.0),
             watchdog=WatchdogSettings.from_env(env, log_dir),
+            telemetry=TelemetrySettings.from_env(env),
+            serving=ServingSettings.from_env(env),
         )

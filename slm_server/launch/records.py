@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,7 @@ class BackendState:
     log_path: str
     last_exit: str | None = None
     last_restart_reason: str | None = None
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 def write_state(path: Path, launcher_pid: int, backends: list[BackendState]) -> None:

@@ -71,8 +71,11 @@ class Exchange:
     last_chunk: float | None = None
     chunks: int = 0
     upstream_seconds: float = 0.0
+    queue_seconds: float | None = None
     error_type: str | None = None
     finished: float | None = None
+    # Extra headers for the upstream request (trace context), set by the middleware.
+    upstream_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def emit_path(self) -> str:

@@ -145,6 +145,7 @@ class Proxy:
 
     def _headers(self, request: Request, exchange: Exchange) -> dict[str, str]:
         headers = forward_headers(request.headers)
+        headers.update(exchange.upstream_headers)
         headers["x-request-id"] = exchange.request_id
         return headers
 

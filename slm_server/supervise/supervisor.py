@@ -33,6 +33,7 @@ from slm_server.launch.records import (
 )
 from slm_server.settings import Settings
 from slm_server.supervise.budget import RestartBudget
+from slm_server.supervise.classify import FailureClass
 from slm_server.supervise.events import EventLog
 from slm_server.supervise.requests import RestartRequest, is_stale, take_requests
 from slm_server.supervise.states import RUNNING, State, check_transition
@@ -40,6 +41,8 @@ from slm_server.supervise.states import RUNNING, State, check_transition
 log = logging.getLogger("slm_server.supervisor")
 
 TICK_SECONDS = 0.2
+# Restart reasons as bounded metric labels; a failed launch's message is not one.
+RESTART_REASONS = frozenset({"exited", "exited while starting"} | {f.value for f in FailureClass})
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Backend:
     since: float = field(default_factory=time.time)
     reason: str | None = None
     restarts: int = 0
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
     last_exit: str | None = None
     last_restart_reason: str | None = None
     pending: str | None = None
@@ -89,6 +93,7 @@ class Backend:
             log_path=str(self.plan.log_path) if self.plan is not None else log_dir_path,
             last_exit=self.last_exit,
             last_restart_reason=self.last_restart_reason,
+            restarts_by_reason=dict(self.restarts_by_reason),
         )
 
 
@@ -413,6 +418,8 @@ class Supervisor:
         attempt = backend.budget.spend(now)
         backend.restarts += 1
         backend.last_restart_reason = reason
+        kind = reason if reason in RESTART_REASONS else "launch_failed"
+        backend.restarts_by_reason[kind] = backend.restarts_by_reason.get(kind, 0) + 1
         old = backend.proc
         old_pid = old.pid if old is not None else None
         self.events.emit(
