@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import time
@@ -78,24 +79,28 @@ def cmd_router(settings: Settings) -> int:
     import uvicorn
 
     from slm_server.router.app import create_app
+    from slm_server.router.drain import Drain, DrainingServer
 
     _setup_logging("router")
     registry = load_registry(settings.config_path)
-    app = create_app(settings, registry)
+    drain = Drain(settings.serving.drain_timeout_seconds)
+    app = create_app(settings, registry, drain)
     logging.getLogger("slm_server.router").info(
         "routing %d model(s) on http://%s:%d",
         len(registry.enabled),
         settings.router_host,
         settings.router_port,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.router_host,
         port=settings.router_port,
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=10,
+        # uvicorn's own limit comes after ours, so our streams end with a clean error.
+        timeout_graceful_shutdown=math.ceil(settings.serving.drain_timeout_seconds) + 5,
     )
+    DrainingServer(config, drain).run()
     return 0
 
 

@@ -108,6 +108,7 @@ class ModelEntry(BaseModel):
     model_type: ModelType = "lm"
     context_length: int | None = Field(default=None, ge=1)
     max_concurrency: int = Field(default=1, ge=1)
+    max_queue: int = Field(default=16, ge=0)
     host: str = Field(default="127.0.0.1", min_length=1)
     enabled: bool = True
     supports_function_calling: bool = False

@@ -3,8 +3,12 @@
     GatewayError                 status  type                    code
     ├── InvalidRequest            400    invalid_request_error   invalid_request / <given>
     │   └── UnsupportedEndpoint   400    invalid_request_error   unsupported_endpoint
+    ├── Unauthorized              401    invalid_request_error   invalid_api_key
     ├── ModelNotFound             404    invalid_request_error   model_not_found
     ├── AmbiguousModel            409    invalid_request_error   ambiguous_model
+    ├── PayloadTooLarge           413    invalid_request_error   request_too_large
+    ├── Overloaded                429    rate_limit_error        queue_full
+    ├── ClientDisconnected        499    client_closed_request   client_disconnected
     ├── BackendUnavailable        503    backend_unavailable     backend_unreachable / <given>
     ├── BackendTimeout            504    timeout_error           backend_timeout
     └── BackendProtocolError      502    backend_error           bad_backend_response
@@ -72,6 +76,35 @@ class InvalidRequest(GatewayError):
 
 class UnsupportedEndpoint(InvalidRequest):
     default_code = "unsupported_endpoint"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class Overloaded(GatewayError):
+    status = 429
+    error_type = "rate_limit_error"
+    default_code = "queue_full"
+
+
+class ClientDisconnected(GatewayError):
+    """The client went away first; nobody reads this answer (nginx's 499)."""
+
+    status = 499
+    error_type = "client_closed_request"
+    default_code = "client_disconnected"
 
 
 class ModelNotFound(GatewayError):

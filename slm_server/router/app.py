@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -16,7 +18,9 @@ from slm_server.config import RegistryFile
 from slm_server.errors import GatewayError
 from slm_server.launch.runtime import RuntimeNotFound, find_llama_runtime
 from slm_server.registry import Registry
+from slm_server.router.auth import ApiKeys
 from slm_server.router.backend_state import StateView
+from slm_server.router.drain import Drain
 from slm_server.router.info import Info, error_response
 from slm_server.router.proxy import Proxy
 from slm_server.router.upstream import Upstream
@@ -63,8 +67,12 @@ async def _unexpected_error(_request: Request, exc: Exception) -> Response:
     return JSONResponse(body, status_code=500)
 
 
-def create_app(settings: Settings, registry_file: RegistryFile) -> Starlette:
-    """The router, serving the enabled models of ``registry_file``."""
+def create_app(
+    settings: Settings, registry_file: RegistryFile, drain: Drain | None = None
+) -> Starlette:
+    """The router, serving the enabled models of ``registry_file``; ``drain`` is the
+    shutdown state the server shares with it (``app.state.drain``)."""
+    drain = drain or Drain(settings.serving.drain_timeout_seconds)
     registry = Registry(registry_file.models)
     try:
         python_llama = not find_llama_runtime(settings.llama_server_bin).is_native
@@ -76,16 +84,24 @@ def create_app(settings: Settings, registry_file: RegistryFile) -> Starlette:
     events = EventLog(settings.watchdog.log_path)
     tripwire = Tripwire(settings.watchdog, events)
     states = StateView(settings.state_path)
-    proxy = Proxy(settings, registry, upstream, python_llama, tripwire, states)
+    proxy = Proxy(settings, registry, upstream, python_llama, tripwire, states, drain)
     info = Info(registry, upstream, tripwire, states)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         for warning in registry_file.warnings:
             log.warning("%s", warning)
+        drain.bind(asyncio.get_running_loop())
+
+        async def end_waiting_requests() -> None:
+            await drain.expired.wait()
+            proxy.cancel_waiting()
+
+        ender = asyncio.ensure_future(end_waiting_requests())
         try:
             yield
         finally:
+            ender.cancel()
             await upstream.aclose()
 
     routes = [Route(path, proxy.proxy, methods=["POST"]) for path in PROXIED_PATHS]
@@ -95,15 +111,18 @@ def create_app(settings: Settings, registry_file: RegistryFile) -> Starlette:
         Route("/v1/backends/health", info.backends_health, methods=["GET"]),
         Route("/health", info.health, methods=["GET"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(ApiKeys, keys=settings.serving.api_keys)],
         exception_handlers={
             GatewayError: _gateway_error,
             HTTPException: _http_error,
             Exception: _unexpected_error,
         },
     )
+    app.state.drain = drain
+    return app
 
 
 __all__ = ["create_app"]

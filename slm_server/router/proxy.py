@@ -4,9 +4,11 @@ and answer — whole, or relayed chunk by chunk."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
@@ -15,10 +17,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from slm_server.config import ModelSpec
-from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
+from slm_server.errors import (
+    BackendTimeout,
+    BackendUnavailable,
+    ClientDisconnected,
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+)
 from slm_server.launch.llama_argv import python_request_defaults
 from slm_server.registry import Registry
+from slm_server.router.admission import Gate
 from slm_server.router.backend_state import StateView
+from slm_server.router.drain import Drain
 from slm_server.router.exchange import Exchange, exchange_of
 from slm_server.router.relay import StreamRelay
 from slm_server.router.requests import apply_defaults, is_stream, model_field, parse_body
@@ -82,6 +93,42 @@ def ask_for_usage(payload: dict[str, Any], endpoint: str) -> bool:
     return True
 
 
+def request_timeout(entry_timeout: float, header: str | None) -> tuple[float, bool]:
+    """The request's deadline in seconds and whether the caller shortened it: the
+    entry's ``default_timeout``, or less when ``X-Request-Timeout`` asks for less."""
+    if header is None:
+        return entry_timeout, False
+    try:
+        asked = float(header)
+    except ValueError:
+        asked = math.nan
+    if not math.isfinite(asked) or asked <= 0:
+        raise InvalidRequest(
+            f"X-Request-Timeout must be a positive number of seconds, got {header[:40]!r}",
+            code="invalid_timeout",
+        )
+    return (asked, True) if asked < entry_timeout else (entry_timeout, False)
+
+
+async def _until_disconnected(receive: Callable[[], Awaitable[Any]]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class Slot:
+    """An admission slot, released exactly once."""
+
+    def __init__(self, gate: Gate) -> None:
+        self._gate: Gate | None = gate
+
+    def release(self) -> None:
+        if self._gate is not None:
+            self._gate.release()
+            self._gate = None
+
+
 class Proxy:
     """The proxying handlers, bound to one registry, one set of upstream clients and
     the router's half of the watchdog."""
@@ -94,6 +141,7 @@ class Proxy:
         python_llama: bool,
         tripwire: Tripwire,
         states: StateView,
+        drain: Drain,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -101,16 +149,48 @@ class Proxy:
         self.python_llama = python_llama
         self.tripwire = tripwire
         self.states = states
+        self.drain = drain
+        self.gates = {
+            spec.role: Gate(spec.entry.id, spec.entry.max_concurrency, spec.entry.max_queue)
+            for spec in registry.enabled
+        }
+        self.max_body = settings.serving.max_body_bytes
+        # Requests waiting on a backend, and why one was cancelled ("client", "drain").
+        self._waiting: dict[asyncio.Task[Any], list[str]] = {}
 
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
         if spec.entry.backend == "llamacpp" and self.python_llama:
             return python_request_defaults(spec.entry)
         return {}
 
+    async def _body(self, request: Request) -> bytes:
+        """The request body, refused with 413 past ``SLM_MAX_BODY_MB``."""
+        limit = self.max_body
+        declared = request.headers.get("content-length")
+        too_large = PayloadTooLarge(
+            f"The request body is larger than the router's limit of {limit} bytes (SLM_MAX_BODY_MB)"
+        )
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large
+        parts: list[bytes] = []
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise too_large
+            parts.append(part)
+        return b"".join(parts)
+
     async def _prepare(
         self, request: Request, endpoint: str, exchange: Exchange
     ) -> tuple[ModelSpec, dict[str, Any], bytes, bool]:
-        raw = await request.body()
+        if self.drain.draining:
+            raise BackendUnavailable(
+                "The router is shutting down and takes no new requests",
+                code="shutting_down",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        raw = await self._body(request)
         payload = parse_body(raw)
         exchange.note_request(payload)
         spec = self.registry.route(model_field(payload), endpoint)
@@ -227,84 +307,285 @@ class Proxy:
         if tap.error is not None:
             tap.exchange.error_type = "backend_stream_error"
 
-    async def _answer(
+    async def _admit(self, spec: ModelSpec, exchange: Exchange, timeout: float) -> Slot:
+        """Wait for an admission slot; the wait counts against the deadline."""
+        gate = self.gates[spec.role]
+        started = time.perf_counter()
+        try:
+            await gate.acquire(timeout)
+        finally:
+            exchange.queue_seconds = time.perf_counter() - started
+        return Slot(gate)
+
+    async def _guard(
         self,
+        request: Request,
+        work: Awaitable[_T],
+        timeout: float,
         spec: ModelSpec,
+        count_timeout: bool,
+    ) -> _T:
+        """Await the backend ``work`` until it is done, the deadline passes (504), the
+        client disconnects, or the drain period ends (503)."""
+        task = asyncio.current_task()
+        assert task is not None
+        why: list[str] = []
+
+        async def watch() -> None:
+            await _until_disconnected(request.receive)
+            why.append("client")
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        self._waiting[task] = why
+        try:
+            async with asyncio.timeout(timeout):
+                return await work
+        except asyncio.CancelledError:
+            if not why:
+                raise
+            task.uncancel()
+            if why[0] == "client":
+                raise ClientDisconnected("The client went away before the answer") from None
+            raise BackendUnavailable(
+                "The router is shutting down and its drain period ended before this "
+                "answer was ready",
+                code="shutting_down",
+            ) from None
+        except TimeoutError:
+            error = BackendTimeout(
+                f"The backend for '{spec.entry.id}' did not answer within the request's "
+                f"deadline of {timeout:.3g}s",
+                code="deadline_exceeded",
+            )
+            if count_timeout:
+                self.tripwire.observe(spec, TIMED_OUT, error.message)
+            raise error from None
+        finally:
+            watcher.cancel()
+            self._waiting.pop(task, None)
+
+    def cancel_waiting(self) -> None:
+        """End every request still waiting on a backend (the drain period is over)."""
+        for task, why in list(self._waiting.items()):
+            why.append("drain")
+            task.cancel()
+
+    async def _exchange(
+        self,
+        request: Request,
+        spec: ModelSpec,
+        exchange: Exchange,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        hidden_usage: bool,
+        timeout: float,
+        shortened: bool,
+        slot: Slot,
+        translate: dict[str, Any] | None = None,
+    ) -> Response | ASGIApp:
+        """Send one request upstream under the deadline and answer with its response.
+        The slot is released when the answer is complete (for a stream: when the relay
+        ends, however it ends)."""
+        loop_deadline = asyncio.get_running_loop().time() + timeout
+        upstream, timer = await self._guard(
+            request, self._open(spec, path, body, headers, exchange), timeout, spec, not shortened
+        )
+        return await self._reply(
+            request,
+            spec,
+            exchange,
+            upstream,
+            timer,
+            hidden_usage,
+            loop_deadline,
+            shortened,
+            slot,
+            translate,
+        )
+
+    async def _reply(
+        self,
+        request: Request,
+        spec: ModelSpec,
+        exchange: Exchange,
         upstream: httpx.Response,
         timer: StallTimer,
-        exchange: Exchange,
-        hidden_usage: bool = False,
+        hidden_usage: bool,
+        loop_deadline: float,
+        shortened: bool,
+        slot: Slot,
+        translate: dict[str, Any] | None = None,
     ) -> Response | ASGIApp:
-        """Answer with the backend's response: relayed if it streams, else whole."""
+        """Answer with an opened upstream response: relayed when it streams, else read
+        whole under the deadline (and converted when ``translate`` is the original
+        Responses-API request)."""
         content_type = upstream.headers.get("content-type", "application/json")
-        if exchange.stream and upstream.status_code == 200 and "event-stream" in content_type:
+        streams = upstream.status_code == 200 and "event-stream" in content_type
+
+        def on_cut(error: GatewayError) -> None:
+            exchange.error_type = error.code
+            if error.code == "deadline_exceeded" and not shortened:
+                self.tripwire.observe(spec, TIMED_OUT, error.message)
+
+        async def close() -> None:
+            try:
+                await upstream.aclose()
+            finally:
+                slot.release()
+
+        if exchange.stream and streams and translate is None:
             chunks = self._watched(spec, self.upstream.iter_raw(spec, upstream), timer, exchange)
             tap = SseTap(exchange, drop_usage_chunk=hidden_usage)
-            return StreamRelay(self._tapped(chunks, tap), upstream.aclose, media_type=content_type)
+            return StreamRelay(
+                self._tapped(chunks, tap),
+                close,
+                media_type=content_type,
+                deadline=loop_deadline,
+                drain=self.drain,
+                on_cut=on_cut,
+            )
+        if exchange.stream and streams and translate is not None:
+            translator = ResponseStreamTranslator(translate)
+            events = self._watched(spec, self.upstream.iter_sse(spec, upstream), timer, exchange)
+            return StreamRelay(
+                self._translated(events, translator, exchange),
+                close,
+                error_event=lambda error: b"".join(translator.error(error.message)),
+                deadline=loop_deadline,
+                drain=self.drain,
+                on_cut=on_cut,
+            )
         timer.cancel()
-        content = await self._read(spec, upstream, exchange)
+        try:
+            remaining = loop_deadline - asyncio.get_running_loop().time()
+            content = await self._guard(
+                request, self._read(spec, upstream, exchange), remaining, spec, not shortened
+            )
+        finally:
+            await close()
         if upstream.status_code >= 400:
-            content = backend_error_body(upstream.status_code, content)
-            content_type = "application/json"
-        elif "json" in content_type:
+            return Response(
+                backend_error_body(upstream.status_code, content),
+                status_code=upstream.status_code,
+                media_type="application/json",
+            )
+        body_json: Any = None
+        if "json" in content_type:
             try:
-                body = json.loads(content)
+                body_json = json.loads(content)
             except ValueError:
-                body = None
-            if isinstance(body, dict):
-                exchange.note_response(body)
-        return Response(content, status_code=upstream.status_code, media_type=content_type)
-
-    async def proxy(self, request: Request) -> Response | ASGIApp:
-        """``POST`` chat completions, completions, embeddings and rerank."""
-        endpoint = request.url.path
-        exchange = exchange_of(request.scope)
-        spec, _payload, raw, hidden_usage = await self._prepare(request, endpoint, exchange)
-        self._refuse_if_down(spec)
-        headers = self._headers(request, exchange)
-        upstream, timer = await self._open(spec, endpoint, raw, headers, exchange)
-        return await self._answer(spec, upstream, timer, exchange, hidden_usage)
-
-    async def responses(self, request: Request) -> Response | ASGIApp:
-        """``POST /v1/responses``: the backend's own, else translated to chat."""
-        exchange = exchange_of(request.scope)
-        spec, payload, raw, _hidden = await self._prepare(request, "/v1/responses", exchange)
-        self._refuse_if_down(spec)
-        headers = self._headers(request, exchange)
-        upstream, timer = await self._open(spec, "/v1/responses", raw, headers, exchange)
-        if upstream.status_code not in RESPONSES_FALLBACK_STATUSES:
-            return await self._answer(spec, upstream, timer, exchange)
-        timer.cancel()
-        await upstream.aclose()
-        chat = responses_to_chat(payload)
-        apply_defaults(chat, spec.entry, "/v1/chat/completions", self.sampling_defaults(spec))
-        upstream, timer = await self._open(
-            spec, "/v1/chat/completions", json.dumps(chat).encode(), headers, exchange
-        )
-        if upstream.status_code != 200:
-            timer.cancel()
-            exchange.stream = False
-            return await self._answer(spec, upstream, timer, exchange)
-        if not exchange.stream:
-            content = await self._read(spec, upstream, exchange)
-            try:
-                completion = json.loads(content)
-            except ValueError:
-                completion = None
-            if not isinstance(completion, dict):
+                body_json = None
+        if translate is not None:
+            if not isinstance(body_json, dict):
                 return Response(
                     backend_error_body(502, content), 502, media_type="application/json"
                 )
-            result = chat_to_response(completion, payload)
+            result = chat_to_response(body_json, translate)
             exchange.note_response(result)
             return JSONResponse(result)
-        translator = ResponseStreamTranslator(payload)
-        events = self._watched(spec, self.upstream.iter_sse(spec, upstream), timer, exchange)
-        return StreamRelay(
-            self._translated(events, translator, exchange),
-            upstream.aclose,
-            error_event=lambda error: b"".join(translator.error(error.message)),
+        if isinstance(body_json, dict):
+            exchange.note_response(body_json)
+        return Response(content, status_code=upstream.status_code, media_type=content_type)
+
+    async def _serve(self, request: Request, endpoint: str) -> Response | ASGIApp:
+        """Prepare, admit and proxy one request to ``endpoint``."""
+        exchange = exchange_of(request.scope)
+        spec, payload, raw, hidden_usage = await self._prepare(request, endpoint, exchange)
+        self._refuse_if_down(spec)
+        timeout, shortened = request_timeout(
+            spec.entry.default_timeout, request.headers.get("x-request-timeout")
         )
+        started = time.monotonic()
+        slot = await self._admit(spec, exchange, timeout)
+        try:
+            headers = self._headers(request, exchange)
+            remaining = timeout - (time.monotonic() - started)
+            if endpoint != "/v1/responses":
+                return await self._exchange(
+                    request,
+                    spec,
+                    exchange,
+                    endpoint,
+                    raw,
+                    headers,
+                    hidden_usage,
+                    remaining,
+                    shortened,
+                    slot,
+                )
+            return await self._responses(
+                request,
+                spec,
+                exchange,
+                payload,
+                raw,
+                headers,
+                timeout,
+                started,
+                shortened,
+                slot,
+            )
+        except BaseException:
+            slot.release()
+            raise
+
+    async def _responses(
+        self,
+        request: Request,
+        spec: ModelSpec,
+        exchange: Exchange,
+        payload: dict[str, Any],
+        raw: bytes,
+        headers: dict[str, str],
+        timeout: float,
+        started: float,
+        shortened: bool,
+        slot: Slot,
+    ) -> Response | ASGIApp:
+        """The backend's own ``/v1/responses``; on 404/422, the request converted to
+        chat completions and the answer converted back."""
+        remaining = timeout - (time.monotonic() - started)
+        probe, timer = await self._guard(
+            request,
+            self._open(spec, "/v1/responses", raw, headers, exchange),
+            remaining,
+            spec,
+            not shortened,
+        )
+        if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
+            loop_deadline = asyncio.get_running_loop().time() + (
+                timeout - (time.monotonic() - started)
+            )
+            return await self._reply(
+                request, spec, exchange, probe, timer, False, loop_deadline, shortened, slot
+            )
+        timer.cancel()
+        await probe.aclose()
+        chat = responses_to_chat(payload)
+        apply_defaults(chat, spec.entry, "/v1/chat/completions", self.sampling_defaults(spec))
+        return await self._exchange(
+            request,
+            spec,
+            exchange,
+            "/v1/chat/completions",
+            json.dumps(chat).encode(),
+            headers,
+            False,
+            timeout - (time.monotonic() - started),
+            shortened,
+            slot,
+            translate=payload,
+        )
+
+    async def proxy(self, request: Request) -> Response | ASGIApp:
+        """``POST`` chat completions, completions, embeddings and rerank."""
+        return await self._serve(request, request.url.path)
+
+    async def responses(self, request: Request) -> Response | ASGIApp:
+        """``POST /v1/responses``: the backend's own, else translated to chat."""
+        return await self._serve(request, "/v1/responses")
 
     async def _translated(
         self,

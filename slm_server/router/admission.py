@@ -1,0 +1,75 @@
+"""Admission control per backend: at most ``max_concurrency`` requests in flight, up to
+``max_queue`` more waiting in FIFO order, the rest refused at once.
+
+A refusal (queue full) and a deadline that passes while queued are the router's own
+decisions, never evidence against the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+
+from slm_server.errors import BackendTimeout, Overloaded
+
+RETRY_AFTER_SECONDS = 1.0
+
+
+class Gate:
+    """A FIFO semaphore with a bounded queue for one backend."""
+
+    def __init__(self, name: str, limit: int, max_queue: int) -> None:
+        self.name = name
+        self.limit = limit
+        self.max_queue = max_queue
+        self.active = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for w in self._waiters if not w.done())
+
+    async def acquire(self, timeout: float) -> None:
+        """Take a slot, waiting up to ``timeout`` seconds in line; raises
+        :class:`Overloaded` when the line is full, :class:`BackendTimeout` when the
+        deadline passes first."""
+        if self.active < self.limit and not self._waiters:
+            self.active += 1
+            return
+        if self.queued >= self.max_queue:
+            raise Overloaded(
+                f"The backend for '{self.name}' is busy: {self.active} requests in flight "
+                f"and {self.queued} waiting (max_queue {self.max_queue}); retry shortly",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted just as we gave up: pass the slot on
+            else:
+                waiter.cancel()
+                self._forget(waiter)
+            if isinstance(exc, TimeoutError):
+                raise BackendTimeout(
+                    f"The request for '{self.name}' waited {timeout:.3g}s in the queue and "
+                    "reached its deadline before a slot was free",
+                    code="deadline_exceeded_in_queue",
+                ) from None
+            raise
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+
+    def release(self) -> None:
+        """Free a slot: the oldest live waiter gets it, else the count drops."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.active = max(0, self.active - 1)

@@ -1,0 +1,50 @@
+"""Optional API keys (``SLM_API_KEYS`` / ``SLM_API_KEYS_FILE``): when any is set, every
+``/v1/*`` route needs ``Authorization: Bearer <key>``; ``/health`` and ``/metrics`` stay
+open. Keys are compared in constant time and never logged."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from slm_server.errors import Unauthorized
+
+
+class ApiKeys:
+    """Pure-ASGI middleware refusing ``/v1/*`` requests without a valid key (401)."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = tuple(key.encode() for key in keys)
+
+    def allowed(self, header: bytes | None) -> bool:
+        if header is None or header[:7].lower() != b"bearer ":
+            return False
+        presented = header[7:].strip()
+        matched = False
+        for key in self.keys:  # compare against every key: no early exit to time
+            matched |= hmac.compare_digest(presented, key)
+        return matched
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.keys or scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if self.allowed(header):
+            await self.app(scope, receive, send)
+            return
+        error = Unauthorized(
+            "Missing or invalid API key: send 'Authorization: Bearer <key>' with a key "
+            "from SLM_API_KEYS or SLM_API_KEYS_FILE"
+        )
+        body = json.dumps(error.body()).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        headers += [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,142 @@
+"""The pure-ASGI middleware around the router: request ids, access log, span, metrics.
+
+For every HTTP request it
+
+* takes ``X-Request-ID`` from the request when it is a short printable token (else
+  makes one), echoes it on the response and keeps it in a context variable, so each
+  log line written while serving the request carries it;
+* creates the request's :class:`~slm_server.router.exchange.Exchange` before any
+  handler runs;
+* for the model endpoints, opens the request's span and counts it in flight, and once
+  the answer has ended — a relayed stream included — closes the span and records the
+  request's metrics;
+* writes one access log line on ``slm_server.access``.
+
+Nothing is buffered: messages pass straight through, and the only work per message is
+a look at its type. A client that disconnects before the answer ends is noted on the
+exchange (``disconnected``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Final
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from slm_server.logging_setup import REQUEST_ID
+from slm_server.metrics import Metrics
+from slm_server.router.exchange import EMIT_PATHS, Exchange, attach_exchange, new_request_id
+from slm_server.telemetry import Inbound, Telemetry
+
+access_log = logging.getLogger("slm_server.access")
+
+REQUEST_ID_HEADER: Final = b"x-request-id"
+# A request id we accept from a client: short, printable, no spaces or quotes.
+VALID_REQUEST_ID: Final = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
+# Requests polled by machines; their access lines are logged at DEBUG.
+QUIET_PATHS: Final = frozenset({"/health", "/metrics"})
+
+
+def request_id_from(value: bytes | None) -> str:
+    """The client's request id when it is acceptable, else a fresh one."""
+    if value is not None and VALID_REQUEST_ID.fullmatch(value):
+        return value.decode("ascii")
+    return new_request_id()
+
+
+class RequestObserver:
+    """Wraps ``app``; see the module docstring."""
+
+    def __init__(self, app: ASGIApp, telemetry: Telemetry, metrics: Metrics) -> None:
+        self.app = app
+        self.telemetry = telemetry
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        inbound_id = traceparent = tracestate = legacy = None
+        for name, value in scope["headers"]:
+            if name == REQUEST_ID_HEADER:
+                inbound_id = value
+            elif name == b"traceparent":
+                traceparent = value.decode("latin-1")
+            elif name == b"tracestate":
+                tracestate = value.decode("latin-1")
+            elif name == b"x-trace-id":
+                legacy = value.decode("latin-1")
+        request_id = request_id_from(inbound_id)
+        exchange = Exchange(request_id=request_id, method=scope["method"], path=path)
+        attach_exchange(scope, exchange)
+        token = REQUEST_ID.set(request_id)
+        model_endpoint = path in EMIT_PATHS
+        span = None
+        if model_endpoint:
+            span = self.telemetry.open_span(exchange, Inbound(traceparent, tracestate, legacy))
+            self.metrics.begin(exchange)
+        echoed = (REQUEST_ID_HEADER, request_id.encode("ascii"))
+        ended = False
+
+        async def observed_send(message: Message) -> None:
+            nonlocal ended
+            kind = message["type"]
+            if kind == "http.response.start":
+                exchange.status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), echoed]}
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                ended = True
+            await send(message)
+
+        async def observed_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect" and not ended:
+                exchange.disconnected = True
+            return message
+
+        error: BaseException | None = None
+        try:
+            await self.app(scope, observed_receive, observed_send)
+        except BaseException as exc:
+            error = exc
+            if exchange.status is None:
+                exchange.status = 500
+            exchange.error_type = "internal_error"
+            raise
+        finally:
+            exchange.finished = time.perf_counter()
+            if model_endpoint:
+                if span is not None:
+                    self.telemetry.close_span(span, exchange, error)
+                self.metrics.observe(exchange)
+            self._log(exchange)
+            REQUEST_ID.reset(token)
+
+    @staticmethod
+    def _log(exchange: Exchange) -> None:
+        level = logging.DEBUG if exchange.path in QUIET_PATHS else logging.INFO
+        if not access_log.isEnabledFor(level):
+            return
+        model = exchange.spec.entry.id if exchange.spec is not None else exchange.model
+        duration_ms = round(exchange.duration * 1000, 1)
+        access_log.log(
+            level,
+            "%s %s %s %.1fms model=%s",
+            exchange.method,
+            exchange.path,
+            exchange.status if exchange.status is not None else "-",
+            duration_ms,
+            model or "-",
+            extra={
+                "method": exchange.method,
+                "path": exchange.path,
+                "model": model,
+                "status": exchange.status,
+                "duration_ms": duration_ms,
+                "outcome": "cancelled" if exchange.disconnected else None,
+            },
+        )
