@@ -17,24 +17,29 @@ from starlette.routing import Route
 from slm_server.config import RegistryFile
 from slm_server.errors import GatewayError
 from slm_server.launch.runtime import RuntimeNotFound, find_llama_runtime
+from slm_server.metrics import Metrics
 from slm_server.registry import Registry
 from slm_server.router.auth import ApiKeys
 from slm_server.router.backend_state import StateView
 from slm_server.router.drain import Drain
+from slm_server.router.exchange import exchange_of
 from slm_server.router.info import Info, error_response
+from slm_server.router.middleware import RequestObserver
 from slm_server.router.proxy import Proxy
 from slm_server.router.upstream import Upstream
 from slm_server.settings import Settings
 from slm_server.supervise.events import EventLog
 from slm_server.supervise.tripwire import Tripwire
+from slm_server.telemetry import Telemetry
 
 log = logging.getLogger("slm_server.router")
 
 PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank")
 
 
-async def _gateway_error(_request: Request, exc: Exception) -> Response:
+async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
+    exchange_of(request.scope).error_type = exc.code
     return error_response(exc)
 
 
@@ -82,15 +87,18 @@ def create_app(
         registry.enabled, settings.connect_timeout_seconds, settings.health_probe_timeout_seconds
     )
     events = EventLog(settings.watchdog.log_path)
-    tripwire = Tripwire(settings.watchdog, events)
     states = StateView(settings.state_path)
+    telemetry = Telemetry(settings.telemetry)
+    metrics = Metrics(registry, states)
+    tripwire = Tripwire(settings.watchdog, events, on_failure=metrics.count_failure)
     proxy = Proxy(settings, registry, upstream, python_llama, tripwire, states, drain)
-    info = Info(registry, upstream, tripwire, states)
+    info = Info(registry, upstream, tripwire, states, proxy.gates)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         for warning in registry_file.warnings:
             log.warning("%s", warning)
+        telemetry.start()
         drain.bind(asyncio.get_running_loop())
 
         async def end_waiting_requests() -> None:
@@ -103,6 +111,7 @@ def create_app(
         finally:
             ender.cancel()
             await upstream.aclose()
+            await telemetry.shutdown()
 
     routes = [Route(path, proxy.proxy, methods=["POST"]) for path in PROXIED_PATHS]
     routes += [
@@ -110,11 +119,16 @@ def create_app(
         Route("/v1/models", info.models, methods=["GET"]),
         Route("/v1/backends/health", info.backends_health, methods=["GET"]),
         Route("/health", info.health, methods=["GET"]),
+        Route("/metrics", metrics.scrape, methods=["GET"]),
+        Route("/v1/telemetry/effective-config", telemetry.report, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(ApiKeys, keys=settings.serving.api_keys)],
+        middleware=[
+            Middleware(RequestObserver, telemetry=telemetry, metrics=metrics),
+            Middleware(ApiKeys, keys=settings.serving.api_keys),
+        ],
         exception_handlers={
             GatewayError: _gateway_error,
             HTTPException: _http_error,

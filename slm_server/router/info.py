@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -11,6 +12,7 @@ from starlette.responses import JSONResponse
 
 from slm_server.errors import GatewayError
 from slm_server.registry import Registry
+from slm_server.router.admission import Gate
 from slm_server.router.backend_state import StateView
 from slm_server.router.upstream import Upstream
 from slm_server.supervise.tripwire import Tripwire
@@ -20,8 +22,14 @@ class Info:
     """``/v1/models``, ``/v1/backends/health`` and ``/health``."""
 
     def __init__(
-        self, registry: Registry, upstream: Upstream, tripwire: Tripwire, states: StateView
+        self,
+        registry: Registry,
+        upstream: Upstream,
+        tripwire: Tripwire,
+        states: StateView,
+        gates: Mapping[str, Gate],
     ) -> None:
+        self.gates = gates
         self.registry = registry
         self.upstream = upstream
         self.tripwire = tripwire
@@ -91,6 +99,10 @@ class Info:
                         reason=known.reason,
                     )
                 item["failure_streak"] = streak
+                gate = self.gates.get(spec.role)
+                if gate is not None:
+                    item["in_flight"] = gate.active
+                    item["queued"] = gate.queued
             report[spec.role] = item
         return JSONResponse(report)
 
