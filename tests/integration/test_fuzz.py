@@ -1,0 +1,169 @@
+"""Fuzzing the running router (a real uvicorn process) with hypothesis: malformed
+bodies, wrong types, huge values and odd headers on every route. The router must never
+answer 5xx, every error must be OpenAI-shaped, and it must stay healthy."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.fakes.control import FakeBackend
+from tests.processes import running_router
+
+ROUTES = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/v1/rerank"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/backends/health"),
+    ("GET", "/health"),
+    ("GET", "/v1/chat/completions"),
+    ("DELETE", "/v1/models"),
+    ("POST", "/v1/unknown"),
+]
+MODELS = ["chat", "embed", "rerank", "missing", "", "ch\u00e4t", "x" * 300]
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=5)
+    ),
+    max_leaves=20,
+)
+messages = st.one_of(
+    json_values,
+    st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "system", "assistant", "tool", 7, None])},
+            optional={"content": json_values},
+        ),
+        max_size=4,
+    ),
+)
+objects = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(MODELS) | json_values,
+        "messages": messages,
+        "prompt": json_values,
+        "input": json_values,
+        "query": json_values,
+        "documents": json_values,
+        "stream": st.booleans() | json_values,
+        "stream_options": json_values,
+        "max_tokens": st.integers(min_value=-(10**12), max_value=10**12) | json_values,
+        "temperature": json_values,
+        "tools": json_values,
+        "instructions": json_values,
+        "chat_template_kwargs": json_values,
+    },
+)
+bodies = st.one_of(
+    objects.map(lambda o: json.dumps(o).encode()),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=200),
+    st.text(max_size=200).map(str.encode),
+)
+# Printable ASCII without surrounding whitespace, which the HTTP client refuses to send.
+header_values = st.text(
+    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=60
+).map(str.strip)
+headers = st.fixed_dictionaries(
+    {},
+    optional={
+        "content-type": st.sampled_from(["application/json", "text/plain", "", "multipart/x"])
+        | header_values,
+        "x-request-id": header_values,
+        "traceparent": header_values,
+        "x-trace-id": header_values,
+        "accept": header_values,
+        "x-request-timeout": st.sampled_from(["soon", "-1", "0", "nan", "1e9", "inf"]),
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    workdir: Path = tmp_path_factory.mktemp("fuzz")
+    with (
+        FakeBackend.start(model_id="chat") as chat,
+        FakeBackend.start(model_id="embed") as embed,
+        FakeBackend.start(model_id="rerank") as rerank,
+    ):
+        entries: dict[str, Any] = {}
+        for role, fake, kind in (
+            ("chat", chat, "lm"),
+            ("embed", embed, "embeddings"),
+            ("rerank", rerank, "rerank"),
+        ):
+            entries[role] = {
+                "id": role,
+                "backend": "llamacpp",
+                "port": fake.port,
+                "model_path": "x.gguf",
+                "default_timeout": 10,
+                "quantization": "Q4_0",
+                "model_type": kind,
+                "max_concurrency": 4,
+            }
+        config = workdir / "models.yaml"
+        config.write_text(yaml.safe_dump({"models": entries}))
+        env = {
+            "SLM_CONFIG": str(config),
+            "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
+            "SLM_OTEL_ENABLED": "false",
+            "SLM_LLAMA_SERVER_BIN": "",
+        }
+        with running_router(env, workdir) as (_process, url):
+            yield url
+
+
+@pytest.fixture(scope="module")
+def http(router: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=router, timeout=30, trust_env=False) as client:
+        yield client
+
+
+@settings(
+    max_examples=400,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(route=st.sampled_from(ROUTES), body=bodies, extra=headers)
+def test_no_input_makes_the_router_fail(
+    http: httpx.Client, route: tuple[str, str], body: bytes, extra: dict[str, str]
+) -> None:
+    method, path = route
+    response = http.request(method, path, content=body, headers=extra)
+    assert response.status_code < 500, (response.status_code, response.text[:300])
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert isinstance(error["message"], str)
+        assert error["message"]
+        assert isinstance(error["type"], str)
+        assert "code" in error
+        assert "Traceback" not in response.text
+
+
+def test_the_router_is_healthy_after_the_fuzzing(http: httpx.Client) -> None:
+    assert http.get("/health").status_code == 200
+    body = {"model": "chat", "messages": [{"role": "user", "content": "still there?"}]}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
