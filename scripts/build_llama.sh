@@ -67,8 +67,12 @@ mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 
 src=""
+# macOS has no timeout(1); there git's own low-speed limit bounds the probe instead.
+limit=""
+command -v timeout >/dev/null 2>&1 && limit="timeout 30"
 if command -v git >/dev/null 2>&1 \
-  && GIT_TERMINAL_PROMPT=0 timeout 30 git ls-remote "$git_url" HEAD >/dev/null 2>&1; then
+  && GIT_TERMINAL_PROMPT=0 $limit git -c http.lowSpeedLimit=1000 -c http.lowSpeedTime=20 \
+    ls-remote "$git_url" HEAD >/dev/null 2>&1; then
   echo "build_llama: fetching llama.cpp $commit from git" >&2
   git init -q "$work/llama.cpp"
   if GIT_TERMINAL_PROMPT=0 git -C "$work/llama.cpp" fetch -q --depth 1 "$git_url" "$commit" \
@@ -79,10 +83,25 @@ fi
 
 if [ -z "$src" ]; then
   echo "build_llama: taking llama.cpp from the llama-cpp-python $sdist_version sdist (PyPI)" >&2
-  py=${PYTHON:-python3}
-  "$py" -m pip download --quiet --no-deps --no-binary :all: \
-    "llama-cpp-python==$sdist_version" -d "$work/sdist" >&2
-  tar -xzf "$work/sdist/llama_cpp_python-$sdist_version.tar.gz" -C "$work"
+  sdist_dir="$cache_root/sdist"
+  tarball="$sdist_dir/llama_cpp_python-$sdist_version.tar.gz"
+  if [ ! -f "$tarball" ]; then
+    mkdir -p "$sdist_dir"
+    py=${PYTHON:-python3}
+    if "$py" -m pip --version >/dev/null 2>&1; then
+      pip_cmd="$py -m pip"
+    elif command -v uvx >/dev/null 2>&1; then
+      pip_cmd="uvx pip"
+    else
+      echo "build_llama: needs pip (python3 -m pip) or uv to fetch the sdist" >&2
+      exit 1
+    fi
+    # shellcheck disable=SC2086  # pip_cmd is a word list on purpose
+    $pip_cmd download --quiet --no-deps --no-binary :all: \
+      "llama-cpp-python==$sdist_version" -d "$work/sdist" >&2
+    mv "$work/sdist/llama_cpp_python-$sdist_version.tar.gz" "$tarball"
+  fi
+  tar -xzf "$tarball" -C "$work"
   src="$work/llama_cpp_python-$sdist_version/vendor/llama.cpp"
   vendored=$(sed -n 's/.*update llama.cpp to ggml-org\/llama.cpp@\([0-9a-f]*\).*/\1/p' \
     "$work/llama_cpp_python-$sdist_version/CHANGELOG.md" | head -n 1)

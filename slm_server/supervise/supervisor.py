@@ -66,6 +66,8 @@ class Backend:
     loading_reported: bool = False
     # False after a launch failed for a reason only an edit of the registry can fix.
     retry_launch: bool = True
+    # True while the last attempt spawned nothing: no process to cool down after.
+    launch_failed: bool = False
 
     @property
     def role(self) -> str:
@@ -297,6 +299,7 @@ class Supervisor:
                 backend.state = State.DISABLED
                 continue
             if not self.launch(backend):
+                backend.launch_failed = True
                 self.after_failed_launch(backend, backend.reason or "launch failed")
         self.publish()
 
@@ -413,7 +416,7 @@ class Supervisor:
                 f"{self.watchdog.restart_window_seconds:g}s; last reason: {reason}",
             )
             return
-        if backend.budget.cooling(now):
+        if backend.budget.cooling(now) and not backend.launch_failed:
             return
         attempt = backend.budget.spend(now)
         backend.restarts += 1
@@ -427,7 +430,8 @@ class Supervisor:
         )
         if old is not None and old.alive():
             process.stop(old, self.settings.stop_timeout_seconds)
-        if self.launch(backend):
+        backend.launch_failed = not self.launch(backend)
+        if not backend.launch_failed:
             backend.pending = None
             backend.attempt = (attempt, old_pid, reason)
             self.set_state(backend, State.STARTING, reason)

@@ -44,10 +44,12 @@ class Tripwire:
         settings: WatchdogSettings,
         events: EventLog,
         wall: Callable[[], float] = time.time,
+        on_failure: Callable[[ModelSpec, Outcome], None] | None = None,
     ) -> None:
         self.settings = settings
         self.events = events
         self.wall = wall
+        self.on_failure = on_failure  # hears every failure verdict (the metrics count them)
         self.streaks = Streaks(settings.failure_threshold)
 
     def observe(self, spec: ModelSpec, outcome: Outcome, detail: str | None = None) -> None:
@@ -60,6 +62,8 @@ class Tripwire:
             return
         trip = self.streaks.record(spec.role, outcome)
         if outcome.verdict is Verdict.FAILURE and outcome.failure is not None:
+            if self.on_failure is not None:
+                self.on_failure(spec, outcome)
             streak = (
                 trip.count if trip is not None else self.streaks.count(spec.role, outcome.failure)
             )

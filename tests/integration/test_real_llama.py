@@ -3,6 +3,7 @@ router: every endpoint, the official client, and greedy output identical to dire
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.real_stack import Stack, running_gateway
+from tests.processes import poll
 
 pytestmark = pytest.mark.real_model
 
@@ -121,3 +123,29 @@ def test_wrong_endpoint_for_the_model_type_is_a_clear_400(gateway: tuple[Stack, 
     response = httpx.post(f"{url}/v1/embeddings", json={"model": CHAT_MODEL, "input": "x"})
     assert response.status_code == 400
     assert "model_type 'lm'" in response.json()["error"]["message"]
+
+
+def test_a_client_leaving_mid_stream_stops_generation(gateway: tuple[Stack, str]) -> None:
+    stack, url = gateway
+    slots_url = f"http://127.0.0.1:{stack.ports['standard']}/slots"
+
+    def busy_slots() -> int:
+        return sum(1 for slot in httpx.get(slots_url, timeout=5).json() if slot["is_processing"])
+
+    body = {
+        "model": CHAT_MODEL,
+        "messages": [{"role": "user", "content": "Write a very long story about the sea."}],
+        "max_tokens": 4000,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        received = [line for line, _ in zip(lines, range(12), strict=False)]
+        assert any(line.startswith("data: {") for line in received)
+        assert busy_slots() == 1, "the backend is generating for us"
+    left = time.monotonic()
+    poll(lambda: busy_slots() == 0, 5, "llama-server to stop generating")
+    assert time.monotonic() - left < 2
+    health = httpx.get(f"{url}/v1/backends/health", timeout=5).json()["standard"]
+    assert health["in_flight"] == 0

@@ -84,3 +84,34 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=2)
     assert "[start] stopped" in output.read_text()
+
+
+def test_start_sh_exits_non_zero_when_nothing_can_start(tmp_path: Path) -> None:
+    registry = example_registry(
+        {"standard": free_port(), "gemma": 0, "embeddings": 0}, roles=("standard",)
+    )
+    registry["models"]["standard"]["model_path"] = str(tmp_path / "gone.gguf")
+    config = tmp_path / "models.yaml"
+    config.write_text(yaml.safe_dump(registry, sort_keys=False))
+    env = {
+        **os.environ,
+        "SLM_CONFIG": str(config),
+        "SLM_ROUTER_PORT": str(free_port()),
+        "SLM_BACKEND_LOG_DIR": str(tmp_path / "logs"),
+        "SLM_ENV_FILE": str(tmp_path / "env"),
+        "SLM_LLAMA_SERVER_BIN": llama_server_bin(),
+    }
+    result = subprocess.run(
+        ["bash", "start.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "gone.gguf does not exist" in result.stdout
+    assert "model_path_missing" in result.stdout
+    assert "no backend could start" in result.stdout
