@@ -10,6 +10,7 @@ and a clean end of the stream.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -18,6 +19,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
 from slm_server.router.drain import Drain
+
+log = logging.getLogger("slm_server.router")
 
 STREAM_HEADERS = {
     "cache-control": "no-cache",
@@ -117,4 +120,12 @@ class StreamRelay:
         except GatewayError as error:
             await send(
                 {"type": "http.response.body", "body": self.error_event(error), "more_body": True}
+            )
+        except Exception:
+            # A bug of ours mid-stream: the status is sent, so report it in band and end
+            # the stream cleanly rather than cutting the connection.
+            log.exception("unexpected error while relaying a stream")
+            failure = GatewayError("The router failed while relaying this stream; see its log")
+            await send(
+                {"type": "http.response.body", "body": self.error_event(failure), "more_body": True}
             )
