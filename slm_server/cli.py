@@ -13,25 +13,18 @@ import sys
 import time
 from collections.abc import Sequence
 
+from slm_server import logging_setup
 from slm_server.config import ConfigError, inspect_registry, load_registry, read_registry_text
 from slm_server.launch.plan import Toolchain, plan_registry
 from slm_server.launch.records import BackendState, read_state
 from slm_server.settings import Settings, SettingsError, load_environment
 
 
-def _setup_logging(name: str) -> None:
+def _setup_logging(name: str, settings: Settings) -> None:
     """One line per record: ``2026-11-30T09:14:02.117Z [router] INFO message`` (UTC, like
-    the watchdog log, so ``slm-logs.sh all`` can interleave them)."""
-    handler = logging.StreamHandler(sys.stdout)
-    formatter = logging.Formatter(
-        f"%(asctime)s.%(msecs)03dZ [{name}] %(levelname)s %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
-    )
-    formatter.converter = time.gmtime
-    handler.setFormatter(formatter)
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
-    # One line per health probe would drown the launcher's own messages.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    the watchdog log, so ``slm-logs.sh all`` can interleave them), or one JSON object
+    per line with ``SLM_LOG_JSON=true`` (see ``slm_server.logging_setup``)."""
+    logging_setup.configure(name, settings.telemetry.log_json)
 
 
 def cmd_check(settings: Settings) -> int:
@@ -70,7 +63,7 @@ def _quote(arg: str) -> str:
 def cmd_backends(settings: Settings) -> int:
     from slm_server.supervise.supervisor import Supervisor
 
-    _setup_logging("backends")
+    _setup_logging("backends", settings)
     registry = load_registry(settings.config_path)
     return Supervisor(settings, registry, load_environment()).run()
 
@@ -81,7 +74,7 @@ def cmd_router(settings: Settings) -> int:
     from slm_server.router.app import create_app
     from slm_server.router.drain import Drain, DrainingServer
 
-    _setup_logging("router")
+    _setup_logging("router", settings)
     registry = load_registry(settings.config_path)
     drain = Drain(settings.serving.drain_timeout_seconds)
     app = create_app(settings, registry, drain)

@@ -3,7 +3,7 @@
 Plain lines keep the UTC stamp the watchdog log uses, so ``slm-logs.sh all`` can
 interleave them; a record made while serving a request ends with its id::
 
-    2026-11-30T09:14:02.117Z [router] INFO POST /v1/chat/completions 200 41.7ms model=m request_id=5f0c…
+    2026-11-30T09:14:02.117Z [router] INFO POST /v1/embeddings 200 4.7ms model=m request_id=5f0c
 
 With ``SLM_LOG_JSON=true`` each record is one JSON object instead::
 
@@ -63,7 +63,7 @@ class PlainFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = f"{utc_stamp(record.created)} [{self.process}] {record.levelname} "
-        line += record.getMessage()
+        line += record.getMessage().rstrip()
         request_id = getattr(record, "request_id", None)
         if request_id is not None:
             line += f" request_id={request_id}"

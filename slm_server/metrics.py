@@ -15,7 +15,7 @@ restarts are read at scrape time (:class:`LiveState`), so they cost nothing per 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -49,6 +49,7 @@ OUTCOMES: Final = (
 # ``unsupervised`` (published by a launcher that is gone) and ``unknown`` (never
 # published).
 BACKEND_STATES: Final = (*(s.value for s in State), "unsupervised", "unknown")
+_Metric = TypeVar("_Metric", Counter, Histogram)
 RESTART_REASONS: Final = frozenset(
     {"exited", "exited while starting", "launch_failed", *(f.value for f in FailureClass)}
 )
@@ -120,7 +121,9 @@ class Metrics:
 
     def __init__(self, registry: Registry, states: StateView) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.live: set[Exchange] = set()
+        self.live: dict[int, Exchange] = {}  # by id(): an Exchange is not hashable
+        # Labelled children by label values: ``labels()`` costs more than a lookup.
+        self._children: dict[tuple[Any, ...], Any] = {}
         r = self.registry
         self.requests = Counter(
             "slm_requests_total",
@@ -185,32 +188,43 @@ class Metrics:
 
     def begin(self, exchange: Exchange) -> None:
         """A request to a model endpoint has arrived."""
-        self.live.add(exchange)
+        self.live[id(exchange)] = exchange
 
-    def observe(self, exchange: Exchange) -> None:
-        """Record a finished request (after :meth:`begin`)."""
-        self.live.discard(exchange)
+    def observe(self, exchange: Exchange) -> str:
+        """Record a finished request (after :meth:`begin`); returns its outcome."""
+        self.live.pop(id(exchange), None)
         model = model_label(exchange)
         emit_path = exchange.emit_path
         klass = status_class(exchange.status)
-        self.requests.labels(model, emit_path, outcome_of(exchange), klass).inc()
+        outcome = outcome_of(exchange)
+        child = self._child
+        child(self.requests, model, emit_path, outcome, klass).inc()
         duration = exchange.duration
-        self.duration.labels(model, emit_path, klass).observe(duration)
+        child(self.duration, model, emit_path, klass).observe(duration)
         queued = exchange.queue_seconds
         if queued is not None:
-            self.queue_wait.labels(model).observe(queued)
+            child(self.queue_wait, model).observe(queued)
         overhead = duration - exchange.upstream_seconds - (queued or 0.0)
-        self.overhead.labels(model).observe(max(overhead, 0.0))
+        child(self.overhead, model).observe(max(overhead, 0.0))
         if exchange.input_tokens:
-            self.prompt_tokens.labels(model).inc(exchange.input_tokens)
+            child(self.prompt_tokens, model).inc(exchange.input_tokens)
         if exchange.output_tokens:
-            self.completion_tokens.labels(model).inc(exchange.output_tokens)
+            child(self.completion_tokens, model).inc(exchange.output_tokens)
         first = exchange.time_to_first_chunk
         if first is not None:
-            self.first_token.labels(model).observe(first)
+            child(self.first_token, model).observe(first)
             rate = exchange.output_tokens_per_second
             if rate is not None:
-                self.tokens_per_second.labels(model).observe(rate)
+                child(self.tokens_per_second, model).observe(rate)
+        return outcome
+
+    def _child(self, metric: _Metric, *labels: str) -> _Metric:
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        child: _Metric = found
+        return child
 
     def count_failure(self, spec: ModelSpec, outcome: Outcome) -> None:
         """The tripwire's hook: one watchdog failure verdict on ``spec``'s backend."""
@@ -229,7 +243,7 @@ class LiveState(Collector):
     """Gauges computed at scrape time: requests in flight, each backend's state as the
     supervisor published it, and its restarts by reason."""
 
-    def __init__(self, registry: Registry, states: StateView, live: set[Exchange]) -> None:
+    def __init__(self, registry: Registry, states: StateView, live: dict[int, Exchange]) -> None:
         self.models = registry.models
         self.enabled_ids = tuple(dict.fromkeys(s.entry.id for s in registry.enabled))
         self.states = states
@@ -242,7 +256,7 @@ class LiveState(Collector):
         families = self._families()
         in_flight, state, restarts = families
         counts = dict.fromkeys(self.enabled_ids, 0)
-        for exchange in list(self.live):
+        for exchange in list(self.live.values()):
             label = model_label(exchange)
             counts[label] = counts.get(label, 0) + 1
         for model, count in counts.items():

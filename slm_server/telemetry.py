@@ -36,14 +36,14 @@ at most once a minute (:class:`ExportWarnings`), and shutdown waits at most
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -70,13 +70,11 @@ EMIT_SITES: Final = (*dict.fromkeys(EMIT_PATHS.values()), "streaming")
 # The loggers through which the SDK and the exporter complain about failed exports.
 EXPORT_LOGGERS: Final = (
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    "opentelemetry.exporter.otlp.proto.http._common",
     "opentelemetry.exporter.otlp.common.http",
-    "opentelemetry.exporter.http.transport._requests",
     "opentelemetry.sdk._shared_internal",
     "opentelemetry.sdk.trace.export",
-    "opentelemetry.sdk.trace",
 )
+MAX_CAUSE: Final = 300
 PROVIDERS: Final = {"llamacpp": "llama.cpp", "mlx": "mlx", "mlx-rerank": "mlx"}
 MAX_TEXT: Final = 256
 
@@ -114,8 +112,7 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-@dataclass(frozen=True)
-class Inbound:
+class Inbound(NamedTuple):
     """The trace headers of an inbound request (``None`` when absent)."""
 
     traceparent: str | None = None
@@ -156,6 +153,8 @@ class ExportWarnings(logging.Filter):
         cause = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             cause += f": {record.exc_info[1]!r}"
+        if len(cause) > MAX_CAUSE:
+            cause = cause[: MAX_CAUSE - 3] + "..."
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.msg = (
             "trace export to %s is failing (%s); requests are unaffected; "
@@ -202,9 +201,13 @@ class Telemetry:
         if not self.enabled or self.provider is not None:
             return
         if self._exporter is None:
-            self._exporter = OTLPSpanExporter(
-                endpoint=self.traces_endpoint, timeout=self.export_timeout
-            )
+            try:
+                self._exporter = OTLPSpanExporter(
+                    endpoint=self.traces_endpoint, timeout=self.export_timeout
+                )
+            except Exception as exc:  # a bad OTEL_* setting must not stop the router
+                log.warning("traces are off: the OTLP exporter cannot be set up: %s", exc)
+                return
         resource = Resource.create(
             {"service.name": self.settings.service_name, "service.version": _package_version()}
         )
@@ -229,10 +232,9 @@ class Telemetry:
             try:
                 provider.shutdown()
             finally:
-                try:
+                # RuntimeError: the loop is gone, so nobody waits any more.
+                with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(done.set)
-                except RuntimeError:  # the loop is gone: nobody waits any more
-                    pass
 
         # A daemon thread rather than the loop's executor: an export stuck on a dead
         # collector must not hold up the interpreter's exit.
@@ -242,7 +244,7 @@ class Telemetry:
         except TimeoutError:
             if exporter is not None:
                 exporter.shutdown()  # ends the exporter's retry back-off at once
-            log.warning("trace export did not finish within %gs of shutdown", timeout)
+            log.info("trace export stopped after %gs of shutdown; unsent spans dropped", timeout)
         finally:
             for name in EXPORT_LOGGERS:
                 logging.getLogger(name).removeFilter(self.warnings)

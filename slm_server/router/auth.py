@@ -10,6 +10,7 @@ import json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.errors import Unauthorized
+from slm_server.router.exchange import exchange_of
 
 
 class ApiKeys:
@@ -40,6 +41,7 @@ class ApiKeys:
             "Missing or invalid API key: send 'Authorization: Bearer <key>' with a key "
             "from SLM_API_KEYS or SLM_API_KEYS_FILE"
         )
+        exchange_of(scope).error_type = error.code
         body = json.dumps(error.body()).encode()
         headers = [
             (b"content-type", b"application/json"),

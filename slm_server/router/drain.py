@@ -8,6 +8,7 @@ adds the deadline after which our streams and pending requests are told why they
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from types import FrameType
 
@@ -36,7 +37,8 @@ class Drain:
         if self.draining or self._loop is None:
             return
         self.draining = True
-        self._loop.call_soon_threadsafe(self._schedule)
+        # A fresh context: the log line must not inherit a request's id.
+        self._loop.call_soon_threadsafe(self._schedule, context=contextvars.Context())
 
     def _schedule(self) -> None:
         assert self._loop is not None

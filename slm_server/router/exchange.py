@@ -76,6 +76,8 @@ class Exchange:
     finished: float | None = None
     # Extra headers for the upstream request (trace context), set by the middleware.
     upstream_headers: dict[str, str] = field(default_factory=dict)
+    # The client went away before the answer ended (set by the middleware).
+    disconnected: bool = False
 
     @property
     def emit_path(self) -> str:

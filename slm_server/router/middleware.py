@@ -38,6 +38,7 @@ REQUEST_ID_HEADER: Final = b"x-request-id"
 VALID_REQUEST_ID: Final = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
 # Requests polled by machines; their access lines are logged at DEBUG.
 QUIET_PATHS: Final = frozenset({"/health", "/metrics"})
+MAX_SHOWN: Final = 128
 
 
 def request_id_from(value: bytes | None) -> str:
@@ -73,12 +74,12 @@ class RequestObserver:
         request_id = request_id_from(inbound_id)
         exchange = Exchange(request_id=request_id, method=scope["method"], path=path)
         attach_exchange(scope, exchange)
-        token = REQUEST_ID.set(request_id)
         model_endpoint = path in EMIT_PATHS
         span = None
         if model_endpoint:
             span = self.telemetry.open_span(exchange, Inbound(traceparent, tracestate, legacy))
             self.metrics.begin(exchange)
+        token = REQUEST_ID.set(request_id)
         echoed = (REQUEST_ID_HEADER, request_id.encode("ascii"))
         ended = False
 
@@ -109,19 +110,22 @@ class RequestObserver:
             raise
         finally:
             exchange.finished = time.perf_counter()
+            outcome = None
             if model_endpoint:
                 if span is not None:
                     self.telemetry.close_span(span, exchange, error)
-                self.metrics.observe(exchange)
-            self._log(exchange)
+                outcome = self.metrics.observe(exchange)
+            self._log(exchange, outcome)
             REQUEST_ID.reset(token)
 
     @staticmethod
-    def _log(exchange: Exchange) -> None:
+    def _log(exchange: Exchange, outcome: str | None) -> None:
         level = logging.DEBUG if exchange.path in QUIET_PATHS else logging.INFO
         if not access_log.isEnabledFor(level):
             return
         model = exchange.spec.entry.id if exchange.spec is not None else exchange.model
+        if model is not None and not (len(model) <= MAX_SHOWN and model.isprintable()):
+            model = repr(model[:MAX_SHOWN])  # never let a client's string forge a line
         duration_ms = round(exchange.duration * 1000, 1)
         access_log.log(
             level,
@@ -137,6 +141,6 @@ class RequestObserver:
                 "model": model,
                 "status": exchange.status,
                 "duration_ms": duration_ms,
-                "outcome": "cancelled" if exchange.disconnected else None,
+                "outcome": outcome,
             },
         )

@@ -1,0 +1,142 @@
+"""Plain and JSON log lines, and the request id on every record made during a request."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slm_server.logging_setup import (
+    REQUEST_ID,
+    JsonFormatter,
+    PlainFormatter,
+    RequestIdFilter,
+    configure,
+    utc_stamp,
+)
+
+CREATED = 1_796_030_042.117  # 2026-11-30T09:14:02.117Z
+
+
+def make(message: str = "hello %s", args: Any = ("world",), **extra: Any) -> logging.LogRecord:
+    record = logging.LogRecord("slm_server.router", logging.INFO, __file__, 1, message, args, None)
+    record.created = CREATED
+    for key, value in extra.items():
+        setattr(record, key, value)
+    return record
+
+
+def test_utc_stamp() -> None:
+    assert utc_stamp(CREATED) == "2026-11-30T09:14:02.117Z"
+
+
+def test_plain_lines_keep_the_stamp_and_add_the_request_id() -> None:
+    formatter = PlainFormatter("router")
+    assert formatter.format(make()) == "2026-11-30T09:14:02.117Z [router] INFO hello world"
+    line = formatter.format(make(request_id="r-1"))
+    assert line == "2026-11-30T09:14:02.117Z [router] INFO hello world request_id=r-1"
+
+
+def test_plain_lines_carry_tracebacks() -> None:
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        record = make()
+        record.exc_info = sys.exc_info()
+    text = PlainFormatter("backends").format(record)
+    assert text.splitlines()[0].endswith("[backends] INFO hello world")
+    assert "ValueError: bad" in text
+
+
+def test_json_lines_hold_every_field() -> None:
+    record = make(request_id="r-2", status=200, model="alpha", path="/v1/x", thing=object())
+    entry = json.loads(JsonFormatter("router").format(record))
+    assert entry["ts"] == "2026-11-30T09:14:02.117Z"
+    assert entry["level"] == "INFO"
+    assert entry["logger"] == "slm_server.router"
+    assert entry["process"] == "router"
+    assert entry["message"] == "hello world"
+    assert entry["request_id"] == "r-2"
+    assert (entry["status"], entry["model"], entry["path"]) == (200, "alpha", "/v1/x")
+    assert entry["thing"].startswith("<object object")
+    assert "args" not in entry and "msg" not in entry and "exc_info" not in entry
+
+
+def test_json_lines_carry_exceptions_in_one_line() -> None:
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        record = make()
+        record.exc_info = sys.exc_info()
+    line = JsonFormatter("router").format(record)
+    assert "\n" not in line
+    assert "ValueError: bad" in json.loads(line)["exception"]
+
+
+@given(
+    st.text(),
+    st.dictionaries(
+        st.from_regex(r"[a-z]{1,8}_x", fullmatch=True),
+        st.one_of(st.integers(), st.text(), st.floats(allow_nan=False), st.none()),
+    ),
+)
+def test_any_message_and_fields_make_one_json_line(message: str, extra: dict[str, Any]) -> None:
+    line = JsonFormatter("router").format(make("%s", (message,), **extra))
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["message"] == message
+    assert {key: entry[key] for key in extra} == extra
+
+
+def test_the_filter_copies_the_request_id_from_the_context() -> None:
+    quiet = make()
+    RequestIdFilter().filter(quiet)
+    assert getattr(quiet, "request_id", "unset") is None
+    token = REQUEST_ID.set("ctx-1")
+    try:
+        inside = make()
+        RequestIdFilter().filter(inside)
+        assert getattr(inside, "request_id", None) == "ctx-1"
+    finally:
+        REQUEST_ID.reset(token)
+
+
+@pytest.fixture
+def restored_root() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("restored_root")
+@pytest.mark.parametrize("json_lines", [False, True])
+def test_configure_sends_records_to_the_stream(json_lines: bool) -> None:
+    stream = io.StringIO()
+    configure("backends", json_lines, stream)
+    token = REQUEST_ID.set("ctx-2")
+    try:
+        logging.getLogger("slm_server.supervise").info("started %d", 3)
+    finally:
+        REQUEST_ID.reset(token)
+    [line] = stream.getvalue().splitlines()
+    if json_lines:
+        entry = json.loads(line)
+        assert (entry["message"], entry["process"], entry["request_id"]) == (
+            "started 3",
+            "backends",
+            "ctx-2",
+        )
+    else:
+        pattern = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \[backends\] INFO started 3"
+        assert re.fullmatch(pattern + " request_id=ctx-2", line)
+    assert logging.getLogger("httpx").level == logging.WARNING
