@@ -90,6 +90,9 @@ def cmd_router(settings: Settings) -> int:
         port=settings.router_port,
         log_config=None,
         access_log=False,
+        # Longer than clients' own keep-alive expiry (httpx: 5 s), so the router never
+        # closes an idle connection just as a client reuses it.
+        timeout_keep_alive=75,
         # uvicorn's own limit comes after ours, so our streams end with a clean error.
         timeout_graceful_shutdown=math.ceil(settings.serving.drain_timeout_seconds) + 5,
     )

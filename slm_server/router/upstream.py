@@ -78,9 +78,18 @@ class Upstream:
         self._clients: dict[str, httpx.AsyncClient] = {}
         for spec in models:
             timeout = httpx.Timeout(spec.entry.default_timeout, connect=connect_timeout)
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            # Idle connections are dropped well before a backend's own keep-alive timeout
+            # (llama-server and uvicorn: 5 s), so a request never lands on a connection
+            # the backend is closing. A refused connect is retried once, before any byte.
+            limits = httpx.Limits(
+                max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0
+            )
+            transport = httpx.AsyncHTTPTransport(limits=limits, retries=1)
             self._clients[spec.role] = httpx.AsyncClient(
-                base_url=spec.entry.base_url, timeout=timeout, limits=limits, trust_env=False
+                base_url=spec.entry.base_url,
+                timeout=timeout,
+                transport=transport,
+                trust_env=False,
             )
 
     async def aclose(self) -> None:
