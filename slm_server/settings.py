@@ -186,6 +186,7 @@ class ServingSettings:
         keys_file = env.get("SLM_API_KEYS_FILE", "").strip()
         if keys_file:
             path = Path(keys_file).expanduser()
+            path = path if path.is_absolute() else PROJECT_ROOT / path
             try:
                 text = path.read_text(encoding="utf-8")
             except OSError as exc:

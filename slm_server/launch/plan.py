@@ -74,6 +74,7 @@ class Toolchain:
 
 def _llama_files(spec: ModelSpec, model: str, source: str) -> ModelFiles:
     entry, problems = spec.entry, []
+    missing = False
     resolved: dict[str, str | None] = {}
     for field, raw in (
         ("chat_template_file", entry.chat_template_file),
@@ -85,9 +86,10 @@ def _llama_files(spec: ModelSpec, model: str, source: str) -> ModelFiles:
             try:
                 resolved[field] = resolve_file_field(field, raw)
             except ModelPathError as exc:
+                missing = missing or exc.missing
                 problems.append(Problem(source, spec.label, exc.field, exc.message))
     if problems:
-        raise PlanError(problems)
+        raise PlanError(problems, missing=missing)
     return ModelFiles(
         model=model,
         chat_template_file=resolved["chat_template_file"],

@@ -307,12 +307,17 @@ class Proxy:
         if tap.error is not None:
             tap.exchange.error_type = "backend_stream_error"
 
-    async def _admit(self, spec: ModelSpec, exchange: Exchange, timeout: float) -> Slot:
-        """Wait for an admission slot; the wait counts against the deadline."""
+    async def _admit(
+        self, request: Request, spec: ModelSpec, exchange: Exchange, timeout: float
+    ) -> Slot:
+        """Wait for an admission slot; the wait counts against the deadline, and a
+        client that leaves while queued gives up its place at once."""
         gate = self.gates[spec.role]
         started = time.perf_counter()
         try:
-            await gate.acquire(timeout)
+            # The gate enforces the deadline itself (a 504 never counted against the
+            # backend); the guard's own limit is only a backstop behind it.
+            await self._guard(request, gate.acquire(timeout), timeout + 1.0, spec, False)
         finally:
             exchange.queue_seconds = time.perf_counter() - started
         return Slot(gate)
@@ -498,7 +503,7 @@ class Proxy:
             spec.entry.default_timeout, request.headers.get("x-request-timeout")
         )
         started = time.monotonic()
-        slot = await self._admit(spec, exchange, timeout)
+        slot = await self._admit(request, spec, exchange, timeout)
         try:
             headers = self._headers(request, exchange)
             remaining = timeout - (time.monotonic() - started)

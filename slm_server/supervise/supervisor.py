@@ -287,6 +287,20 @@ class Supervisor:
         )
         for warning in self.registry.warnings:
             log.warning("%s", warning)
+        short = [
+            s.entry.id
+            for s in self.registry.enabled
+            if s.entry.default_timeout <= self.watchdog.stall_seconds
+        ]
+        if self.watchdog.enabled and short:
+            log.info(
+                "the %gs first-byte stall outlasts default_timeout for %s: a silent backend "
+                "there is caught by %d consecutive timeouts (lower "
+                "SLM_WATCHDOG_STALL_SECONDS to catch it on the first stream)",
+                self.watchdog.stall_seconds,
+                ", ".join(short),
+                self.watchdog.failure_threshold,
+            )
         for spec in self.registry.models:
             budget = RestartBudget(
                 self.watchdog.max_restarts,
@@ -502,6 +516,9 @@ class Supervisor:
         for request in take_requests(self.watchdog.request_dir):
             self.handle_request(request)
         max_bytes = int(self.watchdog.backend_log_max_mb * 1024 * 1024)
+        trimmed = process.trim_log(self.watchdog.log_path, max_bytes)
+        if trimmed is not None:
+            self.events.emit("backend_log_trimmed", path=str(self.watchdog.log_path), bytes=trimmed)
         for backend in self.backends:
             if backend.plan is None or max_bytes <= 0:
                 continue

@@ -274,3 +274,17 @@ def test_a_request_waiting_past_the_drain_gets_503(tmp_path: Path, fake: FakeBac
         assert result[0].status_code == 503
         assert result[0].json()["error"]["code"] == "shutting_down"
         assert router.popen.wait(timeout=10) in (0, -signal.SIGTERM)
+
+
+def test_a_client_leaving_the_queue_gives_up_its_place(tmp_path: Path, fake: FakeBackend) -> None:
+    fake.script(delay_seconds=3)
+    with gateway(tmp_path, fake, max_queue=1) as (_router, http), ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(http.post, CHAT, json={"model": "m", "messages": say("a")})
+        poll(lambda: queue_of(http) == (1, 0), 5, "one request in flight")
+        with pytest.raises(httpx.ReadTimeout):
+            http.post(CHAT, json={"model": "m", "messages": say("gone")}, timeout=0.5)
+        poll(lambda: queue_of(http) == (1, 0), 1, "the queue place to be given up")
+        waiting = pool.submit(http.post, CHAT, json={"model": "m", "messages": say("b")})
+        assert busy.result().status_code == 200
+        assert waiting.result().status_code == 200
+    assert [r["body"]["messages"][0]["content"] for r in fake.requests()] == ["a", "b"]

@@ -386,7 +386,7 @@ def test_missing_chat_template_file(model: Path, log_dir: Path, tmp_path: Path) 
     template = tmp_path / "absent.jinja"
     with pytest.raises(PlanError) as caught:
         plan(spec(model_path=str(model), chat_template_file=str(template)), tools(), log_dir)
-    assert caught.value.missing is False
+    assert caught.value.missing is True, "a missing file is retried like a missing model"
     assert [str(p) for p in caught.value.problems] == [
         f"{SOURCE}: model 'chat' (id 'm1'): field 'chat_template_file': {template} does not exist"
     ]
