@@ -17,6 +17,9 @@ from slm_server.launch.runtime import LlamaRuntime, RuntimeNotFound, find_llama_
 from slm_server.model_path import ModelPathError, resolve_file_field, resolve_model_path
 
 LOG_KINDS = {"llamacpp": "llama", "mlx": "mlx", "mlx-rerank": "mlx-rerank"}
+# llama-cpp-python's server has no /health; it loads the model before it listens, so
+# any answer from /v1/models means ready.
+PYTHON_LLAMA_HEALTH_PATH = "/v1/models"
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,11 @@ class LaunchPlan:
     argv: tuple[str, ...]
     log_path: Path
     base_url: str
+    health_path: str = "/health"
 
     @property
     def health_url(self) -> str:
-        return f"{self.base_url}/health"
+        return f"{self.base_url}{self.health_path}"
 
 
 class PlanError(Exception):
@@ -125,6 +129,14 @@ def _llama_argv(spec: ModelSpec, model: str, tools: Toolchain, source: str) -> l
     return python_argv(tools.llama.program, entry, files)
 
 
+def health_path(spec: ModelSpec, tools: Toolchain) -> str:
+    """The path that answers 200 once the entry's backend is ready."""
+    python = tools.llama is not None and not tools.llama.is_native
+    if spec.entry.backend == "llamacpp" and python:
+        return PYTHON_LLAMA_HEALTH_PATH
+    return "/health"
+
+
 def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -> LaunchPlan:
     """The launch plan for one entry; raises :class:`PlanError` naming every problem."""
     entry = spec.entry
@@ -160,6 +172,7 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
         argv=tuple(argv),
         log_path=log_path(log_dir, spec),
         base_url=entry.base_url,
+        health_path=health_path(spec, tools),
     )
 
 

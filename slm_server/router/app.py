@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from slm_server.config import RegistryFile
 from slm_server.errors import GatewayError
-from slm_server.launch.runtime import RuntimeNotFound, find_llama_runtime
+from slm_server.launch.plan import Toolchain, health_path
 from slm_server.metrics import Metrics
 from slm_server.registry import Registry
 from slm_server.router.auth import ApiKeys
@@ -79,12 +79,13 @@ def create_app(
     shutdown state the server shares with it (``app.state.drain``)."""
     drain = drain or Drain(settings.serving.drain_timeout_seconds)
     registry = Registry(registry_file.models)
-    try:
-        python_llama = not find_llama_runtime(settings.llama_server_bin).is_native
-    except RuntimeNotFound:
-        python_llama = False
+    tools = Toolchain.discover(settings.llama_server_bin)
+    python_llama = tools.llama is not None and not tools.llama.is_native
     upstream = Upstream(
-        registry.enabled, settings.connect_timeout_seconds, settings.health_probe_timeout_seconds
+        registry.enabled,
+        settings.connect_timeout_seconds,
+        settings.health_probe_timeout_seconds,
+        {spec.role: health_path(spec, tools) for spec in registry.enabled},
     )
     events = EventLog(settings.watchdog.log_path)
     states = StateView(settings.state_path)

@@ -72,9 +72,14 @@ class Upstream:
     """Pooled HTTP clients to every enabled backend."""
 
     def __init__(
-        self, models: tuple[ModelSpec, ...], connect_timeout: float, probe_timeout: float
+        self,
+        models: tuple[ModelSpec, ...],
+        connect_timeout: float,
+        probe_timeout: float,
+        health_paths: Mapping[str, str] | None = None,
     ) -> None:
         self.probe_timeout = probe_timeout
+        self.health_paths = dict(health_paths or {})
         self._clients: dict[str, httpx.AsyncClient] = {}
         for spec in models:
             timeout = httpx.Timeout(spec.entry.default_timeout, connect=connect_timeout)
@@ -150,7 +155,8 @@ class Upstream:
         """``GET /health`` on the backend with a short timeout."""
         client = self._clients[spec.role]
         try:
-            response = await client.get("/health", timeout=self.probe_timeout)
+            path = self.health_paths.get(spec.role, "/health")
+            response = await client.get(path, timeout=self.probe_timeout)
         except httpx.ConnectError:
             return Probe("unreachable", "Connection refused - backend not running")
         except httpx.TimeoutException:
