@@ -22,7 +22,10 @@ if command -v uv >/dev/null 2>&1; then
 else
   if ! python3 -m uv --version >/dev/null 2>&1; then
     say "installing uv from PyPI"
-    python3 -m pip install --quiet --user uv >&2 || python3 -m pip install --quiet uv >&2
+    # A Debian/Ubuntu system Python refuses --user installs (PEP 668) unless told.
+    python3 -m pip install --quiet --user uv >&2 \
+      || python3 -m pip install --quiet --user --break-system-packages uv >&2 \
+      || python3 -m pip install --quiet uv >&2
   fi
   uv_cmd="python3 -m uv"
 fi
@@ -33,7 +36,8 @@ if [ "$(uname -s)" = "Darwin" ] && [ "$(uname -m)" = "arm64" ] && [ "${SLM_SKIP_
   extras="--extra mlx"
 fi
 # shellcheck disable=SC2086  # uv_cmd and extras are word lists on purpose
-$uv_cmd sync --frozen $extras >&2
+# --inexact keeps extras the user added by hand (e.g. `uv sync --extra llamacpp`).
+$uv_cmd sync --frozen --inexact $extras >&2
 
 say "building the pinned llama-server (cached after the first run)"
 bin_line=$(bash scripts/build_llama.sh | tail -n 1)

@@ -48,7 +48,9 @@ def load_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]
     """The effective environment: ``.env`` (``SLM_ENV_FILE`` or ``<project>/.env``)
     overlaid by the real environment."""
     env = dict(os.environ if environ is None else environ)
-    dotenv_path = Path(env.get("SLM_ENV_FILE", str(PROJECT_ROOT / ".env")))
+    dotenv_path = Path(env.get("SLM_ENV_FILE", str(PROJECT_ROOT / ".env"))).expanduser()
+    if not dotenv_path.is_absolute():
+        dotenv_path = PROJECT_ROOT / dotenv_path
     merged = read_dotenv(dotenv_path)
     merged.update(env)
     return merged
