@@ -73,3 +73,15 @@ class Gate:
                 waiter.set_result(None)
                 return
         self.active = max(0, self.active - 1)
+
+
+class Slot:
+    """An admission slot, released exactly once."""
+
+    def __init__(self, gate: Gate) -> None:
+        self._gate: Gate | None = gate
+
+    def release(self) -> None:
+        if self._gate is not None:
+            self._gate.release()
+            self._gate = None

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import httpx
@@ -20,113 +19,42 @@ from slm_server.config import ModelSpec
 from slm_server.errors import (
     BackendTimeout,
     BackendUnavailable,
-    ClientDisconnected,
     GatewayError,
-    InvalidRequest,
     PayloadTooLarge,
 )
 from slm_server.launch.llama_argv import python_request_defaults
 from slm_server.registry import Registry
-from slm_server.router.admission import Gate
+from slm_server.router.admission import Gate, Slot
 from slm_server.router.backend_state import StateView
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import Exchange, exchange_of
+from slm_server.router.guard import Waits
 from slm_server.router.relay import StreamRelay
-from slm_server.router.requests import apply_defaults, is_stream, model_field, parse_body
+from slm_server.router.requests import (
+    apply_defaults,
+    ask_for_usage,
+    model_field,
+    parse_body,
+    request_timeout,
+)
 from slm_server.router.responses import (
     ResponseStreamTranslator,
     chat_to_response,
     responses_to_chat,
 )
 from slm_server.router.sse import SseTap
-from slm_server.router.upstream import RETRY_AFTER_SECONDS, Upstream, forward_headers
-from slm_server.settings import Settings
-from slm_server.supervise.classify import (
-    BROKEN,
-    HEALTHY,
-    TIMED_OUT,
-    UNREACHABLE,
-    Outcome,
-    classify_status,
+from slm_server.router.upstream import (
+    RETRY_AFTER_SECONDS,
+    Upstream,
+    backend_error_body,
+    forward_headers,
 )
+from slm_server.settings import Settings
+from slm_server.supervise.classify import HEALTHY, TIMED_OUT, classify_status, outcome_of
 from slm_server.supervise.tripwire import StallTimer, Tripwire
 
 RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
-USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _T = TypeVar("_T")
-
-
-def backend_error_body(status: int, content: bytes) -> bytes:
-    """A backend's error body, wrapped in the OpenAI shape when it is not already."""
-    try:
-        parsed = json.loads(content)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict | str):
-        return content
-    message = content.decode("utf-8", "replace").strip()[:2000] or f"HTTP {status}"
-    return json.dumps(
-        {"error": {"message": message, "type": "backend_error", "code": status, "param": None}}
-    ).encode()
-
-
-def outcome_of(error: GatewayError) -> Outcome:
-    """The watchdog's verdict on a transport failure talking to a backend."""
-    if isinstance(error, BackendTimeout):
-        return TIMED_OUT
-    if isinstance(error, BackendUnavailable):
-        return UNREACHABLE
-    return BROKEN
-
-
-def ask_for_usage(payload: dict[str, Any], endpoint: str) -> bool:
-    """Ask a streaming backend to end with a usage chunk; True when the client did not
-    ask for it itself (so that chunk is kept from it)."""
-    if endpoint not in USAGE_STREAM_ENDPOINTS or not is_stream(payload):
-        return False
-    options = payload.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage") is True:
-        return False
-    merged = dict(options) if isinstance(options, dict) else {}
-    merged["include_usage"] = True
-    payload["stream_options"] = merged
-    return True
-
-
-def request_timeout(entry_timeout: float, header: str | None) -> tuple[float, bool]:
-    """The request's deadline in seconds and whether the caller shortened it: the
-    entry's ``default_timeout``, or less when ``X-Request-Timeout`` asks for less."""
-    if header is None:
-        return entry_timeout, False
-    try:
-        asked = float(header)
-    except ValueError:
-        asked = math.nan
-    if not math.isfinite(asked) or asked <= 0:
-        raise InvalidRequest(
-            f"X-Request-Timeout must be a positive number of seconds, got {header[:40]!r}",
-            code="invalid_timeout",
-        )
-    return (asked, True) if asked < entry_timeout else (entry_timeout, False)
-
-
-async def _until_disconnected(receive: Callable[[], Awaitable[Any]]) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-class Slot:
-    """An admission slot, released exactly once."""
-
-    def __init__(self, gate: Gate) -> None:
-        self._gate: Gate | None = gate
-
-    def release(self) -> None:
-        if self._gate is not None:
-            self._gate.release()
-            self._gate = None
 
 
 class Proxy:
@@ -155,8 +83,7 @@ class Proxy:
             for spec in registry.enabled
         }
         self.max_body = settings.serving.max_body_bytes
-        # Requests waiting on a backend, and why one was cancelled ("client", "drain").
-        self._waiting: dict[asyncio.Task[Any], list[str]] = {}
+        self.waits = Waits()
 
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
         if spec.entry.backend == "llamacpp" and self.python_llama:
@@ -330,33 +257,10 @@ class Proxy:
         spec: ModelSpec,
         count_timeout: bool,
     ) -> _T:
-        """Await the backend ``work`` until it is done, the deadline passes (504), the
-        client disconnects, or the drain period ends (503)."""
-        task = asyncio.current_task()
-        assert task is not None
-        why: list[str] = []
-
-        async def watch() -> None:
-            await _until_disconnected(request.receive)
-            why.append("client")
-            task.cancel()
-
-        watcher = asyncio.ensure_future(watch())
-        self._waiting[task] = why
+        """``work`` under the deadline, the client's presence and the drain; a deadline
+        the backend itself missed (not one the caller shortened) counts against it."""
         try:
-            async with asyncio.timeout(timeout):
-                return await work
-        except asyncio.CancelledError:
-            if not why:
-                raise
-            task.uncancel()
-            if why[0] == "client":
-                raise ClientDisconnected("The client went away before the answer") from None
-            raise BackendUnavailable(
-                "The router is shutting down and its drain period ended before this "
-                "answer was ready",
-                code="shutting_down",
-            ) from None
+            return await self.waits.run(request.receive, work, timeout)
         except TimeoutError:
             error = BackendTimeout(
                 f"The backend for '{spec.entry.id}' did not answer within the request's "
@@ -366,15 +270,10 @@ class Proxy:
             if count_timeout:
                 self.tripwire.observe(spec, TIMED_OUT, error.message)
             raise error from None
-        finally:
-            watcher.cancel()
-            self._waiting.pop(task, None)
 
     def cancel_waiting(self) -> None:
         """End every request still waiting on a backend (the drain period is over)."""
-        for task, why in list(self._waiting.items()):
-            why.append("drain")
-            task.cancel()
+        self.waits.cancel_all()
 
     async def _exchange(
         self,

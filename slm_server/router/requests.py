@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from slm_server.config import ModelEntry
@@ -10,6 +11,7 @@ from slm_server.errors import InvalidRequest
 
 CHAT_TEMPLATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/responses"})
 SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -73,3 +75,34 @@ def apply_defaults(
                 payload[name] = value
                 changed = True
     return changed
+
+
+def ask_for_usage(payload: dict[str, Any], endpoint: str) -> bool:
+    """Ask a streaming backend to end with a usage chunk; True when the client did not
+    ask for it itself (so that chunk is kept from it)."""
+    if endpoint not in USAGE_STREAM_ENDPOINTS or not is_stream(payload):
+        return False
+    options = payload.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    merged = dict(options) if isinstance(options, dict) else {}
+    merged["include_usage"] = True
+    payload["stream_options"] = merged
+    return True
+
+
+def request_timeout(entry_timeout: float, header: str | None) -> tuple[float, bool]:
+    """The request's deadline in seconds and whether the caller shortened it: the
+    entry's ``default_timeout``, or less when ``X-Request-Timeout`` asks for less."""
+    if header is None:
+        return entry_timeout, False
+    try:
+        asked = float(header)
+    except ValueError:
+        asked = math.nan
+    if not math.isfinite(asked) or asked <= 0:
+        raise InvalidRequest(
+            f"X-Request-Timeout must be a positive number of seconds, got {header[:40]!r}",
+            code="invalid_timeout",
+        )
+    return (asked, True) if asked < entry_timeout else (entry_timeout, False)

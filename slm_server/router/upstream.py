@@ -174,3 +174,17 @@ def json_headers(extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     if extra:
         headers.update(extra)
     return headers
+
+
+def backend_error_body(status: int, content: bytes) -> bytes:
+    """A backend's error body, wrapped in the OpenAI shape when it is not already."""
+    try:
+        parsed = json.loads(content)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict | str):
+        return content
+    message = content.decode("utf-8", "replace").strip()[:2000] or f"HTTP {status}"
+    return json.dumps(
+        {"error": {"message": message, "type": "backend_error", "code": status, "param": None}}
+    ).encode()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
+
 HEALTH_STATUSES = frozenset({400, 404, 422})
 FAILURE_4XX = {408: "timeout", 425: "saturated", 429: "saturated"}
 
@@ -70,3 +72,12 @@ UNREACHABLE = Outcome(Verdict.FAILURE, FailureClass.UNREACHABLE)
 TIMED_OUT = Outcome(Verdict.FAILURE, FailureClass.TIMEOUT)
 BROKEN = Outcome(Verdict.FAILURE, FailureClass.BROKEN)
 STALLED = Outcome(Verdict.FAILURE, FailureClass.STALL)
+
+
+def outcome_of(error: GatewayError) -> Outcome:
+    """The watchdog's verdict on a transport failure talking to a backend."""
+    if isinstance(error, BackendTimeout):
+        return TIMED_OUT
+    if isinstance(error, BackendUnavailable):
+        return UNREACHABLE
+    return BROKEN

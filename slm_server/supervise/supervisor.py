@@ -16,87 +16,33 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import FrameType
 
 import httpx
 
-from slm_server.config import ModelSpec, RegistryFile
+from slm_server.config import RegistryFile
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
 from slm_server.launch.records import (
-    BackendState,
     PidRecord,
     read_pidfile,
     write_pidfile,
     write_state,
 )
 from slm_server.settings import Settings
+from slm_server.supervise.backend import Backend
 from slm_server.supervise.budget import RestartBudget
 from slm_server.supervise.classify import FailureClass
 from slm_server.supervise.events import EventLog
 from slm_server.supervise.requests import RestartRequest, is_stale, take_requests
 from slm_server.supervise.states import RUNNING, State, check_transition
+from slm_server.supervise.strays import verifiably_ours
 
 log = logging.getLogger("slm_server.supervisor")
 
 TICK_SECONDS = 0.2
 # Restart reasons as bounded metric labels; a failed launch's message is not one.
 RESTART_REASONS = frozenset({"exited", "exited while starting"} | {f.value for f in FailureClass})
-
-
-@dataclass
-class Backend:
-    """One registry entry and everything the supervisor knows about its process."""
-
-    spec: ModelSpec
-    budget: RestartBudget
-    state: State = State.STARTING
-    plan: LaunchPlan | None = None
-    proc: process.BackendProcess | None = None
-    started_wall: float | None = None
-    since: float = field(default_factory=time.time)
-    reason: str | None = None
-    restarts: int = 0
-    restarts_by_reason: dict[str, int] = field(default_factory=dict)
-    last_exit: str | None = None
-    last_restart_reason: str | None = None
-    pending: str | None = None
-    attempt: tuple[int, int | None, str] | None = None
-    loading_reported: bool = False
-    # False after a launch failed for a reason only an edit of the registry can fix.
-    retry_launch: bool = True
-    # True while the last attempt spawned nothing: no process to cool down after.
-    launch_failed: bool = False
-
-    @property
-    def role(self) -> str:
-        return self.spec.role
-
-    def ids(self) -> dict[str, object]:
-        """The fields that name this backend in every watchdog event."""
-        entry = self.spec.entry
-        return {"role": self.spec.role, "model_id": entry.id, "port": entry.port}
-
-    def snapshot(self, log_dir_path: str) -> BackendState:
-        proc = self.proc
-        return BackendState(
-            role=self.spec.role,
-            model_id=self.spec.entry.id,
-            backend=self.spec.entry.backend,
-            port=self.spec.entry.port,
-            state=self.state.value,
-            pid=proc.pid if proc is not None and proc.alive() else None,
-            since=self.since,
-            started_at=self.started_wall if proc is not None and proc.alive() else None,
-            exit_status=proc.exit_status if proc is not None else None,
-            restarts=self.restarts,
-            reason=self.reason,
-            log_path=str(self.plan.log_path) if self.plan is not None else log_dir_path,
-            last_exit=self.last_exit,
-            last_restart_reason=self.last_restart_reason,
-            restarts_by_reason=dict(self.restarts_by_reason),
-        )
 
 
 class Supervisor:
@@ -179,25 +125,11 @@ class Supervisor:
     # -- launching ------------------------------------------------------------------
 
     def is_ours(self, holder: process.PortHolder, plan: LaunchPlan) -> bool:
-        """Whether the process holding a port is verifiably one we started: its pid and
-        create time are in our records, or its arguments are exactly a launch of ours."""
-        if holder.pid is None:
-            return False
-        records = list(self.previous_records)
-        records += [
-            PidRecord(b.proc.pid, b.proc.create_time, 0, b.role, "", [])
-            for b in self.backends
-            if b.proc is not None
-        ]
-        for record in records:
-            if (
-                record.pid == holder.pid
-                and holder.create_time is not None
-                and abs(record.create_time - holder.create_time) <= 0.01
-            ):
-                return True
-        args = list(plan.argv[1:])
-        return bool(args) and list(holder.argv[-len(args) :]) == args
+        """Whether the process holding the port is one this supervisor (or the one
+        before it) started."""
+        known = [(r.pid, r.create_time) for r in self.previous_records]
+        known += [(b.proc.pid, b.proc.create_time) for b in self.backends if b.proc is not None]
+        return verifiably_ours(holder.pid, holder.create_time, holder.argv, known, plan.argv)
 
     def free_port(self, backend: Backend, plan: LaunchPlan) -> bool:
         """Make sure the backend's port is free; kill a holder only if it is ours."""
