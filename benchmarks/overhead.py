@@ -1,0 +1,376 @@
+"""Scenarios ``overhead`` and ``peer``: what a gateway costs in front of a backend that
+costs next to nothing (:mod:`benchmarks.fastfake`).
+
+Every round starts each target afresh (new fake backends, and the gateway under test
+in front of them) in the same order (A, B, C, A, B, C, ...), and drives it through
+eight load levels, each after an unrecorded warm-up:
+
+* ``whole-c1/8/64``: whole (non-streaming) answers at 1, 8 and 64 closed-loop clients;
+* ``stream-c1/8/64``: 64-chunk streams whose chunks come 1 ms apart, as tokens do (each
+  one reaches the gateway on its own unless the gateway falls behind);
+* ``burst-c1/64``: 64-chunk streams sent back to back, as fast as the fake can write:
+  the added time per chunk, and the most chunks per second one gateway process relays.
+
+Two fakes run per round, one per kind of stream, registered as two models. For every
+level it keeps the client's summary (:mod:`benchmarks.loadgen`) and the CPU time and
+RSS of the gateway and of the backend (:mod:`benchmarks.meter`).
+
+* ``overhead`` compares ``direct`` (the client on the fake itself) with ``slm_server``
+  (the router, telemetry off) and ``slm_server_otel`` (telemetry on, no collector
+  listening): added latency, added time to first chunk and per chunk, router CPU per
+  request and per chunk, chunks per second through one router process, RSS.
+* ``peer`` adds LiteLLM's proxy (one worker) on the same fakes: throughput ratios.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from benchmarks.loadgen import Workload, closed_loop
+from benchmarks.meter import ProcessMeter
+from benchmarks.report import DASH, TIMES, Check, pick, show, spread, table
+from benchmarks.servers import BENCH_MODEL, Server, fast_fake, litellm_proxy, slm_router
+
+CONCURRENCY = (1, 8, 64)
+BURST_CONCURRENCY = (1, 64)
+BURST_MODEL = f"{BENCH_MODEL}-burst"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One load level: ``kind`` is ``whole``, ``stream`` (paced) or ``burst``."""
+
+    kind: str
+    concurrency: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}-c{self.concurrency}"
+
+    @property
+    def stream(self) -> bool:
+        return self.kind != "whole"
+
+
+CELLS = (
+    *(Cell("whole", c) for c in CONCURRENCY),
+    *(Cell("stream", c) for c in CONCURRENCY),
+    *(Cell("burst", c) for c in BURST_CONCURRENCY),
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how hard each scenario runs."""
+
+    targets: tuple[str, ...]
+    rounds: int = 3
+    warmup: float = 1.0
+    duration: float = 4.0
+    chunks: int = 64
+    # Seconds between the chunks of a paced stream.
+    chunk_interval: float = 0.001
+
+
+# Starts a gateway in front of the fakes; None means the client talks to them directly.
+Starter = Callable[[Path, Sequence[Server]], AbstractContextManager[Server | None]]
+
+
+@contextlib.contextmanager
+def _direct(_workdir: Path, _backends: Sequence[Server]) -> Iterator[Server | None]:
+    yield None
+
+
+STARTERS: dict[str, Starter] = {
+    "direct": _direct,
+    "slm_server": lambda workdir, backends: slm_router(workdir, backends, telemetry=False),
+    "slm_server_otel": lambda workdir, backends: slm_router(workdir, backends, telemetry=True),
+    "litellm": litellm_proxy,
+}
+LABELS = {
+    "direct": "direct",
+    "slm_server": "slm_server",
+    "slm_server_otel": "slm_server, telemetry on",
+    "litellm": "LiteLLM proxy",
+}
+
+
+async def measure_cell(
+    gateway: Server | None, backend: Server, cell: Cell, plan: Plan
+) -> dict[str, Any]:
+    """Warm up, then measure one load level with the processes' CPU and memory."""
+    server = gateway or backend
+    workload = Workload(
+        url=server.url, model=backend.model, stream=cell.stream, max_tokens=plan.chunks
+    )
+    await closed_loop(workload, cell.concurrency, duration=plan.warmup)
+    pids = {"server": server.pid}
+    if backend.pid != server.pid:
+        pids["backend"] = backend.pid
+    meter = ProcessMeter(pids)
+    async with meter:
+        run = await closed_loop(workload, cell.concurrency, duration=plan.duration)
+    summary = run.summary()
+    processes = meter.result()
+    served = processes["server"]
+    tokens = summary["tokens_per_s"] * summary["wall_s"]
+    served["cpu_us_per_request"] = served["cpu_s"] / summary["ok"] * 1e6 if summary["ok"] else None
+    served["cpu_us_per_chunk"] = served["cpu_s"] / tokens * 1e6 if cell.stream and tokens else None
+    summary["server"] = served
+    summary["backend"] = processes.get("backend", served)
+    return {"cell": cell.key, "kind": cell.kind, "concurrency": cell.concurrency} | summary
+
+
+def run_target(
+    name: str, round_index: int, plan: Plan, workdir: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Fresh servers for one target, all load levels, servers stopped."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with (
+        fast_fake(workdir, plan.chunks, plan.chunk_interval, BENCH_MODEL) as paced,
+        fast_fake(workdir, plan.chunks, 0.0, BURST_MODEL) as burst,
+        STARTERS[name](workdir, [paced, burst]) as gateway,
+    ):
+
+        async def all_cells() -> list[dict[str, Any]]:
+            return [
+                await measure_cell(gateway, burst if cell.kind == "burst" else paced, cell, plan)
+                for cell in CELLS
+            ]
+
+        cells = uvloop.run(all_cells())
+    for cell in cells:
+        say(f"  round {round_index} {name:16} {cell['cell']:10} {_brief(cell)}")
+    return {"round": round_index, "target": name, "cells": cells}
+
+
+def _brief(cell: dict[str, Any]) -> str:
+    latency = cell["latency_ms"]["p50"]
+    stream = cell["kind"] != "whole"
+    cpu = cell["server"]["cpu_us_per_chunk" if stream else "cpu_us_per_request"]
+    errors = f" errors {cell['errors']}" if cell["errors"] else ""
+    return (
+        f"{cell['throughput_rps']:8.1f} req/s  p50 {latency:8.2f} ms  "
+        f"server CPU {cpu or 0:7.1f} µs/{'chunk' if stream else 'req'}  "
+        f"client CPU {cell['client_cpu_share']:.0%}{errors}"
+    )
+
+
+def run_rounds(plan: Plan, workdir: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    runs = []
+    for round_index in range(1, plan.rounds + 1):
+        for name in plan.targets:
+            runs.append(
+                run_target(name, round_index, plan, workdir / f"r{round_index}-{name}", say)
+            )
+    return runs
+
+
+# ----------------------------------------------------------------- aggregation
+
+
+class Rounds:
+    """Measurements indexed by target, round and load level."""
+
+    def __init__(self, runs: list[dict[str, Any]]) -> None:
+        self.cells: dict[tuple[str, int, str], dict[str, Any]] = {
+            (run["target"], run["round"], cell["cell"]): cell
+            for run in runs
+            for cell in run["cells"]
+        }
+        self.rounds = sorted({run["round"] for run in runs})
+
+    def values(self, target: str, cell: str, path: str) -> list[float | None]:
+        return [pick(self.cells.get((target, r, cell), {}), path) for r in self.rounds]
+
+    def stat(self, target: str, cell: str, path: str) -> dict[str, Any]:
+        return spread(self.values(target, cell, path))
+
+    def paired(
+        self,
+        a: str,
+        b: str,
+        cell: str,
+        path: str,
+        combine: Callable[[float, float], float],
+    ) -> dict[str, Any]:
+        """``combine(a, b)`` within each round, then median [min-max] across rounds."""
+        out: list[float | None] = []
+        for va, vb in zip(self.values(a, cell, path), self.values(b, cell, path), strict=True):
+            out.append(None if va is None or vb is None else combine(va, vb))
+        return spread(out)
+
+    def added(self, target: str, cell: str, path: str) -> dict[str, Any]:
+        return self.paired(target, "direct", cell, path, lambda t, d: t - d)
+
+    def ratio(self, a: str, b: str, cell: str, path: str) -> dict[str, Any]:
+        return self.paired(a, b, cell, path, lambda x, y: x / y if y else float("nan"))
+
+
+WHOLE = [f"whole-c{c}" for c in CONCURRENCY]
+STREAM = [f"stream-c{c}" for c in CONCURRENCY]
+BURST = [f"burst-c{c}" for c in BURST_CONCURRENCY]
+
+
+def overhead_checks(rounds: Rounds, target: str) -> list[Check]:
+    """The issue's targets for one gateway; the CPU ones at every load level, since on
+    this machine they do not carry across levels (see docs/benchmarks.md)."""
+    label = LABELS[target]
+    found = [
+        Check(
+            f"{label}: added p50 latency, whole answers, c=1",
+            1.0,
+            "ms",
+            rounds.added(target, "whole-c1", "latency_ms.p50"),
+        ),
+        Check(
+            f"{label}: added p50 time to first chunk, streams, c=1",
+            1.0,
+            "ms",
+            rounds.added(target, "stream-c1", "ttft_ms.p50"),
+        ),
+    ]
+    for c in CONCURRENCY:
+        found.append(
+            Check(
+                f"{label}: CPU per whole answer, c={c}",
+                500.0,
+                "µs",
+                rounds.stat(target, f"whole-c{c}", "server.cpu_us_per_request"),
+            )
+        )
+    for c in CONCURRENCY:
+        found.append(
+            Check(
+                f"{label}: CPU per streamed chunk, c={c}",
+                40.0,
+                "µs",
+                rounds.stat(target, f"stream-c{c}", "server.cpu_us_per_chunk"),
+            )
+        )
+    return found
+
+
+def peer_checks(rounds: Rounds) -> list[Check]:
+    return [
+        Check(
+            f"throughput slm_server ÷ LiteLLM, {kind}, c=64",
+            20.0,
+            TIMES,
+            rounds.ratio("slm_server", "litellm", f"{kind}-c64", "throughput_rps"),
+            at_least=True,
+        )
+        for kind in ("whole", "stream", "burst")
+    ]
+
+
+def _ms(stat: dict[str, Any]) -> str:
+    return show(stat, 2)
+
+
+def _us(stat: dict[str, Any]) -> str:
+    return show(stat, 0)
+
+
+def overhead_tables(rounds: Rounds, targets: tuple[str, ...]) -> str:
+    gateways = [t for t in targets if t != "direct"]
+    parts = []
+    header = ["gateway", "clients", "direct p50 (ms)", "added p50 (ms)", "added p99 (ms)"]
+    header += ["req/s", "gateway CPU per request (µs)", "gateway RSS peak (MB)"]
+    rows = []
+    for target in gateways:
+        for c in CONCURRENCY:
+            cell = f"whole-c{c}"
+            rows.append(
+                [
+                    LABELS[target],
+                    str(c),
+                    _ms(rounds.stat("direct", cell, "latency_ms.p50")),
+                    _ms(rounds.added(target, cell, "latency_ms.p50")),
+                    _ms(rounds.added(target, cell, "latency_ms.p99")),
+                    show(rounds.stat(target, cell, "throughput_rps"), 0),
+                    _us(rounds.stat(target, cell, "server.cpu_us_per_request")),
+                    show(rounds.stat(target, cell, "server.rss_mb_peak"), 0),
+                ]
+            )
+    parts.append("Whole (non-streaming) answers:\n\n" + table(header, rows))
+    header = ["gateway", "chunks", "clients", "direct TTFT p50 (ms)", "added TTFT p50 (ms)"]
+    header += ["added per chunk (ms)", "added stream p50 (ms)", "chunks/s"]
+    header += ["gateway CPU per chunk (µs)", "bare client CPU per chunk (µs)", "RSS peak (MB)"]
+    rows = []
+    for target in gateways:
+        for cell in STREAM + BURST:
+            kind, clients = cell.split("-c")
+            rows.append(
+                [
+                    LABELS[target],
+                    "1 ms apart" if kind == "stream" else "back to back",
+                    clients,
+                    _ms(rounds.stat("direct", cell, "ttft_ms.p50")),
+                    _ms(rounds.added(target, cell, "ttft_ms.p50")),
+                    show(rounds.added(target, cell, "time_per_token_ms.p50"), 3),
+                    _ms(rounds.added(target, cell, "latency_ms.p50")),
+                    show(rounds.stat(target, cell, "tokens_per_s"), 0),
+                    _us(rounds.stat(target, cell, "server.cpu_us_per_chunk")),
+                    _us(rounds.stat("direct", cell, "client_cpu_us_per_token")),
+                    show(rounds.stat(target, cell, "server.rss_mb_peak"), 0),
+                ]
+            )
+    parts.append("64-chunk streams:\n\n" + table(header, rows))
+    return "\n\n".join(parts)
+
+
+def headroom_table(rounds: Rounds, targets: tuple[str, ...]) -> str:
+    """Who used how much CPU: the client and the backend must not be the bottleneck."""
+    header = ["target", "level", "client CPU share", "backend CPU share", "gateway CPU share"]
+    rows = []
+    for target in targets:
+        for cell in WHOLE + STREAM + BURST:
+            gateway = (
+                DASH if target == "direct" else show(rounds.stat(target, cell, "server.cpu_share"))
+            )
+            rows.append(
+                [
+                    LABELS[target],
+                    cell,
+                    show(rounds.stat(target, cell, "client_cpu_share")),
+                    show(rounds.stat(target, cell, "backend.cpu_share")),
+                    gateway,
+                ]
+            )
+    return table(header, rows)
+
+
+def peer_table(rounds: Rounds) -> str:
+    header = ["level", "slm_server req/s", "LiteLLM req/s", "ratio", "slm_server p50 (ms)"]
+    header += ["LiteLLM p50 (ms)", "slm_server CPU/req (µs)", "LiteLLM CPU/req (µs)"]
+    rows = []
+    for cell in WHOLE + STREAM + BURST:
+        rows.append(
+            [
+                cell,
+                show(rounds.stat("slm_server", cell, "throughput_rps"), 1),
+                show(rounds.stat("litellm", cell, "throughput_rps"), 1),
+                show(rounds.ratio("slm_server", "litellm", cell, "throughput_rps"), 1),
+                _ms(rounds.stat("slm_server", cell, "latency_ms.p50")),
+                _ms(rounds.stat("litellm", cell, "latency_ms.p50")),
+                _us(rounds.stat("slm_server", cell, "server.cpu_us_per_request")),
+                _us(rounds.stat("litellm", cell, "server.cpu_us_per_request")),
+            ]
+        )
+    return table(header, rows)
+
+
+def csv_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"round": run["round"], "target": run["target"]} | cell
+        for run in runs
+        for cell in run["cells"]
+    ]

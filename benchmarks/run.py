@@ -1,0 +1,214 @@
+"""Run benchmark scenarios on fresh servers and write their results.
+
+    uv run python -m benchmarks.run overhead peer        # fake backend, ~5 + ~7 minutes
+    uv run python -m benchmarks.run real recovery        # llama-server with the default models
+    uv run python -m benchmarks.run overhead --quick     # a short run to try things out
+
+Each scenario first waits (up to ``--max-wait`` seconds) for the 1-minute load average
+to drop below ``--quiet-load``, then runs its rounds — every run on newly started
+servers, the compared targets interleaved — and writes
+``benchmarks/results/<scenario>-<date>.json`` (every measurement, the machine, the load),
+``.md`` (medians with [min-max] across rounds, and the targets) and ``.csv`` (one row per
+round, target and load level). The summary printed at the end says which targets passed;
+the exit status is 1 only with ``--strict`` and a missed target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks import overhead, real, recovery
+from benchmarks.machine import describe_machine, load_average, source_digest, wait_for_quiet
+from benchmarks.report import DASH, Check, checks_table, machine_line, show, write_results
+from benchmarks.servers import litellm_version
+from tests.integration.watched import FAST_WATCHDOG
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    """What a scenario hands back to be written."""
+
+    title: str
+    config: dict[str, Any]
+    runs: list[dict[str, Any]]
+    checks: list[Check]
+    markdown: str
+    rows: list[dict[str, Any]]
+    # Measured values shown in the summary without a target.
+    headlines: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+def _fake_plan(targets: tuple[str, ...], quick: bool, rounds: int) -> overhead.Plan:
+    plan = overhead.Plan(targets=targets, rounds=rounds)
+    return replace(plan, warmup=0.3, duration=1.0) if quick else plan
+
+
+def run_overhead(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = _fake_plan(("direct", "slm_server", "slm_server_otel"), quick, rounds)
+    runs = overhead.run_rounds(plan, workdir, say)
+    found = overhead.Rounds(runs)
+    checks = overhead.overhead_checks(found, "slm_server")
+    checks += overhead.overhead_checks(found, "slm_server_otel")
+    markdown = "\n\n".join(
+        [
+            overhead.overhead_tables(found, plan.targets),
+            "CPU used by each process, in cores (CPU seconds per wall second):",
+            overhead.headroom_table(found, plan.targets),
+        ]
+    )
+    return Outcome(
+        "Overhead: slm_server in front of a fast fake backend",
+        asdict(plan),
+        runs,
+        checks,
+        markdown,
+        overhead.csv_rows(runs),
+    )
+
+
+def run_peer(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = _fake_plan(("direct", "slm_server", "litellm"), quick, rounds)
+    runs = overhead.run_rounds(plan, workdir, say)
+    found = overhead.Rounds(runs)
+    markdown = "\n\n".join(
+        [
+            overhead.peer_table(found),
+            overhead.overhead_tables(found, plan.targets),
+            "CPU used by each process, in cores (CPU seconds per wall second):",
+            overhead.headroom_table(found, plan.targets),
+        ]
+    )
+    return Outcome(
+        f"Peer: slm_server and LiteLLM's proxy ({litellm_version()}) on the same fake backend",
+        asdict(plan) | {"litellm": litellm_version()},
+        runs,
+        overhead.peer_checks(found),
+        markdown,
+        overhead.csv_rows(runs),
+    )
+
+
+def run_real(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = real.Plan(rounds=rounds)
+    if quick:
+        plan = replace(plan, max_tokens=16, requests=((1, 2), (4, 4)), warmup=1)
+    runs = real.run_rounds(plan, workdir, say)
+    found = overhead.Rounds(runs)
+    return Outcome(
+        "Real model: Gemma 3 270M on llama-server, directly and through slm_server",
+        asdict(plan),
+        runs,
+        [],
+        real.tables(found, plan),
+        overhead.csv_rows(runs),
+        real.headlines(found, plan),
+    )
+
+
+def run_recovery(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = recovery.Plan(trials=1 if quick else max(rounds, 5))
+    trials = recovery.run_trials(plan, workdir, say)
+    return Outcome(
+        "Recovery: kill -9 and SIGSTOP of llama-server (SmolLM2 135M)",
+        asdict(plan) | {"watchdog": FAST_WATCHDOG},
+        trials,
+        recovery.checks(trials),
+        recovery.tables(trials),
+        trials,
+    )
+
+
+SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
+    "overhead": run_overhead,
+    "peer": run_peer,
+    "real": run_real,
+    "recovery": run_recovery,
+}
+
+
+def run_scenario(name: str, args: argparse.Namespace, say: Say) -> Outcome:
+    load = (
+        {"load_when_measuring": load_average(), "waited_s": 0}
+        if args.no_wait
+        else wait_for_quiet(args.quiet_load, args.max_wait, say)
+    )
+    machine = describe_machine()
+    say(f"{name}: load {load['load_when_measuring']}, commit {machine['commit']}")
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    try:
+        outcome = SCENARIOS[name](args.quick, args.rounds, workdir, say)
+    finally:
+        if args.keep:
+            say(f"kept the servers' files in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report: dict[str, Any] = {
+        "scenario": name,
+        "title": outcome.title,
+        "machine": machine,
+        "load": load,
+        "load_after": load_average(),
+        "source_digest_after": source_digest(),
+        "duration_s": round(time.monotonic() - started),
+        "quick": args.quick,
+        "config": outcome.config,
+        "checks": [c.as_dict() for c in outcome.checks],
+        "headlines": {name: stat for name, stat in outcome.headlines},
+        "runs": outcome.runs,
+    }
+    markdown = "\n\n".join(
+        [
+            f"# {outcome.title}",
+            machine_line(report)
+            + f" {len({r.get('round', r.get('trial')) for r in outcome.runs})} rounds, "
+            f"{report['duration_s']} s in all; medians with [min{DASH}max] across rounds.",
+            outcome.markdown,
+        ]
+        + (["## Targets", checks_table(outcome.checks)] if outcome.checks else [])
+    )
+    if args.quick:
+        say(f"--quick: results not written; they would read:\n\n{markdown}\n")
+    else:
+        for path in write_results(name, report, markdown, outcome.rows):
+            say(f"wrote {path}")
+    return outcome
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (≥ 3)")
+    parser.add_argument("--quick", action="store_true", help="short runs, nothing written")
+    parser.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    parser.add_argument("--quiet-load", type=float, default=1.0)
+    parser.add_argument("--max-wait", type=float, default=1200.0, help="seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the servers' logs")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    results = {name: run_scenario(name, args, say) for name in args.scenarios}
+    say("\nsummary")
+    for name, outcome in results.items():
+        for check in outcome.checks:
+            say(f"  {name:9} {check.line()}")
+        for headline, stat in outcome.headlines:
+            say(f"  {name:9} info  {headline}: {show(stat, 3)}")
+    missed = any(not c.passed for outcome in results.values() for c in outcome.checks)
+    return 1 if missed and args.strict else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
