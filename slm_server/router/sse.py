@@ -10,16 +10,18 @@ client that never asked for it.
 from __future__ import annotations
 
 import json
+import re
 
 from slm_server.router.exchange import Exchange
 
-_NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
+# A finish reason that is a string (not null): the event that ends a choice.
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
 
 
 def _worth_parsing(event: bytes) -> bool:
     if b'"usage"' in event or b'"error"' in event:
         return True
-    return b'"finish_reason"' in event and not any(n in event for n in _NULL_FINISH)
+    return _FINISHED.search(event) is not None
 
 
 class SseTap:

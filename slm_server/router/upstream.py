@@ -108,7 +108,12 @@ class Upstream:
         client = self._clients[spec.role]
         request = client.build_request("POST", path, content=body, headers=dict(headers))
         try:
-            return await client.send(request, stream=True)
+            try:
+                return await client.send(request, stream=True)
+            except httpx.RemoteProtocolError:
+                # A kept-alive connection the backend closed just as we reused it: the
+                # answer had not begun, so send once more on a fresh connection.
+                return await client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise translate(exc, spec) from exc
 
