@@ -41,7 +41,7 @@ class SseTap:
             self._pending = data
             return b""
         complete, self._pending = data[: cut + 2], data[cut + 2 :]
-        if not self._first and not _worth_parsing(complete) and not self.drop_usage_chunk:
+        if not self._first and not _worth_parsing(complete):
             return complete
         kept = [e for e in complete.split(b"\n\n")[:-1] if self._inspect(e)]
         return b"".join(e + b"\n\n" for e in kept)
