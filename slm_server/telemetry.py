@@ -246,8 +246,11 @@ class Telemetry:
                 exporter.shutdown()  # ends the exporter's retry back-off at once
             log.info("trace export stopped after %gs of shutdown; unsent spans dropped", timeout)
         finally:
-            for name in EXPORT_LOGGERS:
-                logging.getLogger(name).removeFilter(self.warnings)
+            # After a timeout the shutdown thread still runs and may still complain;
+            # the filter stays on so its last words are rate-limited like the rest.
+            if done.is_set():
+                for name in EXPORT_LOGGERS:
+                    logging.getLogger(name).removeFilter(self.warnings)
 
     def open_span(self, exchange: Exchange, inbound: Inbound) -> Span | None:
         """Start the request's span, as a child of the caller's trace when it sent
