@@ -31,13 +31,46 @@ else
 fi
 
 say "syncing the Python environment (uv.lock)"
+# MLX backends: always on Apple Silicon (SLM_SKIP_MLX=1 to leave them out); on Linux
+# (MLX on the CPU) for the test suite, or when SLM_WITH_MLX=1.
 extras=""
-if [ "$(uname -s)" = "Darwin" ] && [ "$(uname -m)" = "arm64" ] && [ "${SLM_SKIP_MLX:-}" != "1" ]; then
-  extras="--extra mlx"
-fi
+cpu_torch=false
+case "$(uname -s)-$(uname -m)" in
+  Darwin-arm64)
+    [ "${SLM_SKIP_MLX:-}" != "1" ] && extras="--extra mlx" ;;
+  Linux-*)
+    if [ "$for_tests" = true ] || [ "${SLM_WITH_MLX:-}" = "1" ]; then
+      extras="--extra mlx"
+      cpu_torch=true
+    fi ;;
+esac
 # shellcheck disable=SC2086  # uv_cmd and extras are word lists on purpose
-# --inexact keeps extras the user added by hand (e.g. `uv sync --extra llamacpp`).
+# --inexact keeps what the user (or the CPU torch step below) added by hand.
 $uv_cmd sync --frozen --inexact $extras >&2
+
+# PyPI's Linux torch is a CUDA build of several GB; mlx-openai-server needs torch only
+# for CPU-side helpers (outlines, mlx-whisper), so Linux gets the CPU build, fetched once
+# with pip's own configuration (or from SLM_TORCH_INDEX_URL) and cached as a wheel.
+if [ "$cpu_torch" = true ] && ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  torch_version=${SLM_TORCH_VERSION:-2.13.0}
+  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/slm_server/wheels"
+  mkdir -p "$wheels"
+  pyver=$(.venv/bin/python -c 'import sys; print("%d%d" % sys.version_info[:2])')
+  wheel=$(find "$wheels" -name "torch-${torch_version}+cpu-cp${pyver}-*.whl" | head -n 1)
+  if [ -z "$wheel" ]; then
+    say "fetching the CPU build of torch ${torch_version}"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: \
+      --python-version "$pyver" -d "$wheels" "torch==${torch_version}+cpu" >&2 \
+      || python3 -m pip download --quiet --no-deps --only-binary=:all: \
+        --python-version "$pyver" -d "$wheels" \
+        --index-url "${SLM_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" \
+        "torch==${torch_version}+cpu" >&2
+    wheel=$(find "$wheels" -name "torch-${torch_version}+cpu-cp${pyver}-*.whl" | head -n 1)
+  fi
+  say "installing $(basename "$wheel")"
+  # --no-config: the project's overrides keep torch out of the lock on Linux on purpose.
+  $uv_cmd pip install --quiet --no-config --python .venv/bin/python "$wheel" >&2
+fi
 
 say "building the pinned llama-server (cached after the first run)"
 bin_line=$(bash scripts/build_llama.sh | tail -n 1)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from slm_server.config import NATIVE_ONLY_FIELDS, ModelSpec, Problem, RegistryFile
 from slm_server.launch.llama_argv import ModelFiles, native_argv, python_argv
-from slm_server.launch.mlx_argv import mlx_argv, mlx_rerank_argv
+from slm_server.launch.mlx_argv import mlx_argv, mlx_rerank_argv, unsupported_choices
+from slm_server.launch.mlx_options import read_mlx_options
 from slm_server.launch.runtime import LlamaRuntime, RuntimeNotFound, find_llama_runtime
 from slm_server.model_path import ModelPathError, resolve_file_field, resolve_model_path
 
@@ -159,7 +160,12 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
                     )
                 ]
             )
-        argv = mlx_argv(tools.mlx_server, entry, model)
+        options = read_mlx_options(tools.mlx_server)
+        if options is not None:
+            refused = unsupported_choices(entry, options)
+            if refused:
+                raise PlanError([Problem(source, spec.label, f, m) for f, m in refused])
+        argv = mlx_argv(tools.mlx_server, entry, model, options)
     else:
         argv = mlx_rerank_argv(sys.executable, entry, model)
     return LaunchPlan(

@@ -461,8 +461,6 @@ MLX_BASE = [
     "127.0.0.1",
     "--port",
     "8511",
-    "--max-concurrency",
-    "1",
 ]
 
 
@@ -472,7 +470,6 @@ def test_mlx_minimal_entry_is_exactly_the_base() -> None:
 
 MLX_CASES = [
     pytest.param({"context_length": 32768}, ["--context-length", "32768"], id="context_length"),
-    pytest.param({"max_concurrency": 4}, ["--max-concurrency", "4"], id="max_concurrency"),
     pytest.param(
         {"enable_auto_tool_choice": True}, ["--enable-auto-tool-choice"], id="auto_tool_choice"
     ),
