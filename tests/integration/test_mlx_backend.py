@@ -1,0 +1,170 @@
+"""MLX for real, on the CPU: the launcher runs ``mlx-openai-server`` on a tiny Qwen3
+model built here from scratch, and the router serves it like any other backend.
+
+Nothing is mocked: MLX's CPU backend (``mlx[cpu]``) runs on Linux, so the same code
+path as on Apple Silicon is exercised, only slower. The model is random, so the tests
+assert shapes and protocol, never wording.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.integration.watched import Watched, watched
+from tests.models.tiny_qwen3 import build
+from tests.processes import free_port, pid_alive, poll
+
+pytestmark = pytest.mark.real_model
+
+MODEL_ID = "tiny-qwen3-mlx"
+HELLO = [{"role": "user", "content": "Say hello."}]
+# mlx-openai-server imports its whole stack (and torch) before it binds: seconds.
+START_TIMEOUT = 120.0
+
+
+def mlx_entry(model_dir: Path, **fields: Any) -> dict[str, Any]:
+    return {
+        "id": MODEL_ID,
+        "backend": "mlx",
+        "model_type": "lm",
+        "port": free_port(),
+        "model_path": str(model_dir),
+        "quantization": "f32",
+        "default_timeout": 60,
+        "max_concurrency": 2,
+        **fields,
+    }
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Watched]:
+    tmp = tmp_path_factory.mktemp("mlx-stack")
+    models = {"tiny": mlx_entry(model_dir)}
+    with watched(
+        tmp,
+        models,
+        wait_ready=False,
+        SLM_WATCHDOG_STARTUP_GRACE_SECONDS="2",
+        SLM_STOP_TIMEOUT_SECONDS="10",
+    ) as running:
+        running.wait_ready("tiny", timeout=START_TIMEOUT)
+        yield running
+
+
+def chat(url: str, **extra: Any) -> httpx.Response:
+    body = {"model": MODEL_ID, "messages": HELLO, "max_tokens": 6, **extra}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+
+
+def family(pid: int) -> list[int]:
+    """``pid`` and every process it started (mlx-openai-server forks a model handler)."""
+    try:
+        parent = psutil.Process(pid)
+        return [pid, *(child.pid for child in parent.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def test_launch_line_names_the_model_and_maps_concurrency(stack: Watched) -> None:
+    argv = psutil.Process(stack.pid("tiny")).cmdline()
+    joined = " ".join(argv)
+    assert f"--served-model-name {MODEL_ID}" in joined
+    assert "--decode-concurrency 2" in joined
+    assert "--no-log-file" in argv
+    assert not (stack.tmp / "logs" / "app.log").exists()
+
+
+def test_chat_completion_through_the_router(stack: Watched) -> None:
+    reply = chat(stack.url)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["object"] == "chat.completion"
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant"
+    assert isinstance(message["content"], str)
+    assert message["content"]
+    assert body["usage"]["completion_tokens"] == 6
+
+
+def test_streamed_chat_completion_through_the_router(stack: Watched) -> None:
+    events: list[dict[str, Any]] = []
+    done = False
+    body = {"model": MODEL_ID, "messages": HELLO, "max_tokens": 5, "stream": True}
+    with httpx.stream(
+        "POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        assert "text/event-stream" in response.headers["content-type"]
+        for line in response.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                continue
+            events.append(json.loads(data))
+    assert done
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    assert text
+    assert any(c.get("finish_reason") for e in events for c in e["choices"])
+
+
+def test_responses_api_through_the_router(stack: Watched) -> None:
+    reply = httpx.post(
+        f"{stack.url}/v1/responses",
+        json={"model": MODEL_ID, "input": "Say hello.", "max_output_tokens": 6},
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["object"] == "response"
+    assert body["status"] == "completed"
+    texts = [
+        part["text"]
+        for item in body["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "output_text"
+    ]
+    assert texts
+    assert texts[0]
+
+
+def test_models_lists_the_mlx_entry(stack: Watched) -> None:
+    listed = httpx.get(f"{stack.url}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in listed] == [MODEL_ID]
+
+
+def test_killed_mlx_backend_is_restarted_and_leaves_nothing_behind(stack: Watched) -> None:
+    assert chat(stack.url).status_code == 200
+    old_pid = stack.pid("tiny")
+    old_family = family(old_pid)
+    assert len(old_family) >= 2, "mlx-openai-server runs its model in a child process"
+    os.kill(old_pid, signal.SIGKILL)
+    stack.wait_event("backend_exited", pid=old_pid)
+    # While it is down the router answers at once, never hangs.
+    down = chat(stack.url)
+    assert down.status_code in (200, 503)
+    if down.status_code == 503:
+        assert down.headers.get("retry-after")
+        assert down.json()["error"]["type"]
+    done = stack.wait_event("restart_succeeded", old_pid=old_pid, timeout=START_TIMEOUT)
+    assert done["reason"] == "exited"
+    # The model handler the killed server had forked does not outlive it.
+    poll(lambda: not any(pid_alive(p) for p in old_family), 15, "the old handler to exit")
+    poll(lambda: chat(stack.url).status_code == 200, 60, "a chat after the restart")
