@@ -81,7 +81,16 @@ def running_backends(workdir: Path, roles: tuple[str, ...] | None = None) -> Ite
     checking that no backend process outlives it."""
     data = yaml.safe_load((ROOT / "config" / "models.yaml.example").read_text())
     ports = {role: free_port() for role in data["models"]}
-    registry = example_registry(ports, roles)
+    with running_registry(workdir, example_registry(ports, roles)) as stack:
+        yield stack
+
+
+@contextmanager
+def running_registry(workdir: Path, registry: dict[str, Any]) -> Iterator[Stack]:
+    """Start ``python -m slm_server backends`` on ``registry`` (ports already chosen)
+    and wait for every backend to be ready; stop it after, checking that no backend
+    process outlives it."""
+    ports = {role: int(entry["port"]) for role, entry in registry["models"].items()}
     config = workdir / "models.yaml"
     config.write_text(yaml.safe_dump(registry, sort_keys=False))
     env = {
