@@ -9,6 +9,7 @@ assert shapes and protocol, never wording.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from tests.processes import free_port, pid_alive, poll
 pytestmark = pytest.mark.real_model
 
 MODEL_ID = "tiny-qwen3-mlx"
+EMBED_ID = "tiny-qwen3-mlx-embed"
 HELLO = [{"role": "user", "content": "Say hello."}]
 # mlx-openai-server imports its whole stack (and torch) before it binds: seconds.
 START_TIMEOUT = 120.0
@@ -53,7 +55,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Watched]:
     tmp = tmp_path_factory.mktemp("mlx-stack")
-    models = {"tiny": mlx_entry(model_dir)}
+    models = {
+        "tiny": mlx_entry(model_dir),
+        "embed": mlx_entry(model_dir, id=EMBED_ID, model_type="embeddings"),
+    }
     with watched(
         tmp,
         models,
@@ -62,6 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         SLM_STOP_TIMEOUT_SECONDS="10",
     ) as running:
         running.wait_ready("tiny", timeout=START_TIMEOUT)
+        running.wait_ready("embed", timeout=START_TIMEOUT)
         yield running
 
 
@@ -147,7 +153,32 @@ def test_responses_api_through_the_router(stack: Watched) -> None:
 
 def test_models_lists_the_mlx_entry(stack: Watched) -> None:
     listed = httpx.get(f"{stack.url}/v1/models", timeout=10).json()["data"]
-    assert [m["id"] for m in listed] == [MODEL_ID]
+    assert sorted(m["id"] for m in listed) == sorted([MODEL_ID, EMBED_ID])
+
+
+def test_embeddings_through_the_router(stack: Watched) -> None:
+    texts = ["the quick brown fox", "yes", "the quick brown fox"]
+    reply = httpx.post(
+        f"{stack.url}/v1/embeddings", json={"model": EMBED_ID, "input": texts}, timeout=60
+    )
+    assert reply.status_code == 200, reply.text
+    data = reply.json()["data"]
+    assert [d["index"] for d in data] == [0, 1, 2]
+    vectors = [d["embedding"] for d in data]
+    assert all(len(v) == 64 for v in vectors)  # the tiny model's hidden size
+    assert all(math.isfinite(x) for v in vectors for x in v)
+    assert vectors[0] == pytest.approx(vectors[2], abs=1e-5)
+    assert vectors[0] != pytest.approx(vectors[1], abs=1e-3)
+
+
+def test_chat_to_the_embeddings_entry_is_refused_by_the_router(stack: Watched) -> None:
+    reply = httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        json={"model": EMBED_ID, "messages": HELLO},
+        timeout=10,
+    )
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "unsupported_endpoint"
 
 
 def test_killed_mlx_backend_is_restarted_and_leaves_nothing_behind(stack: Watched) -> None:
