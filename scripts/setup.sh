@@ -53,7 +53,7 @@ $uv_cmd sync --frozen --inexact $extras >&2
 # with pip's own configuration (or from SLM_TORCH_INDEX_URL) and cached as a wheel.
 if [ "$cpu_torch" = true ] && ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   torch_version=${SLM_TORCH_VERSION:-2.13.0}
-  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/slm_server/wheels"
+  wheels="${SLM_CACHE_DIR:-$HOME/.cache/slm_server}/wheels"
   mkdir -p "$wheels"
   pyver=$(.venv/bin/python -c 'import sys; print("%d%d" % sys.version_info[:2])')
   wheel=$(find "$wheels" -name "torch-${torch_version}+cpu-cp${pyver}-*.whl" | head -n 1)

@@ -213,6 +213,65 @@ def cmd_settings(settings: Settings, names: Sequence[str]) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _add_mlx_rerank_arguments(command: argparse.ArgumentParser) -> None:
+    from slm_server.mlx_rerank import scoring
+
+    command.add_argument(
+        "--model-path", required=True, help="local model directory or Hugging Face model id"
+    )
+    command.add_argument("--host", default="127.0.0.1")
+    command.add_argument("--port", type=int, required=True)
+    command.add_argument("--model-id", help="the id /v1/models lists (default: the model path)")
+    command.add_argument(
+        "--max-length",
+        type=_positive_int,
+        default=scoring.DEFAULT_MAX_LENGTH,
+        metavar="TOKENS",
+        help="truncate each prompt to this many tokens (default: %(default)s)",
+    )
+    command.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=scoring.DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help="score at most this many documents per forward pass (default: %(default)s)",
+    )
+    command.add_argument(
+        "--max-batch-tokens",
+        type=_positive_int,
+        default=scoring.DEFAULT_BATCH_TOKENS,
+        metavar="TOKENS",
+        help="and at most this many padded tokens per forward pass (default: %(default)s)",
+    )
+
+
+def cmd_mlx_rerank(settings: Settings, args: argparse.Namespace) -> int:
+    from slm_server.mlx_rerank.scoring import Limits
+    from slm_server.mlx_rerank.server import Options, serve
+
+    _setup_logging("mlx-rerank", settings)
+    limits = Limits(
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        batch_tokens=args.max_batch_tokens,
+    )
+    options = Options(
+        model_path=args.model_path,
+        host=args.host,
+        port=args.port,
+        model_id=args.model_id or args.model_path,
+        limits=limits,
+    )
+    return serve(options)
+
+
 COMMANDS: dict[str, str] = {
     "backends": "start one server process per enabled model and supervise them",
     "router": "serve the OpenAI-compatible router",
@@ -220,6 +279,7 @@ COMMANDS: dict[str, str] = {
     "status": "print each backend's state",
     "settings": "print resolved settings by name, for scripts",
     "logs": "show start.out and the watchdog log (server, watchdog, all or raw)",
+    "mlx-rerank": "serve one Qwen3-Reranker-style model with MLX (started by `backends`)",
 }
 
 
@@ -233,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = sub.add_parser(name, help=help_text, description=help_text)
         if name == "settings":
             command.add_argument("names", nargs="+", metavar="NAME")
+        if name == "mlx-rerank":
+            _add_mlx_rerank_arguments(command)
         if name == "status":
             command.add_argument(
                 "--wait",
@@ -269,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_backends(settings)
         if args.command == "router":
             return cmd_router(settings)
+        if args.command == "mlx-rerank":
+            return cmd_mlx_rerank(settings, args)
         if args.command == "logs":
             from slm_server import logview
 

@@ -88,7 +88,7 @@ def unsupported_choices(entry: ModelEntry, options: MlxOptions) -> list[tuple[st
 
 def mlx_rerank_argv(python: str, entry: ModelEntry, model_path: str) -> list[str]:
     """The in-repo reranker server's command line for ``entry``."""
-    return [
+    argv = [
         python,
         "-m",
         "slm_server",
@@ -102,3 +102,7 @@ def mlx_rerank_argv(python: str, entry: ModelEntry, model_path: str) -> list[str
         "--model-id",
         entry.id,
     ]
+    if entry.context_length is not None:
+        # The longest prompt (instruction, query and document) it scores.
+        argv += ["--max-length", str(entry.context_length)]
+    return argv

@@ -59,8 +59,7 @@ def _cache_file(program: str, cache_dir: Path) -> Path | None:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "slm_server"
+    return Path(os.environ.get("SLM_CACHE_DIR") or Path.home() / ".cache" / "slm_server")
 
 
 def read_mlx_options(program: str, cache_dir: Path | None = None) -> MlxOptions | None:

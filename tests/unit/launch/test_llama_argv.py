@@ -540,3 +540,9 @@ def test_mlx_rerank_argv_exact() -> None:
         "--model-id",
         "qwen3-reranker",
     ]
+
+
+def test_mlx_rerank_context_length_is_its_max_length() -> None:
+    spec = entry(backend="mlx-rerank", model_type="rerank", port=8522, context_length=4096)
+    argv = mlx_rerank_argv(PY, spec, "/models/rr")
+    assert argv[-2:] == ["--max-length", "4096"]
