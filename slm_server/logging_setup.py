@@ -113,4 +113,7 @@ def configure(process: str, json_lines: bool, stream: TextIO | None = None) -> l
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     # One line per health probe would drown the launcher's own messages.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # python-multipart warns about every malformed form a client sends; that client
+    # gets a 400 saying why, and the access log has the request.
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)
     return handler

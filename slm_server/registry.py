@@ -13,6 +13,9 @@ ENDPOINT_MODEL_TYPES: dict[str, frozenset[str]] = {
     "/v1/responses": frozenset({"lm", "multimodal"}),
     "/v1/embeddings": frozenset({"embeddings"}),
     "/v1/rerank": frozenset({"rerank"}),
+    "/v1/images/generations": frozenset({"image-generation"}),
+    "/v1/images/edits": frozenset({"image-edit"}),
+    "/v1/audio/transcriptions": frozenset({"whisper"}),
 }
 
 

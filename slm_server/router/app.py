@@ -34,7 +34,15 @@ from slm_server.telemetry import Telemetry
 
 log = logging.getLogger("slm_server.router")
 
-PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank")
+PROXIED_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/audio/transcriptions",
+)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -24,6 +24,9 @@ EMIT_PATHS = {
     "/v1/responses": "responses",
     "/v1/embeddings": "embeddings",
     "/v1/rerank": "rerank",
+    "/v1/images/generations": "image_generations",
+    "/v1/images/edits": "image_edits",
+    "/v1/audio/transcriptions": "transcriptions",
 }
 OPERATIONS = {
     "/v1/chat/completions": "chat",
@@ -31,6 +34,9 @@ OPERATIONS = {
     "/v1/responses": "chat",
     "/v1/embeddings": "embeddings",
     "/v1/rerank": "rerank",
+    "/v1/images/generations": "image_generation",
+    "/v1/images/edits": "image_edit",
+    "/v1/audio/transcriptions": "transcription",
 }
 _SCOPE_KEY = "slm.exchange"
 
@@ -82,7 +88,8 @@ class Exchange:
     @property
     def emit_path(self) -> str:
         """One distinct value per emit site: chat, completions, responses, embeddings,
-        rerank, or streaming for any streamed answer."""
+        rerank, image_generations, image_edits, transcriptions, or streaming for any
+        streamed chat or text completion."""
         if self.stream and self.path in ("/v1/chat/completions", "/v1/completions"):
             return "streaming"
         return EMIT_PATHS.get(self.path, "other")

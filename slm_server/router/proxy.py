@@ -28,11 +28,13 @@ from slm_server.router.admission import Gate, Slot
 from slm_server.router.backend_state import StateView
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import Exchange, exchange_of
+from slm_server.router.forms import FORM_ENDPOINTS, read_form_fields
 from slm_server.router.guard import Waits
 from slm_server.router.relay import StreamRelay
 from slm_server.router.requests import (
     apply_defaults,
     ask_for_usage,
+    check_fields,
     model_field,
     parse_body,
     request_timeout,
@@ -118,10 +120,16 @@ class Proxy:
                 retry_after=RETRY_AFTER_SECONDS,
             )
         raw = await self._body(request)
-        payload = parse_body(raw)
+        if endpoint in FORM_ENDPOINTS:
+            # Only read for its routing fields: the form goes upstream byte for byte.
+            content_type = request.headers.get("content-type")
+            payload = await read_form_fields(raw, content_type)
+        else:
+            payload = parse_body(raw)
         exchange.note_request(payload)
         spec = self.registry.route(model_field(payload), endpoint)
         exchange.spec = spec
+        check_fields(payload, endpoint)
         changed = apply_defaults(payload, spec.entry, endpoint, self.sampling_defaults(spec))
         hidden_usage = ask_for_usage(payload, endpoint)
         if changed or hidden_usage:
@@ -484,7 +492,8 @@ class Proxy:
         )
 
     async def proxy(self, request: Request) -> Response | ASGIApp:
-        """``POST`` chat completions, completions, embeddings and rerank."""
+        """``POST`` chat completions, completions, embeddings, rerank, image
+        generations, and the multipart image edits and audio transcriptions."""
         return await self._serve(request, request.url.path)
 
     async def responses(self, request: Request) -> Response | ASGIApp:

@@ -48,6 +48,23 @@ def model_field(payload: dict[str, Any]) -> str:
     return model
 
 
+RERANK_ENDPOINTS = frozenset({"/v1/rerank"})
+
+
+def check_fields(payload: dict[str, Any], endpoint: str) -> None:
+    """Refuse values a backend would fail on with a 5xx of its own (which the watchdog
+    would count against a healthy backend): a rerank ``top_n`` that is not a positive
+    integer (llama-server throws on a negative one; 0 would rank nothing)."""
+    if endpoint in RERANK_ENDPOINTS and "top_n" in payload:
+        top_n = payload["top_n"]
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise InvalidRequest(
+                f"'top_n' must be a positive integer, got {json.dumps(top_n)[:40]}",
+                code="invalid_top_n",
+                param="top_n",
+            )
+
+
 def is_stream(payload: dict[str, Any]) -> bool:
     return payload.get("stream") is True
 

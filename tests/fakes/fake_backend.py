@@ -7,7 +7,12 @@ The second form (used by tests/fakes/fake-llama-server) takes llama-server's fla
 reads start-up behaviour from the --model file: see ``tests.fakes.startup``.
 
 Proxied endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank,
-/v1/responses (404 unless scripted), GET /v1/models.  GET /health answers {"status":"ok"}.
+/v1/responses (404 unless scripted), /v1/images/generations (JSON), /v1/images/edits and
+/v1/audio/transcriptions (multipart/form-data, answered like mlx-openai-server: b64 images;
+json, text, srt, vtt or verbose_json transcripts, an SSE stream when ``stream`` is true),
+GET /v1/models.  GET /health answers {"status":"ok"}.  Every request is recorded with its
+content type, body size and SHA-256, and for a form each part's name, filename, content
+type, size and SHA-256 (and its text, for a field that is not a file).
 Control endpoints used by tests: POST /_control (script, see ``Script``), GET /_requests,
 GET /_health_requests, POST /_reset.  Tests drive it through ``tests.fakes.control``.
 """
@@ -49,7 +54,16 @@ PROXIED_POST = (
     "/v1/embeddings",
     "/v1/rerank",
     "/v1/responses",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/audio/transcriptions",
 )
+FORM_PATHS = ("/v1/images/edits", "/v1/audio/transcriptions")
+TRANSCRIPT_TYPES = {
+    "text": "text/plain; charset=utf-8",
+    "srt": "application/x-subrip",
+    "vtt": "text/vtt; charset=utf-8",
+}
 
 
 @dataclass
@@ -123,6 +137,10 @@ class Record:
     disconnected: bool = False
     chunks_sent: int = 0
     finished_at: float | None = None
+    content_type: str | None = None
+    body_size: int = 0
+    body_sha256: str = ""
+    form: list[JSON] | None = None  # the parts of a multipart form, in order
 
 
 @dataclass
@@ -183,11 +201,15 @@ class ScriptedResponse(Response):
         events: Events | None = None,
         stall: bool = False,
         headers: dict[str, str] | None = None,
+        content: bytes | None = None,
+        media_type: str = "application/json",
     ) -> None:
         self.state, self.record, self.script, self.status_code = state, record, script, status
         self.events, self.stall, self.final_sent = events, stall, False
         self.body = json.dumps(payload).encode() if events is None else b""
-        kind = {"content-type": "application/json", "content-length": str(len(self.body))}
+        if content is not None:
+            self.body = content
+        kind = {"content-type": media_type, "content-length": str(len(self.body))}
         if events is not None:
             kind = {"content-type": "text/event-stream", "cache-control": "no-cache"}
         self.extra_headers = {**kind, **(headers or {})}
@@ -437,6 +459,100 @@ def responses_answer(body: JSON, model: str, seq: int, script: Script) -> JSON:
     }
 
 
+def fake_image(*seed: object) -> str:
+    """A few deterministic bytes that start like a PNG, base64-encoded."""
+    digest = hashlib.sha256(json.dumps(seed, default=str).encode()).digest()
+    return base64.b64encode(b"\x89PNG\r\n\x1a\n" + digest).decode()
+
+
+def images_answer(prompt: str, count: int, *seed: object) -> JSON:
+    return {
+        "created": int(time.time()),
+        "data": [{"b64_json": fake_image(prompt, index, *seed)} for index in range(count)],
+    }
+
+
+def form_value(form: list[JSON], name: str) -> str | None:
+    """The last text value of field ``name`` (as FastAPI reads a single field)."""
+    values = [p["value"] for p in form if p["name"] == name and "value" in p]
+    return values[-1] if values else None
+
+
+def form_files(form: list[JSON], *names: str) -> list[JSON]:
+    return [p for p in form if p["name"] in names and "filename" in p]
+
+
+def transcript_text(upload: JSON, script: Script) -> str:
+    if script.reply is not None:
+        return script.reply
+    return f"fake transcript of {upload['filename']} ({upload['size']} bytes)"
+
+
+def transcription(
+    form: list[JSON], model: str, seq: int, script: Script
+) -> tuple[bytes, str, Events | None]:
+    """(content, content type, events) answering a transcription; events for a stream."""
+    [upload] = form_files(form, "file")
+    text = transcript_text(upload, script)
+    if (form_value(form, "stream") or "").lower() in ("1", "true", "yes", "on"):
+        base: JSON = {
+            "id": f"transcription-fake-{seq}",
+            "object": "transcription.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+        def chunk(content: str, finish: str | None) -> bytes:
+            choice = {"index": 0, "delta": {"content": content}, "finish_reason": finish}
+            return sse({**base, "choices": [choice]})
+
+        content = [chunk(script.chunk_text, None) for _ in range(script.chunks)]
+        return b"", "text/event-stream", ([], content, [chunk("", "stop"), sse("[DONE]")])
+    kind = form_value(form, "response_format") or "json"
+    if kind == "srt":
+        return f"1\n00:00:00,000 --> 00:00:01,000\n{text}\n".encode(), TRANSCRIPT_TYPES[kind], None
+    if kind == "vtt":
+        body = f"WEBVTT\n\n00:00:00.000 --> 00:00:01.000\n{text}\n"
+        return body.encode(), TRANSCRIPT_TYPES[kind], None
+    if kind == "text":
+        return text.encode(), TRANSCRIPT_TYPES[kind], None
+    answer: JSON = {"text": text, "usage": {"type": "duration", "seconds": 1}}
+    if kind == "verbose_json":
+        answer.update(
+            task="transcribe",
+            language=form_value(form, "language") or "en",
+            duration=1.0,
+            segments=[{"id": 0, "start": 0.0, "end": 1.0, "text": text}],
+        )
+    return json.dumps(answer).encode(), "application/json", None
+
+
+async def read_form(request: Request) -> list[JSON] | None:
+    """The parts of a multipart/form-data body, in order; None when it is not one."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return None
+    try:
+        async with request.form(max_part_size=64 * 1024 * 1024) as form:
+            parts: list[JSON] = []
+            for name, value in form.multi_items():
+                if isinstance(value, str):
+                    parts.append({"name": name, "value": value})
+                    continue
+                content = await value.read()
+                parts.append(
+                    {
+                        "name": name,
+                        "filename": value.filename,
+                        "content_type": value.content_type,
+                        "size": len(content),
+                        "sha256": hashlib.sha256(content).hexdigest(),
+                    }
+                )
+            return parts
+    except Exception:  # MultiPartException, or a KeyError for a missing boundary
+        return None
+
+
 # ---------------------------------------------------------------- endpoints
 
 
@@ -458,11 +574,22 @@ async def proxied(request: Request) -> Response:
     for key, value in request.headers.items():
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
     record = Record(state.seq, path, request.method, headers, body, time.monotonic())
+    record.content_type = request.headers.get("content-type")
+    record.body_size = len(raw)
+    record.body_sha256 = hashlib.sha256(raw).hexdigest()
+    if path in FORM_PATHS:
+        record.form = await read_form(request)
     state.requests.append(record)
     script = state.script if state.script.applies_to(path) else Script()
     out_headers = {"x-fake-backend": state.model_id, "x-fake-seq": str(record.seq)}
 
-    def answer(status: int = 200, payload: Any = None, events: Events | None = None) -> Response:
+    def answer(
+        status: int = 200,
+        payload: Any = None,
+        events: Events | None = None,
+        content: bytes | None = None,
+        media_type: str = "application/json",
+    ) -> Response:
         return ScriptedResponse(
             state,
             record,
@@ -471,6 +598,8 @@ async def proxied(request: Request) -> Response:
             payload=payload,
             events=events,
             headers=out_headers,
+            content=content,
+            media_type=media_type,
         )
 
     if script.exit_on_request:
@@ -491,6 +620,8 @@ async def proxied(request: Request) -> Response:
                 ],
             }
         )
+    if path in FORM_PATHS:
+        return form_answer(path, record, script, answer, state.model_id)
     if not isinstance(body, dict):
         return answer(
             400, error_body(400, "request body must be a JSON object", "invalid_request_error")
@@ -501,12 +632,39 @@ async def proxied(request: Request) -> Response:
         return answer(payload=embeddings(body, model))
     if path == "/v1/rerank":
         return answer(payload=rerank(body, model))
+    if path == "/v1/images/generations":
+        count = body.get("n", 1)
+        count = count if isinstance(count, int) and 0 < count <= 10 else 1
+        return answer(payload=images_answer(str(body.get("prompt", "")), count, body.get("size")))
     if path == "/v1/responses":
         if not script.responses:
             return answer(404, error_body(404, f"Not Found: {path}", "not_found_error"))
         return answer(payload=responses_answer(body, model, record.seq, script))
     payload, events = generate(path, body, model, record.seq, script)
     return answer(payload=payload, events=events)
+
+
+def form_answer(
+    path: str, record: Record, script: Script, answer: Callable[..., Response], model_id: str
+) -> Response:
+    """Answer an image edit or a transcription: 400 unless the form has what it needs."""
+    form = record.form
+    if form is None:
+        message = "request body must be a well-formed multipart/form-data form"
+        return answer(400, error_body(400, message, "invalid_request_error"))
+    model = form_value(form, "model") or model_id
+    if path == "/v1/images/edits":
+        images = form_files(form, "image", "image[]")
+        prompt = form_value(form, "prompt")
+        if not images or prompt is None:
+            message = "an image edit needs an image file and a prompt"
+            return answer(400, error_body(400, message, "invalid_request_error"))
+        return answer(payload=images_answer(prompt, 1, *(i["sha256"] for i in images)))
+    if len(form_files(form, "file")) != 1:
+        message = "a transcription needs exactly one audio file in the 'file' field"
+        return answer(400, error_body(400, message, "invalid_request_error"))
+    content, media_type, events = transcription(form, model, record.seq, script)
+    return answer(content=content, media_type=media_type, events=events)
 
 
 async def health(request: Request) -> Response:

@@ -326,3 +326,40 @@ def test_responses_404_by_default_then_scripted(fake: FakeBackend, client: httpx
         {"type": "output_text", "text": "scripted answer", "annotations": []}
     ]
     assert set(body["usage"]) == {"input_tokens", "output_tokens", "total_tokens"}
+
+
+def test_media_endpoints_answer_like_mlx_openai_server(
+    fake: FakeBackend, oai: openai.OpenAI
+) -> None:
+    generated = oai.images.generate(model="painter", prompt="a fox", n=2)
+    assert [bool(image.b64_json) for image in generated.data or []] == [True, True]
+    edited = oai.images.edit(model="editor", image=("fox.png", b"\x89PNG"), prompt="a hat")
+    assert edited.data and edited.data[0].b64_json
+    transcript = oai.audio.transcriptions.create(model="scribe", file=("a.wav", b"RIFF\r\n"))
+    assert transcript.text == "fake transcript of a.wav (6 bytes)"
+    generation, edit, transcription = fake.requests()
+    assert generation["body"] == {"model": "painter", "prompt": "a fox", "n": 2}
+    assert edit["content_type"].startswith("multipart/form-data; boundary=")
+    assert {p["name"]: p.get("value", p.get("filename")) for p in edit["form"]} == {
+        "image": "fox.png",
+        "prompt": "a hat",
+        "model": "editor",
+    }
+    assert transcription["body"] is None
+    [audio] = [p for p in transcription["form"] if p["name"] == "file"]
+    assert audio["size"] == 6
+
+
+def test_media_endpoints_follow_the_script(fake: FakeBackend, client: httpx.Client) -> None:
+    files = {"file": ("a.wav", b"RIFF")}
+    fake.script(statuses=[429, 500], paths=["/v1/audio/transcriptions"])
+    statuses = [
+        client.post("/v1/audio/transcriptions", data={"model": "m"}, files=files).status_code
+        for _ in range(3)
+    ]
+    assert statuses == [429, 500, 200]
+    assert client.post("/v1/images/edits", data={"model": "m"}, files=files).status_code == 400
+    fake.script(stall=True)
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/images/generations", json={"model": "m", "prompt": "x"}, timeout=0.3)
+    fake.wait_for(lambda reqs: reqs[-1]["disconnected"])

@@ -442,7 +442,17 @@ def test_effective_config_reports_the_live_exporter(
         "otlp_protocol": "http/protobuf",
         "telemetry_enabled": True,
         "tracer_provider_initialised": True,
-        "emit_paths": ["chat", "completions", "responses", "embeddings", "rerank", "streaming"],
+        "emit_paths": [
+            "chat",
+            "completions",
+            "responses",
+            "embeddings",
+            "rerank",
+            "image_generations",
+            "image_edits",
+            "transcriptions",
+            "streaming",
+        ],
     }
     assert set(receiver.received.content_types) == {"application/x-protobuf"}
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from slm_server.config import ModelEntry, ModelSpec
+from slm_server.config import ModelEntry, ModelSpec, ModelType
 from slm_server.errors import AmbiguousModel, InvalidRequest, ModelNotFound, UnsupportedEndpoint
 from slm_server.registry import ENDPOINT_MODEL_TYPES, Registry
 
@@ -114,6 +114,7 @@ def test_other_ids_still_route_next_to_a_duplicate() -> None:
         ("vision-model", "/v1/responses"),
         ("embed-model", "/v1/embeddings"),
         ("rerank-model", "/v1/rerank"),
+        ("whisper-model", "/v1/audio/transcriptions"),
     ],
 )
 def test_route_allowed(registry: Registry, model_id: str, endpoint: str) -> None:
@@ -130,6 +131,10 @@ def test_route_allowed(registry: Registry, model_id: str, endpoint: str) -> None
         ("rerank-model", "rerank", "/v1/embeddings", "embeddings"),
         ("rerank-model", "rerank", "/v1/completions", "lm or multimodal"),
         ("whisper-model", "whisper", "/v1/responses", "lm or multimodal"),
+        ("whisper-model", "whisper", "/v1/chat/completions", "lm or multimodal"),
+        ("chat-model", "lm", "/v1/audio/transcriptions", "whisper"),
+        ("vision-model", "multimodal", "/v1/images/generations", "image-generation"),
+        ("embed-model", "embeddings", "/v1/images/edits", "image-edit"),
     ],
 )
 def test_route_unsupported_endpoint_is_400(
@@ -159,7 +164,12 @@ def test_route_endpoint_matrix(registry: Registry) -> None:
 
 
 def test_route_unlisted_endpoint_only_looks_up(registry: Registry) -> None:
-    assert registry.route("whisper-model", "/v1/audio/transcriptions") is WHISPER
+    assert registry.route("whisper-model", "/v1/unlisted") is WHISPER
+
+
+def test_every_model_type_has_an_endpoint() -> None:
+    served = set().union(*ENDPOINT_MODEL_TYPES.values())
+    assert served == set(get_args(ModelType))
 
 
 def test_route_unknown_model_is_404_before_endpoint_check(registry: Registry) -> None:

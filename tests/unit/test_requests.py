@@ -8,7 +8,13 @@ import pytest
 
 from slm_server.config import ModelEntry
 from slm_server.errors import InvalidRequest
-from slm_server.router.requests import apply_defaults, is_stream, model_field, parse_body
+from slm_server.router.requests import (
+    apply_defaults,
+    check_fields,
+    is_stream,
+    model_field,
+    parse_body,
+)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -191,3 +197,20 @@ def test_kwargs_present_but_sampling_added_still_reports_change() -> None:
     payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": {}}
     assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), CHAT, {"top_p": 1}) is True
     assert payload == {"model": "m1", "chat_template_kwargs": {}, "top_p": 1}
+
+
+@pytest.mark.parametrize("top_n", [0, -1, -100, "3", 2.5, True, None, [1]])
+def test_rerank_top_n_must_be_a_positive_integer(top_n: object) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        check_fields({"model": "m", "query": "q", "documents": ["d"], "top_n": top_n}, "/v1/rerank")
+    assert caught.value.code == "invalid_top_n"
+
+
+@pytest.mark.parametrize("top_n", [1, 2, 1000])
+def test_rerank_top_n_in_range_passes(top_n: int) -> None:
+    check_fields({"model": "m", "query": "q", "documents": ["d"], "top_n": top_n}, "/v1/rerank")
+
+
+def test_top_n_is_only_checked_on_rerank() -> None:
+    check_fields({"model": "m", "top_n": -1}, "/v1/embeddings")
+    check_fields({"model": "m"}, "/v1/rerank")
