@@ -131,6 +131,16 @@ def stop(proc: BackendProcess, timeout: float) -> int | None:
     return proc.exit_status
 
 
+def kill(proc: BackendProcess) -> int | None:
+    """SIGKILL the backend's group at once; returns the exit status. For a backend known
+    to be wedged: a stopped (SIGSTOP) or hung process ignores SIGTERM, and waiting for
+    it to stop only delays its replacement."""
+    signal_group(proc.pid, signal.SIGKILL)
+    if proc.exit_status is None:
+        proc.exit_status = proc.popen.wait()
+    return proc.exit_status
+
+
 def stop_pid(pid: int, create_time: float, timeout: float) -> bool:
     """Stop a process from an earlier run, only if ``pid`` is still that process."""
     try:

@@ -30,12 +30,18 @@ class Gate:
     def queued(self) -> int:
         return sum(1 for w in self._waiters if not w.done())
 
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits; never waits."""
+        if self.active < self.limit and not self._waiters:
+            self.active += 1
+            return True
+        return False
+
     async def acquire(self, timeout: float) -> None:
         """Take a slot, waiting up to ``timeout`` seconds in line; raises
         :class:`Overloaded` when the line is full, :class:`BackendTimeout` when the
         deadline passes first."""
-        if self.active < self.limit and not self._waiters:
-            self.active += 1
+        if self.try_acquire():
             return
         if self.queued >= self.max_queue:
             raise Overloaded(

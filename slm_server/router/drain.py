@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Callable
 from types import FrameType
 
 import anyio
@@ -27,6 +28,27 @@ class Drain:
         self.draining = False
         self.expired = anyio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._listeners: set[Callable[[], None]] = set()
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the event loop when the drain period ends (soon, when
+        it already has), unless :meth:`unsubscribe` comes first."""
+        if self.expired.is_set():
+            asyncio.get_running_loop().call_soon(self._notify, callback)
+        self._listeners.add(callback)
+
+    def unsubscribe(self, callback: Callable[[], None]) -> None:
+        self._listeners.discard(callback)
+
+    def _notify(self, callback: Callable[[], None]) -> None:
+        if callback in self._listeners:
+            self._listeners.discard(callback)
+            callback()
+
+    def _expire(self) -> None:
+        self.expired.set()
+        for callback in list(self._listeners):
+            self._notify(callback)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Remember the loop the app runs on (called at startup)."""
@@ -43,7 +65,7 @@ class Drain:
     def _schedule(self) -> None:
         assert self._loop is not None
         log.info("draining: in-flight requests have %.3gs to finish", self.timeout)
-        self._loop.call_later(self.timeout, self.expired.set)
+        self._loop.call_later(self.timeout, self._expire)
 
 
 class DrainingServer(uvicorn.Server):

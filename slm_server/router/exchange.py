@@ -9,6 +9,7 @@ waiting on the backend.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ OPERATIONS = {
     "/v1/audio/transcriptions": "transcription",
 }
 _SCOPE_KEY = "slm.exchange"
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_ID_COUNTER = itertools.count(1)
 
 
 def _number(value: Any) -> float | None:
@@ -164,7 +167,9 @@ class Exchange:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """32 hex digits, unique: a random prefix per process and a counter (``uuid4`` would
+    read the system's random source on every request)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 def exchange_of(scope: Scope) -> Exchange:

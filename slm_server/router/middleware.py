@@ -127,14 +127,22 @@ class RequestObserver:
         if model is not None and not (len(model) <= MAX_SHOWN and model.isprintable()):
             model = repr(model[:MAX_SHOWN])  # never let a client's string forge a line
         duration_ms = round(exchange.duration * 1000, 1)
-        access_log.log(
+        # The record is made here rather than by ``access_log.log``, which would first
+        # walk the stack for a caller no formatter shows.
+        record = access_log.makeRecord(
+            access_log.name,
             level,
+            __file__,
+            0,
             "%s %s %s %.1fms model=%s",
-            exchange.method,
-            exchange.path,
-            exchange.status if exchange.status is not None else "-",
-            duration_ms,
-            model or "-",
+            (
+                exchange.method,
+                exchange.path,
+                exchange.status if exchange.status is not None else "-",
+                duration_ms,
+                model or "-",
+            ),
+            None,
             extra={
                 "method": exchange.method,
                 "path": exchange.path,
@@ -144,3 +152,4 @@ class RequestObserver:
                 "outcome": outcome,
             },
         )
+        access_log.handle(record)

@@ -4,13 +4,11 @@ and answer — whole, or relayed chunk by chunk."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
@@ -25,11 +23,12 @@ from slm_server.errors import (
 from slm_server.launch.llama_argv import python_request_defaults
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate, Slot
+from slm_server.router.answer import answer_fields
 from slm_server.router.backend_state import StateView
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import Exchange, exchange_of
 from slm_server.router.forms import FORM_ENDPOINTS, read_form_fields
-from slm_server.router.guard import Waits
+from slm_server.router.guard import Waits, client_of, running_loop
 from slm_server.router.relay import StreamRelay
 from slm_server.router.requests import (
     apply_defaults,
@@ -48,6 +47,7 @@ from slm_server.router.sse import SseTap
 from slm_server.router.upstream import (
     RETRY_AFTER_SECONDS,
     Upstream,
+    UpstreamResponse,
     backend_error_body,
     forward_headers,
 )
@@ -171,7 +171,7 @@ class Proxy:
         body: bytes,
         headers: dict[str, str],
         exchange: Exchange,
-    ) -> tuple[httpx.Response, StallTimer]:
+    ) -> tuple[UpstreamResponse, StallTimer]:
         """Send the request; streams get a first-byte stall timer armed before sending."""
         timer = self.tripwire.stall_timer(spec) if exchange.stream else StallTimer(None)
         started = time.perf_counter()
@@ -187,7 +187,7 @@ class Proxy:
         finally:
             exchange.upstream_seconds += time.perf_counter() - started
 
-    async def _read(self, spec: ModelSpec, upstream: httpx.Response, exchange: Exchange) -> bytes:
+    async def _read(self, spec: ModelSpec, upstream: UpstreamResponse, exchange: Exchange) -> bytes:
         """The whole body, with the outcome judged by the watchdog."""
         started = time.perf_counter()
         try:
@@ -251,8 +251,10 @@ class Proxy:
         started = time.perf_counter()
         try:
             # The gate enforces the deadline itself (a 504 never counted against the
-            # backend); the guard's own limit is only a backstop behind it.
-            await self._guard(request, gate.acquire(timeout), timeout + 1.0, spec, False)
+            # backend); the guard's own limit is only a backstop behind it. A free slot
+            # is taken at once, with nothing to guard.
+            if not gate.try_acquire():
+                await self._guard(request, gate.acquire(timeout), timeout + 1.0, spec, False)
         finally:
             exchange.queue_seconds = time.perf_counter() - started
         return Slot(gate)
@@ -268,7 +270,7 @@ class Proxy:
         """``work`` under the deadline, the client's presence and the drain; a deadline
         the backend itself missed (not one the caller shortened) counts against it."""
         try:
-            return await self.waits.run(request.receive, work, timeout)
+            return await self.waits.run(client_of(request.scope, request.receive), work, timeout)
         except TimeoutError:
             error = BackendTimeout(
                 f"The backend for '{spec.entry.id}' did not answer within the request's "
@@ -300,7 +302,7 @@ class Proxy:
         """Send one request upstream under the deadline and answer with its response.
         The slot is released when the answer is complete (for a stream: when the relay
         ends, however it ends)."""
-        loop_deadline = asyncio.get_running_loop().time() + timeout
+        loop_deadline = running_loop().time() + timeout
         upstream, timer = await self._guard(
             request, self._open(spec, path, body, headers, exchange), timeout, spec, not shortened
         )
@@ -322,7 +324,7 @@ class Proxy:
         request: Request,
         spec: ModelSpec,
         exchange: Exchange,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         timer: StallTimer,
         hidden_usage: bool,
         loop_deadline: float,
@@ -371,10 +373,11 @@ class Proxy:
             )
         timer.cancel()
         try:
-            remaining = loop_deadline - asyncio.get_running_loop().time()
-            content = await self._guard(
-                request, self._read(spec, upstream, exchange), remaining, spec, not shortened
-            )
+            reading = self._read(spec, upstream, exchange)
+            if not upstream.complete:  # else the body is in already: nothing to wait for
+                remaining = loop_deadline - running_loop().time()
+                reading = self._guard(request, reading, remaining, spec, not shortened)
+            content = await reading
         finally:
             await close()
         if upstream.status_code >= 400:
@@ -384,11 +387,13 @@ class Proxy:
                 media_type="application/json",
             )
         body_json: Any = None
-        if "json" in content_type:
+        if "json" in content_type and translate is not None:
             try:
                 body_json = json.loads(content)
             except ValueError:
                 body_json = None
+        elif "json" in content_type:
+            body_json = answer_fields(content)  # only for the record: floats kept as text
         if translate is not None:
             if not isinstance(body_json, dict):
                 return Response(
@@ -467,9 +472,7 @@ class Proxy:
             not shortened,
         )
         if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
-            loop_deadline = asyncio.get_running_loop().time() + (
-                timeout - (time.monotonic() - started)
-            )
+            loop_deadline = running_loop().time() + (timeout - (time.monotonic() - started))
             return await self._reply(
                 request, spec, exchange, probe, timer, False, loop_deadline, shortened, slot
             )

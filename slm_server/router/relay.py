@@ -10,17 +10,21 @@ and a clean end of the stream.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import anyio
 from starlette.types import Message, Receive, Scope, Send
 
 from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
 from slm_server.router.drain import Drain
+from slm_server.router.guard import client_of, running_loop
 
 log = logging.getLogger("slm_server.router")
+
+# Marks the deadline as the reason a stream was cut (its error is made when needed).
+_DEADLINE = GatewayError("deadline")
 
 STREAM_HEADERS = {
     "cache-control": "no-cache",
@@ -31,7 +35,7 @@ STREAM_HEADERS = {
 class StreamRelay:
     """An ASGI response that forwards ``chunks`` and always runs ``close`` at the end.
 
-    ``deadline`` is an event-loop time (``anyio.current_time()``); ``on_cut`` hears
+    ``deadline`` is an event-loop time (``loop.time()``); ``on_cut`` hears
     about a stream the relay had to cut (deadline or shutdown) before it is reported.
     """
 
@@ -57,62 +61,76 @@ class StreamRelay:
         self.on_cut = on_cut
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        cut: list[GatewayError] = []
-        async with anyio.create_task_group() as group:
+        # Plain asyncio, no task group: the request's watcher task for the client's
+        # disconnect, a timer for the deadline and a callback for the drain, each of
+        # which cancels this task with the reason noted in ``cut``.
+        loop = running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
+        cut: list[GatewayError | None] = []  # None: the client left
 
-            async def watch_disconnect() -> None:
-                while True:
-                    message: Message = await receive()
-                    if message["type"] == "http.disconnect":
-                        group.cancel_scope.cancel()
-                        return
+        def stop(reason: GatewayError | None) -> None:
+            if not cut:
+                cut.append(reason)
+                task.cancel()
 
-            group.start_soon(watch_disconnect)
-            try:
-                with anyio.CancelScope(deadline=self.deadline) as relay_scope:
-                    if self.drain is not None:
-                        group.start_soon(self._watch_drain, relay_scope, cut)
-                    await self._relay(send)
-                if relay_scope.cancelled_caught:
-                    error = (
-                        cut[0]
-                        if cut
-                        else BackendTimeout(
-                            "The request reached its deadline while the answer was streaming",
-                            code="deadline_exceeded",
-                        )
-                    )
-                    if self.on_cut is not None:
-                        self.on_cut(error)
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": self.error_event(error),
-                            "more_body": True,
-                        }
-                    )
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self.close()
-                group.cancel_scope.cancel()
-
-    async def _watch_drain(self, relay_scope: anyio.CancelScope, cut: list[GatewayError]) -> None:
-        assert self.drain is not None
-        await self.drain.expired.wait()
-        cut.append(
-            BackendUnavailable(
-                "The router is shutting down and its drain period ended before this "
-                "answer finished",
-                code="shutting_down",
+        def shutting_down() -> None:
+            stop(
+                BackendUnavailable(
+                    "The router is shutting down and its drain period ended before this "
+                    "answer finished",
+                    code="shutting_down",
+                )
             )
-        )
-        relay_scope.cancel()
 
-    async def _relay(self, send: Send) -> None:
+        client = client_of(scope, receive)
+        if not client.arm(lambda: stop(None)):
+            # The client left already: the status is recorded, nothing is relayed.
+            await send(self._start())
+            await self.close()
+            return
+        timer = loop.call_at(self.deadline, stop, _DEADLINE) if self.deadline < math.inf else None
+        if self.drain is not None:
+            self.drain.subscribe(shutting_down)
+        try:
+            try:
+                await self._relay(send)
+            finally:
+                # Nothing cancels this task any more.
+                client.disarm()
+                if timer is not None:
+                    timer.cancel()
+                if self.drain is not None:
+                    self.drain.unsubscribe(shutting_down)
+        except asyncio.CancelledError:
+            if not cut or task.uncancel() > 0:
+                raise  # cancelled from outside (as well)
+            error = cut[0]
+            if error is None:
+                return  # the client left: nothing more to send
+            if error is _DEADLINE:
+                error = BackendTimeout(
+                    "The request reached its deadline while the answer was streaming",
+                    code="deadline_exceeded",
+                )
+            if self.on_cut is not None:
+                self.on_cut(error)
+            await send(
+                {"type": "http.response.body", "body": self.error_event(error), "more_body": True}
+            )
+        finally:
+            # ``close`` runs to its end: it never waits (closing the upstream response
+            # and freeing the admission slot are immediate).
+            await self.close()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _start(self) -> Message:
         headers = [(b"content-type", self.media_type.encode())]
         headers += [(k.encode(), v.encode()) for k, v in STREAM_HEADERS.items()]
-        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        return {"type": "http.response.start", "status": self.status_code, "headers": headers}
+
+    async def _relay(self, send: Send) -> None:
+        await send(self._start())
         try:
             async for chunk in self.chunks:
                 if chunk:

@@ -1,25 +1,34 @@
 """The one module that talks HTTP to backends.
 
-One pooled ``httpx.AsyncClient`` per backend. Transport exceptions are translated here,
-at this single boundary, into the gateway's error tree:
+One keep-alive connection pool per backend (:mod:`slm_server.router.http1`). Transport
+exceptions are translated here, at this single boundary, into the gateway's error tree:
 
-    httpx.ConnectError / ConnectTimeout / PoolTimeout  -> BackendUnavailable (503)
-    httpx.TimeoutException (read/write)                -> BackendTimeout (504)
-    httpx.RemoteProtocolError / other TransportError   -> BackendProtocolError (502)
+    http1.ConnectError / ConnectTimeout   -> BackendUnavailable (503)
+    http1.ReadTimeout                     -> BackendTimeout (504)
+    http1.ProtocolError / ConnectionClosed -> BackendProtocolError (502)
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from slm_server.config import ModelSpec
 from slm_server.errors import BackendProtocolError, BackendTimeout, BackendUnavailable
+from slm_server.router.http1 import (
+    ConnectError,
+    ConnectTimeout,
+    HttpError,
+    Pool,
+    ReadTimeout,
+    Response,
+)
+
+# An opened backend response: ``status_code``, ``headers`` (case-insensitive ``get``),
+# ``aclose()``; its body is read through :class:`Upstream`.
+UpstreamResponse = Response
 
 RETRY_AFTER_SECONDS = 5.0
 # Hop-by-hop and framing headers are the transport's business, never forwarded.
@@ -46,17 +55,17 @@ def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
 
 
-def translate(exc: httpx.HTTPError, spec: ModelSpec) -> Exception:
+def translate(exc: HttpError, spec: ModelSpec) -> Exception:
     """The gateway error for a transport failure talking to ``spec``'s backend."""
     where = f"backend for '{spec.entry.id}' ({spec.entry.base_url})"
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+    if isinstance(exc, ConnectError):
         return BackendUnavailable(
             f"The {where} is unreachable: it is not running or still starting",
             retry_after=RETRY_AFTER_SECONDS,
         )
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, ReadTimeout):
         return BackendTimeout(f"The {where} did not answer within {spec.entry.default_timeout:g}s")
-    return BackendProtocolError(f"The {where} broke the connection: {type(exc).__name__}")
+    return BackendProtocolError(f"The {where} broke the connection: {type(exc).__name__} ({exc})")
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,7 @@ class Probe:
 
 
 class Upstream:
-    """Pooled HTTP clients to every enabled backend."""
+    """Pooled HTTP connections to every enabled backend."""
 
     def __init__(
         self,
@@ -80,98 +89,106 @@ class Upstream:
     ) -> None:
         self.probe_timeout = probe_timeout
         self.health_paths = dict(health_paths or {})
-        self._clients: dict[str, httpx.AsyncClient] = {}
-        for spec in models:
-            timeout = httpx.Timeout(spec.entry.default_timeout, connect=connect_timeout)
-            # Idle connections are dropped well before a backend's own keep-alive timeout
-            # (llama-server and uvicorn: 5 s), so a request never lands on a connection
-            # the backend is closing. A refused connect is retried once, before any byte.
-            limits = httpx.Limits(
-                max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0
+        # Idle connections are dropped well before a backend's own keep-alive timeout
+        # (llama-server and uvicorn: 5 s), so a request never lands on a connection
+        # the backend is closing; one that does anyway is sent once more.
+        self._pools = {
+            spec.role: Pool(
+                spec.entry.base_url,
+                connect_timeout=connect_timeout,
+                read_timeout=spec.entry.default_timeout,
             )
-            transport = httpx.AsyncHTTPTransport(limits=limits, retries=1)
-            self._clients[spec.role] = httpx.AsyncClient(
-                base_url=spec.entry.base_url,
-                timeout=timeout,
-                transport=transport,
-                trust_env=False,
-            )
+            for spec in models
+        }
 
     async def aclose(self) -> None:
-        await asyncio.gather(*(client.aclose() for client in self._clients.values()))
+        for pool in self._pools.values():
+            pool.close()
 
     async def open(
         self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> httpx.Response:
+    ) -> UpstreamResponse:
         """POST ``body`` to the backend and return once its status and headers arrived;
         the caller reads (or relays) the body and must close the response."""
-        client = self._clients[spec.role]
-        request = client.build_request("POST", path, content=body, headers=dict(headers))
         try:
-            try:
-                return await client.send(request, stream=True)
-            except httpx.RemoteProtocolError:
-                # A kept-alive connection the backend closed just as we reused it: the
-                # answer had not begun, so send once more on a fresh connection.
-                return await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            return await self._pools[spec.role].request("POST", path, headers, body)
+        except HttpError as exc:
             raise translate(exc, spec) from exc
 
-    async def read(self, spec: ModelSpec, response: httpx.Response) -> bytes:
+    async def read(self, spec: ModelSpec, response: UpstreamResponse) -> bytes:
         """The whole body of an opened response; always closes it."""
         try:
-            return await response.aread()
-        except httpx.HTTPError as exc:
+            return await response.read()
+        except HttpError as exc:
             raise translate(exc, spec) from exc
         finally:
-            await response.aclose()
+            response.close()
 
-    async def iter_raw(self, spec: ModelSpec, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The body of an opened response, chunk by chunk as it arrives."""
+    async def iter_raw(self, spec: ModelSpec, response: UpstreamResponse) -> AsyncIterator[bytes]:
+        """The body of an opened response, piece by piece as it arrives."""
+        receive = response.receive
         try:
-            async for chunk in response.aiter_raw():
+            while chunk := await receive():
                 yield chunk
-        except httpx.HTTPError as exc:
+        except HttpError as exc:
             raise translate(exc, spec) from exc
 
     async def iter_sse(
-        self, spec: ModelSpec, response: httpx.Response
+        self, spec: ModelSpec, response: UpstreamResponse
     ) -> AsyncIterator[dict[str, Any]]:
         """The JSON objects of an opened SSE response's ``data:`` lines, until ``[DONE]``."""
-        try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+        pending = b""
+        async for chunk in self.iter_raw(spec, response):
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()  # the start of a line still to come
+            for line in lines:
+                event = _sse_data(spec, line)
+                if event is _DONE:
                     return
-                try:
-                    event = json.loads(data)
-                except ValueError:
-                    raise BackendProtocolError(
-                        f"The backend for '{spec.entry.id}' sent a stream line that is not JSON"
-                    ) from None
-                if isinstance(event, dict):
+                if event is not None:
                     yield event
-        except httpx.HTTPError as exc:
-            raise translate(exc, spec) from exc
+        event = _sse_data(spec, pending)
+        if event is not None and event is not _DONE:
+            yield event
 
     async def probe(self, spec: ModelSpec) -> Probe:
         """``GET /health`` on the backend with a short timeout."""
-        client = self._clients[spec.role]
+        pool = self._pools[spec.role]
+        path = self.health_paths.get(spec.role, "/health")
         try:
-            path = self.health_paths.get(spec.role, "/health")
-            response = await client.get(path, timeout=self.probe_timeout)
-        except httpx.ConnectError:
+            response = await pool.request("GET", path, timeout=self.probe_timeout)
+            content = await response.read()
+        except ConnectTimeout:
+            return Probe("timeout", f"no connection for /health within {self.probe_timeout:g}s")
+        except ConnectError:
             return Probe("unreachable", "Connection refused - backend not running")
-        except httpx.TimeoutException:
+        except ReadTimeout:
             return Probe("timeout", f"no answer to /health within {self.probe_timeout:g}s")
-        except httpx.HTTPError as exc:
+        except HttpError as exc:
             return Probe("error", f"{type(exc).__name__}: {exc}")
         if response.status_code == 200:
             return Probe("healthy", http_status=200)
-        detail = response.text[:200] if response.text else None
-        return Probe("unhealthy", detail, http_status=response.status_code)
+        text = content.decode("utf-8", "replace")
+        return Probe("unhealthy", text[:200] or None, http_status=response.status_code)
+
+
+_DONE: dict[str, Any] = {}
+
+
+def _sse_data(spec: ModelSpec, line: bytes) -> dict[str, Any] | None:
+    """The object on an SSE ``data:`` line, ``_DONE`` for ``[DONE]``, else None."""
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return _DONE
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise BackendProtocolError(
+            f"The backend for '{spec.entry.id}' sent a stream line that is not JSON"
+        ) from None
+    return event if isinstance(event, dict) else None
 
 
 def json_headers(extra: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -43,6 +43,8 @@ log = logging.getLogger("slm_server.supervisor")
 TICK_SECONDS = 0.2
 # Restart reasons as bounded metric labels; a failed launch's message is not one.
 RESTART_REASONS = frozenset({"exited", "exited while starting"} | {f.value for f in FailureClass})
+# Restarts of a backend that is alive but does not answer: it is killed at once.
+WEDGED_REASONS = frozenset({FailureClass.STALL.value, FailureClass.TIMEOUT.value})
 
 
 class Supervisor:
@@ -375,7 +377,10 @@ class Supervisor:
             "restart_started", **backend.ids(), reason=reason, old_pid=old_pid, attempt=attempt
         )
         if old is not None and old.alive():
-            process.stop(old, self.settings.stop_timeout_seconds)
+            if reason in WEDGED_REASONS:
+                process.kill(old)
+            else:
+                process.stop(old, self.settings.stop_timeout_seconds)
         backend.launch_failed = not self.launch(backend)
         if not backend.launch_failed:
             backend.pending = None

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from slm_server.supervise.requests import RestartRequest, write_request
-from tests.integration.watched import Watched, fake_entry, watched
+from tests.integration.watched import Watched, fake_entry, seconds_between, watched
 from tests.processes import ROOT, pid_alive, poll
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -116,6 +116,10 @@ def test_a_wedged_backend_trips_on_the_first_byte_stall(tmp_path: Path) -> None:
         done = stack.wait_event("restart_succeeded", old_pid=old_pid)
         assert done["reason"] == "stall"
         assert not pid_alive(old_pid)
+        # Killed at once, not after SLM_STOP_TIMEOUT_SECONDS (2 s) of ignored SIGTERM.
+        [begun] = [e for e in stack.events("restart_started") if e["old_pid"] == old_pid]
+        stopping = seconds_between(begun["ts"], done["ts"]) - done["seconds"]
+        assert stopping < 1.0
         assert chat(stack, "standard").status_code == 200
 
 

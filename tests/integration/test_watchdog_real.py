@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.integration.real_stack import example_registry, llama_server_bin
-from tests.integration.watched import Watched, watched
+from tests.integration.watched import Watched, seconds_between, watched
 from tests.processes import free_port, pid_alive, poll
 
 pytestmark = pytest.mark.real_model
@@ -64,6 +64,9 @@ def test_real_llama_server_stopped_is_caught_by_the_stall(tmp_path: Path) -> Non
             done = stack.wait_event("restart_succeeded", old_pid=old_pid, timeout=60)
             assert done["reason"] == "stall"
             assert not pid_alive(old_pid)
+            # Killed at once: a stopped llama-server ignores SIGTERM.
+            [begun] = [e for e in stack.events("restart_started") if e["old_pid"] == old_pid]
+            assert seconds_between(begun["ts"], done["ts"]) - done["seconds"] < 1.0
         finally:
             if pid_alive(old_pid):
                 os.kill(old_pid, signal.SIGCONT)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +154,9 @@ def watched(
         seen_pids |= {s["pid"] for s in stack.states().values() if s.get("pid")}
         launcher.stop()
         poll(lambda: not any(pid_alive(p) for p in seen_pids), 15, "backends to exit")
+
+
+def seconds_between(earlier: str, later: str) -> float:
+    """Seconds between two event stamps (``2026-11-30T09:14:02.117Z``)."""
+    stamp = "%Y-%m-%dT%H:%M:%S.%fZ"
+    return (datetime.strptime(later, stamp) - datetime.strptime(earlier, stamp)).total_seconds()
