@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,6 +96,19 @@ def start_command(command: str, env: Mapping[str, str], output: Path, *extra: st
     finally:
         handle.close()
     return Command(popen, output)
+
+
+def registry_env(workdir: Path, models: Mapping[str, object], **extra: str) -> dict[str, str]:
+    """Write ``models`` as ``workdir/models.yaml``; the environment of a router serving it
+    in front of backends started by the test (no llama-server of its own)."""
+    config = workdir / "models.yaml"
+    config.write_text(yaml.safe_dump({"models": dict(models)}))
+    return {
+        "SLM_CONFIG": str(config),
+        "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
+        "SLM_LLAMA_SERVER_BIN": "",
+        **extra,
+    }
 
 
 @contextlib.contextmanager

@@ -14,11 +14,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.control import FakeBackend
-from tests.processes import poll, running_router
+from tests.processes import poll, registry_env, running_router
 
 GENERATIONS = "/v1/images/generations"
 EDITS = "/v1/images/edits"
@@ -64,16 +63,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def router(fakes: dict[str, FakeBackend], workdir: Path) -> Iterator[str]:
     models = {role: entry(role, fake.port) for role, fake in fakes.items()}
-    config = workdir / "models.yaml"
-    config.write_text(yaml.safe_dump({"models": models}))
-    env = {
-        "SLM_CONFIG": str(config),
-        "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
-        "SLM_LLAMA_SERVER_BIN": "",
-        "SLM_OTEL_ENABLED": "false",
-        "SLM_MAX_BODY_MB": "0.5",
-        "SLM_API_KEYS": KEY,
-    }
+    env = registry_env(
+        workdir, models, SLM_OTEL_ENABLED="false", SLM_MAX_BODY_MB="0.5", SLM_API_KEYS=KEY
+    )
     with running_router(env, workdir) as (_process, url):
         yield url
 

@@ -13,10 +13,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 
 from tests.fakes.control import FakeBackend
-from tests.processes import free_port, running_router
+from tests.processes import free_port, registry_env, running_router
 
 FAKE_ROLES = ("alpha", "beta", "slow", "embed", "rerank", "sick", "stuck")
 CHAT = "/v1/chat/completions"
@@ -61,14 +60,7 @@ def router(
         "twin_a": entry("twin", free_port()),
         "twin_b": entry("twin", free_port()),
     }
-    config = workdir / "models.yaml"
-    config.write_text(yaml.safe_dump({"models": models}))
-    env = {
-        "SLM_CONFIG": str(config),
-        "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
-        "SLM_HEALTH_PROBE_TIMEOUT_SECONDS": "0.5",
-        "SLM_LLAMA_SERVER_BIN": "",
-    }
+    env = registry_env(workdir, models, SLM_HEALTH_PROBE_TIMEOUT_SECONDS="0.5")
     with running_router(env, workdir) as (_process, url):
         yield url
 
