@@ -87,15 +87,9 @@ if [ -z "$src" ]; then
   tarball="$sdist_dir/llama_cpp_python-$sdist_version.tar.gz"
   if [ ! -f "$tarball" ]; then
     mkdir -p "$sdist_dir"
-    py=${PYTHON:-python3}
-    if "$py" -m pip --version >/dev/null 2>&1; then
-      pip_cmd="$py -m pip"
-    elif command -v uvx >/dev/null 2>&1; then
-      pip_cmd="uvx pip"
-    else
-      echo "build_llama: needs pip (python3 -m pip) or uv to fetch the sdist" >&2
-      exit 1
-    fi
+    # shellcheck source=scripts/toolchain.sh
+    . "$root/scripts/toolchain.sh"
+    pip_cmd=$(find_pip)
     # shellcheck disable=SC2086  # pip_cmd is a word list on purpose
     $pip_cmd download --quiet --no-deps --no-binary :all: \
       "llama-cpp-python==$sdist_version" -d "$work/sdist" >&2

@@ -16,19 +16,9 @@ for_tests=false
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
-# uv: on PATH, or installed from PyPI with the Python we have.
-if command -v uv >/dev/null 2>&1; then
-  uv_cmd="uv"
-else
-  if ! python3 -m uv --version >/dev/null 2>&1; then
-    say "installing uv from PyPI"
-    # A Debian/Ubuntu system Python refuses --user installs (PEP 668) unless told.
-    python3 -m pip install --quiet --user uv >&2 \
-      || python3 -m pip install --quiet --user --break-system-packages uv >&2 \
-      || python3 -m pip install --quiet uv >&2
-  fi
-  uv_cmd="python3 -m uv"
-fi
+# shellcheck source=scripts/toolchain.sh
+. "$root/scripts/toolchain.sh"
+uv_cmd=$(find_uv)
 
 say "syncing the Python environment (uv.lock)"
 # MLX backends: always on Apple Silicon (SLM_SKIP_MLX=1 to leave them out); on Linux
@@ -44,9 +34,9 @@ case "$(uname -s)-$(uname -m)" in
       cpu_torch=true
     fi ;;
 esac
-# shellcheck disable=SC2086  # uv_cmd and extras are word lists on purpose
+# shellcheck disable=SC2086  # extras is a word list on purpose
 # --inexact keeps what the user (or the CPU torch step below) added by hand.
-$uv_cmd sync --frozen --inexact $extras >&2
+"$uv_cmd" sync --frozen --inexact $extras >&2
 
 # PyPI's Linux torch is a CUDA build of several GB; mlx-openai-server needs torch only
 # for CPU-side helpers (outlines, mlx-whisper), so Linux gets the CPU build, fetched once
@@ -59,9 +49,11 @@ if [ "$cpu_torch" = true ] && ! .venv/bin/python -c "import torch" >/dev/null 2>
   wheel=$(find "$wheels" -name "torch-${torch_version}+cpu-cp${pyver}-*.whl" | head -n 1)
   if [ -z "$wheel" ]; then
     say "fetching the CPU build of torch ${torch_version}"
-    python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    pip_cmd=$(find_pip)
+    # shellcheck disable=SC2086  # pip_cmd is a word list on purpose
+    $pip_cmd download --quiet --no-deps --only-binary=:all: \
       --python-version "$pyver" -d "$wheels" "torch==${torch_version}+cpu" >&2 \
-      || python3 -m pip download --quiet --no-deps --only-binary=:all: \
+      || $pip_cmd download --quiet --no-deps --only-binary=:all: \
         --python-version "$pyver" -d "$wheels" \
         --index-url "${SLM_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" \
         "torch==${torch_version}+cpu" >&2
@@ -69,7 +61,7 @@ if [ "$cpu_torch" = true ] && ! .venv/bin/python -c "import torch" >/dev/null 2>
   fi
   say "installing $(basename "$wheel")"
   # --no-config: the project's overrides keep torch out of the lock on Linux on purpose.
-  $uv_cmd pip install --quiet --no-config --python .venv/bin/python "$wheel" >&2
+  "$uv_cmd" pip install --quiet --no-config --python .venv/bin/python "$wheel" >&2
 fi
 
 say "building the pinned llama-server (cached after the first run)"
@@ -77,8 +69,7 @@ bin_line=$(bash scripts/build_llama.sh | tail -n 1)
 bin=${bin_line#SLM_LLAMA_SERVER_BIN=}
 
 say "fetching the default models into models/"
-# shellcheck disable=SC2086
-$uv_cmd run --frozen python scripts/fetch_models.py >&2
+UV="$uv_cmd" "$uv_cmd" run --frozen python scripts/fetch_models.py >&2
 
 if [ "$for_tests" = false ]; then
   env_file=${SLM_ENV_FILE:-"$root/.env"}

@@ -10,8 +10,10 @@ cd "$root"
 bin_line=$(bash scripts/setup.sh --for-tests | tail -n 1)
 export SLM_LLAMA_SERVER_BIN=${bin_line#SLM_LLAMA_SERVER_BIN=}
 
-if command -v uv >/dev/null 2>&1; then uv_cmd="uv"; else uv_cmd="python3 -m uv"; fi
-run() { $uv_cmd run --frozen "$@"; }
+# shellcheck source=scripts/toolchain.sh
+. "$root/scripts/toolchain.sh"
+uv_cmd=$(find_uv)
+run() { "$uv_cmd" run --frozen "$@"; }
 
 echo "[test] ruff"
 run ruff check .
