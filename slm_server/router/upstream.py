@@ -1,6 +1,6 @@
 """The one module that talks HTTP to backends.
 
-One keep-alive connection pool per backend (:mod:`slm_server.router.http1`). Transport
+One keep-alive connection pool per backend (:mod:`slm_server.http1`). Transport
 exceptions are translated here, at this single boundary, into the gateway's error tree:
 
     http1.ConnectError / ConnectTimeout   -> BackendUnavailable (503)
@@ -17,7 +17,7 @@ from typing import Any
 
 from slm_server.config import ModelSpec
 from slm_server.errors import BackendProtocolError, BackendTimeout, BackendUnavailable
-from slm_server.router.http1 import (
+from slm_server.http1 import (
     ConnectError,
     ConnectTimeout,
     HttpError,

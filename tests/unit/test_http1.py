@@ -19,7 +19,7 @@ import uvloop
 
 from slm_server.config import ModelSpec, parse_registry
 from slm_server.errors import BackendProtocolError, BackendTimeout, BackendUnavailable
-from slm_server.router.http1 import (
+from slm_server.http1 import (
     HIGH_WATER,
     ConnectError,
     ConnectionClosed,

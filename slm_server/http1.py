@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 client for the router's backends: asyncio and httptools' parser.
+"""A small HTTP/1.1 client for the backends (the router's upstream and the supervisor's
+probes): asyncio and httptools' parser.
 
 One :class:`Pool` per backend keeps its idle keep-alive connections; there is no cap
 on how many are open at once. A request goes out on the most recently used idle
