@@ -61,15 +61,15 @@ find_uv() {
     "uv==$SLM_UV_VERSION" >&2; then
     rm -rf "$tmp"
     tmp=$(mktemp -d "$dir.tmp.XXXXXX")
-    "$base" -m venv "$tmp/venv" >&2 \
+    if ! { "$base" -m venv "$tmp/venv" >&2 \
       && "$tmp/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-        --target "$tmp/pkg" "uv==$SLM_UV_VERSION" >&2 \
-      && mv "$tmp/pkg"/* "$tmp/" && rm -rf "$tmp/venv" "$tmp/pkg" \
-      || {
-        rm -rf "$tmp"
-        printf '[setup] could not install uv: put uv on PATH, or install pip for %s\n' "$base" >&2
-        return 1
-      }
+        --target "$tmp/pkg" "uv==$SLM_UV_VERSION" >&2; }; then
+      rm -rf "$tmp"
+      printf '[setup] could not install uv: put uv on PATH, or install pip for %s\n' "$base" >&2
+      return 1
+    fi
+    mv "$tmp/pkg"/* "$tmp/"
+    rm -rf "$tmp/venv" "$tmp/pkg"
   fi
   if [ ! -x "$tmp/bin/uv" ]; then
     rm -rf "$tmp"
