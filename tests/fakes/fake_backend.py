@@ -25,6 +25,7 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
 import struct
@@ -171,6 +172,34 @@ class _DropAbortLogs(logging.Filter):
 
 def error_body(status: int, message: str | None = None, kind: str = "fake") -> JSON:
     return {"error": {"message": message or f"scripted {status}", "type": kind, "code": status}}
+
+
+def _overflow(literal: str) -> float:
+    value = float(literal)  # for an integer too: like llama-server, which stores it as a double
+    if not math.isfinite(value):
+        raise ValueError(f"number overflow parsing '{literal[:40]}'")
+    return value
+
+
+def _no_constant(literal: str) -> None:
+    raise ValueError(f"syntax error while parsing value - invalid literal; last read: '{literal}'")
+
+
+def llama_json_error(raw: bytes) -> str | None:
+    """Mimics llama-server: why its JSON parser (nlohmann::json) refuses ``raw``, else None.
+    llama-server answers such a body with 500 (see ``proxied``). Written apart from the
+    router's own parser, so that a hole in that one is not also a hole here: not UTF-8
+    (a leading UTF-8 BOM is skipped), NaN/Infinity, a number that overflows a double, a
+    lone surrogate escape. Nesting too deep for Python counts too (a 500 either way)."""
+    try:
+        text = raw.decode("utf-8").removeprefix("\ufeff")
+        value = json.loads(
+            text, parse_constant=_no_constant, parse_float=_overflow, parse_int=_overflow
+        )
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # fails on a lone surrogate
+    except (ValueError, RecursionError) as exc:
+        return f"[json.exception.parse_error.101] parse error: {exc}"
+    return None
 
 
 def sse(data: JSON | str) -> bytes:
@@ -566,9 +595,12 @@ async def proxied(request: Request) -> Response:
     raw = await request.body()
     try:
         body: Any = json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     path = request.url.path
+    refused = llama_json_error(raw) if raw and path not in FORM_PATHS else None
+    if refused is not None:
+        body = None  # never parsed, as in llama-server (and /_requests could not show it)
     state.seq += 1
     headers: dict[str, str] = {}
     for key, value in request.headers.items():
@@ -602,6 +634,8 @@ async def proxied(request: Request) -> Response:
             media_type=media_type,
         )
 
+    if refused is not None:  # llama-server's answer to a body its parser refuses
+        return answer(500, {"error": {"code": 500, "message": refused, "type": "server_error"}})
     if script.exit_on_request:
         sys.stdout.flush()
         sys.stderr.flush()
