@@ -37,6 +37,9 @@ EVENTS = frozenset(
         "model_path_missing",
         "backend_abandoned",
         "backend_log_trimmed",
+        "process_unkillable",
+        "restart_confirmed",
+        "restart_not_confirmed",
         "supervisor_started",
         "supervisor_stopped",
     }

@@ -14,6 +14,7 @@ failure streak is open.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class State(enum.Enum):
@@ -60,3 +61,92 @@ def check_transition(current: State, target: State) -> State:
     if target not in TRANSITIONS[current]:
         raise TransitionError(f"{current.value} -> {target.value} is not a valid transition")
     return target
+
+
+# -- phases: what the supervisor is doing with a backend, with the data that only
+# means something in that phase (no flags beside the state). Each maps to one State.
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A restart in progress: its number in the budget window, the pid it replaces, why."""
+
+    number: int
+    old_pid: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Launching:
+    """A launch (plan, free the port, spawn) is under way: the first (``attempt`` None,
+    published as STARTING) or a restart's (published as RESTARTING until it spawned)."""
+
+    attempt: Attempt | None = None
+
+    @property
+    def state(self) -> State:
+        return State.STARTING if self.attempt is None else State.RESTARTING
+
+
+@dataclass(frozen=True)
+class Starting:
+    """Spawned at ``since`` (monotonic), waiting for ``/health``; ``loading_reported``
+    once the slow-load warning went out."""
+
+    since: float
+    attempt: Attempt | None = None
+    loading_reported: bool = False
+
+    @property
+    def state(self) -> State:
+        return State.STARTING
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Serving: ``/health`` answered 200 and the process lives."""
+
+    @property
+    def state(self) -> State:
+        return State.READY
+
+
+@dataclass(frozen=True)
+class Confirming:
+    """A trip (``reason``) is being checked against the backend itself before acting."""
+
+    reason: str
+    detail: str | None = None
+
+    @property
+    def state(self) -> State:
+        return State.READY
+
+
+@dataclass(frozen=True)
+class Restarting:
+    """Waiting to relaunch for ``reason``: for the budget's cooldown, or (``stopping``)
+    for the old process to be gone. ``spawned_nothing``: the last attempt started no
+    process, so there is nothing to cool down after."""
+
+    reason: str
+    spawned_nothing: bool = False
+    stopping: Attempt | None = None
+
+    @property
+    def state(self) -> State:
+        return State.RESTARTING
+
+
+@dataclass(frozen=True)
+class Done:
+    """A final state (ABANDONED, FAILED, STOPPED, DISABLED) and why."""
+
+    final: State
+
+    @property
+    def state(self) -> State:
+        return self.final
+
+
+Phase = Launching | Starting | Ready | Confirming | Restarting | Done

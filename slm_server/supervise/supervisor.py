@@ -2,49 +2,89 @@
 one, restart dead or wedged ones within a bounded budget, and stop them all on
 SIGINT/SIGTERM. Every decision goes to the watchdog log.
 
-Each tick (``TICK_SECONDS``) checks readiness and process exits; each sweep
-(``SLM_WATCHDOG_SWEEP_SECONDS``) takes the router's restart requests and trims oversized
-backend logs. A backend is ready when its ``/health`` answers 200 *and* its process is
-alive.
+The shell of :mod:`slm_server.supervise.decide`, on one asyncio loop: each turn it
+*observes* (process exits, finished launches, probes, stops and confirmations, the
+router's restart requests each sweep, the clock), lets :func:`decide` *decide*, and
+*acts* through one :class:`~slm_server.supervise.control.ProcessControl`. Anything slow
+(a launch that must free a port, a stop, a probe, a confirmation) runs as a task of its
+own with a bound, so no backend's trouble delays another's exit detection: every
+process is polled each ``TICK_SECONDS``. A backend is ready when its ``/health``
+answers 200 *and* its process is alive.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import FrameType
+from typing import Any
 
-import httpx
-
-from slm_server.config import RegistryFile
+from slm_server.config import ModelSpec, RegistryFile
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
 from slm_server.launch.records import (
+    BackendState,
     PidRecord,
     read_pidfile,
     write_pidfile,
     write_state,
 )
 from slm_server.settings import Settings
-from slm_server.supervise.backend import Backend
+from slm_server.supervise import decide as core
 from slm_server.supervise.budget import RestartBudget
-from slm_server.supervise.classify import FailureClass
+from slm_server.supervise.control import Child, ProcessControl, RealControl
 from slm_server.supervise.events import EventLog
-from slm_server.supervise.requests import RestartRequest, is_stale, take_requests
-from slm_server.supervise.states import RUNNING, State, check_transition
+from slm_server.supervise.requests import take_requests
+from slm_server.supervise.states import RUNNING, Confirming, Done, Launching, Ready, Starting, State
 from slm_server.supervise.strays import verifiably_ours
 
 log = logging.getLogger("slm_server.supervisor")
 
 TICK_SECONDS = 0.2
-# Restart reasons as bounded metric labels; a failed launch's message is not one.
-RESTART_REASONS = frozenset({"exited", "exited while starting"} | {f.value for f in FailureClass})
-# Restarts of a backend that is alive but does not answer: it is killed at once.
-WEDGED_REASONS = frozenset({FailureClass.STALL.value, FailureClass.TIMEOUT.value})
+# How long to wait for a process to end after SIGKILL before reporting it and moving on.
+KILL_WAIT_SECONDS = 5.0
+_REAP_INTERVAL = 0.05
+
+
+class Backend:
+    """One registry entry: its lifecycle (decided), its plan and process (acted on)."""
+
+    def __init__(self, spec: ModelSpec, life: core.Lifecycle) -> None:
+        self.spec = spec
+        self.life = life
+        self.plan: LaunchPlan | None = None
+        self.child: Child | None = None
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    def snapshot(self, log_dir_path: str) -> BackendState:
+        life, child = self.life, self.child
+        alive = child is not None and life.alive
+        return BackendState(
+            role=self.spec.role,
+            model_id=self.spec.entry.id,
+            backend=self.spec.entry.backend,
+            port=self.spec.entry.port,
+            state=life.state.value,
+            pid=child.pid if alive and child is not None else None,
+            since=life.since,
+            started_at=life.started_wall if alive else None,
+            exit_status=child.exit_status if child is not None else None,
+            restarts=life.restarts,
+            reason=life.reason,
+            log_path=str(self.plan.log_path) if self.plan is not None else log_dir_path,
+            last_exit=life.last_exit,
+            last_restart_reason=life.last_restart_reason,
+            restarts_by_reason=dict(life.restarts_by_reason),
+        )
 
 
 class Supervisor:
@@ -58,6 +98,8 @@ class Supervisor:
         events: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        control: ProcessControl | None = None,
+        tools: Toolchain | None = None,
     ) -> None:
         self.settings = settings
         self.watchdog = settings.watchdog
@@ -66,17 +108,31 @@ class Supervisor:
         self.events = events or EventLog(settings.watchdog.log_path)
         self.clock = clock
         self.wall = wall
+        self.control: ProcessControl = control or RealControl(
+            env, settings.connect_timeout_seconds, clock
+        )
+        self.tools = tools or Toolchain.discover(settings.llama_server_bin)
+        self.policy = core.Policy(
+            watchdog_enabled=self.watchdog.enabled,
+            restart_window_seconds=self.watchdog.restart_window_seconds,
+            startup_grace_seconds=self.watchdog.startup_grace_seconds,
+            ready_timeout_seconds=settings.ready_timeout_seconds,
+        )
         self.stopping = threading.Event()
-        self.tools = Toolchain.discover(settings.llama_server_bin)
-        self.backends: list[Backend] = []
+        self.backends: dict[str, Backend] = {}
         self.previous_records: list[PidRecord] = []
         self.dirty = True
+        self.inbox: list[core.Observation] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.probing: set[str] = set()
+        self.next_probe: dict[str, float] = {}
+        self._wake: asyncio.Event | None = None
 
     # -- signals and records --------------------------------------------------------
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         log.info("received %s: stopping backends", signal.Signals(signum).name)
-        self.stopping.set()
+        self.stopping.set()  # the loop sees it within a tick
 
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -88,7 +144,8 @@ class Supervisor:
         create time still match the pidfile."""
         self.previous_records = read_pidfile(self.settings.pidfile_path)
         for record in self.previous_records:
-            if process.stop_pid(record.pid, record.create_time, self.settings.stop_timeout_seconds):
+            timeout = self.settings.stop_timeout_seconds
+            if self.control.stop_leftover(record.pid, record.create_time, timeout):
                 log.warning(
                     "stopped leftover backend %s (pid %d, port %d) from a previous run",
                     record.model_id,
@@ -103,110 +160,221 @@ class Supervisor:
         self.dirty = False
         pid = os.getpid()
         log_dir = str(self.settings.log_dir)
-        write_state(self.settings.state_path, pid, [b.snapshot(log_dir) for b in self.backends])
+        backends = list(self.backends.values())
+        write_state(self.settings.state_path, pid, [b.snapshot(log_dir) for b in backends])
         records = [
             PidRecord(
-                pid=b.proc.pid,
-                create_time=b.proc.create_time,
+                pid=b.child.pid,
+                create_time=b.child.create_time,
                 port=b.spec.entry.port,
                 role=b.role,
                 model_id=b.spec.entry.id,
-                argv=list(b.proc.plan.argv),
+                argv=list(b.plan.argv),
             )
-            for b in self.backends
-            if b.proc is not None and b.proc.alive()
+            for b in backends
+            if b.child is not None and b.plan is not None and b.child.poll() is None
         ]
         write_pidfile(self.settings.pidfile_path, pid, records)
 
-    def set_state(self, backend: Backend, state: State, reason: str | None = None) -> None:
-        backend.state = check_transition(backend.state, state)
-        backend.reason = reason
-        backend.since = self.wall()
-        self.dirty = True
+    # -- observe -> decide -> act ---------------------------------------------------
 
-    # -- launching ------------------------------------------------------------------
+    def lives(self) -> dict[str, core.Lifecycle]:
+        return {role: b.life for role, b in self.backends.items()}
+
+    def apply(self, observation: core.Observation) -> None:
+        """Decide on one observation and carry out what it calls for."""
+        before = {role: (b.life.state, b.life.reason) for role, b in self.backends.items()}
+        actions = core.decide(self.lives(), observation, self.clock(), self.wall(), self.policy)
+        for action in actions:
+            self.act(action)
+        after = {role: (b.life.state, b.life.reason) for role, b in self.backends.items()}
+        if before != after:
+            self.dirty = True
+
+    def act(self, action: core.Action) -> None:
+        if isinstance(action, core.Emit):
+            self.events.emit(action.event, **action.fields)
+        elif isinstance(action, core.Log):
+            log.log(action.level, "%s", action.message)
+        elif isinstance(action, core.Launch):
+            self.spawn_task(self.launch(self.backends[action.role]))
+        elif isinstance(action, core.Stop):
+            backend = self.backends[action.role]
+            if backend.child is not None and backend.child.pid == action.pid:
+                self.spawn_task(self.stop_task(backend, backend.child, action.kill))
+        elif isinstance(action, core.Probe):
+            # One probe at a time per backend, at most one per tick.
+            now = self.clock()
+            if action.role not in self.probing and now >= self.next_probe.get(action.role, 0):
+                self.probing.add(action.role)
+                self.next_probe[action.role] = now + TICK_SECONDS
+                self.spawn_task(self.probe(self.backends[action.role]))
+        elif isinstance(action, core.Confirm):
+            self.spawn_task(self.confirm(self.backends[action.role], action.reason))
+
+    def spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervisor task failed", exc_info=task.exception())
+        if self._wake is not None:
+            self._wake.set()
+
+    def observe_exits(self) -> list[core.Observation]:
+        """Poll every live process of a backend that is starting or serving."""
+        exits: list[core.Observation] = []
+        for backend in self.backends.values():
+            life, child = backend.life, backend.child
+            if child is None or not life.alive:
+                continue
+            if not isinstance(life.phase, Starting | Ready | Confirming):
+                continue
+            status = child.poll()
+            if status is None:
+                continue
+            path = backend.plan.log_path if backend.plan is not None else None
+            exits.append(
+                core.Exited(
+                    role=backend.role,
+                    pid=child.pid,
+                    status=status,
+                    description=process.describe_exit(status),
+                    tail=tuple(self.control.tail(path, 8)) if path is not None else (),
+                    log_path=str(path) if path is not None else "",
+                )
+            )
+        return exits
+
+    # -- acting: each a task of its own, reporting back through the inbox ------------
+
+    def report(self, observation: core.Observation) -> None:
+        self.inbox.append(observation)
 
     def is_ours(self, holder: process.PortHolder, plan: LaunchPlan) -> bool:
         """Whether the process holding the port is one this supervisor (or the one
         before it) started."""
         known = [(r.pid, r.create_time) for r in self.previous_records]
-        known += [(b.proc.pid, b.proc.create_time) for b in self.backends if b.proc is not None]
+        known += [
+            (b.child.pid, b.child.create_time)
+            for b in self.backends.values()
+            if b.child is not None
+        ]
         return verifiably_ours(holder.pid, holder.create_time, holder.argv, known, plan.argv)
 
-    def free_port(self, backend: Backend, plan: LaunchPlan) -> bool:
-        """Make sure the backend's port is free; kill a holder only if it is ours."""
-        holder = process.port_holder(plan.host, plan.port)
+    async def free_port(self, backend: Backend, plan: LaunchPlan) -> str | None:
+        """Make sure the backend's port is free (killing a holder only if it is ours);
+        why not when it is not."""
+        holder = self.control.port_holder(plan.host, plan.port)
         if holder is None:
-            return True
+            return None
+        ids = backend.life.ids()
         if not self.is_ours(holder, plan):
             self.events.emit(
                 "stray_kill_refused",
-                **backend.ids(),
+                **ids,
                 pid=holder.pid,
                 command=holder.command,
                 reason="the process holding the port is not one slm_server started",
             )
-            backend.reason = f"port {plan.port} is in use by {holder}"
-            return False
+            return f"port {plan.port} is in use by {holder}"
         assert holder.pid is not None
-        process.kill_process(holder.pid, holder.create_time, self.settings.stop_timeout_seconds)
-        freed = process.wait_until(
-            lambda: process.port_holder(plan.host, plan.port) is None,
-            self.settings.stop_timeout_seconds,
+        timeout = self.settings.stop_timeout_seconds
+        await asyncio.to_thread(self.control.kill_stray, holder.pid, holder.create_time, timeout)
+        freed = await asyncio.to_thread(
+            self.control.port_free_within, plan.host, plan.port, timeout
         )
         self.events.emit(
-            "port_stray_killed",
-            **backend.ids(),
-            pid=holder.pid,
-            command=holder.command,
-            freed=freed,
+            "port_stray_killed", **ids, pid=holder.pid, command=holder.command, freed=freed
         )
-        return freed
+        return None if freed else f"port {plan.port} is still in use by {holder}"
 
-    def launch(self, backend: Backend) -> bool:
-        """Plan and spawn the backend; False (with ``backend.reason``) when it cannot."""
+    async def launch(self, backend: Backend) -> None:
+        """Plan and spawn the backend; reports :class:`Launched`."""
         spec = backend.spec
         try:
             plan = plan_launch(spec, self.tools, self.settings.log_dir, str(self.registry.path))
         except PlanError as exc:
-            backend.reason = "; ".join(p.message for p in exc.problems)
-            backend.retry_launch = exc.missing
+            reason = "; ".join(p.message for p in exc.problems)
             if exc.missing:
                 problem = exc.problems[0]
                 self.events.emit(
                     "model_path_missing",
-                    **backend.ids(),
+                    **backend.life.ids(),
                     field=problem.field,
                     reason=problem.message,
                 )
             else:
                 for problem in exc.problems:
                     log.error("not starting: %s", problem)
-            return False
+            self.report(core.Launched(backend.role, None, reason, retryable=exc.missing))
+            return
         backend.plan = plan
-        backend.retry_launch = True
-        if not self.free_port(backend, plan):
-            log.error("%s (%s): %s", spec.role, spec.entry.id, backend.reason)
-            return False
-        backend.proc = process.spawn(plan, self.env, self.clock)
-        backend.started_wall = self.wall()
-        backend.loading_reported = False
+        refused = await self.free_port(backend, plan)
+        if refused is not None:
+            log.error("%s (%s): %s", spec.role, spec.entry.id, refused)
+            self.report(core.Launched(backend.role, None, refused, retryable=True))
+            return
+        if self.stopping.is_set():
+            self.report(core.Launched(backend.role, None, "shutting down", retryable=False))
+            return
+        child = self.control.spawn(plan)
+        backend.child = child
         log.info(
             "starting %s (%s) on %s:%d, pid %d, log %s",
             spec.role,
             spec.entry.id,
             plan.host,
             plan.port,
-            backend.proc.pid,
+            child.pid,
             plan.log_path,
         )
-        self.dirty = True
-        return True
+        self.report(core.Launched(backend.role, child.pid))
 
-    def retryable(self, backend: Backend) -> bool:
-        """Whether a failed launch may be retried: the watchdog is on and the reason is
-        one time can change (an exit, a missing model path, a taken port)."""
-        return self.watchdog.enabled and backend.retry_launch
+    async def reap(self, child: Child, timeout: float) -> int | None:
+        """Wait (polling, never blocking the loop) up to ``timeout`` for ``child`` to end."""
+        deadline = self.clock() + timeout
+        while (status := child.poll()) is None and self.clock() < deadline:
+            await asyncio.sleep(_REAP_INTERVAL)
+        return status
+
+    async def stop_child(self, child: Child, kill: bool) -> tuple[int | None, bool]:
+        """SIGTERM the child's group and SIGKILL it after the stop timeout (or at once
+        when ``kill``); the exit status and whether it survived even SIGKILL."""
+        status = child.poll()
+        if status is None and not kill:
+            self.control.signal_group(child.pid, signal.SIGCONT)
+            self.control.signal_group(child.pid, signal.SIGTERM)
+            status = await self.reap(child, self.settings.stop_timeout_seconds)
+        if status is None:
+            self.control.signal_group(child.pid, signal.SIGKILL)
+            status = await self.reap(child, KILL_WAIT_SECONDS)
+        # Anything the backend forked shares its group; make sure none outlives it.
+        self.control.signal_group(child.pid, signal.SIGKILL)
+        return status, status is None
+
+    async def stop_task(self, backend: Backend, child: Child, kill: bool) -> None:
+        status, survived = await self.stop_child(child, kill)
+        self.report(core.Stopped(backend.role, child.pid, status, survived))
+
+    async def probe(self, backend: Backend) -> None:
+        try:
+            if backend.plan is None:
+                return
+            timeout = self.settings.health_probe_timeout_seconds
+            ok = await self.control.probe(backend.plan.health_url, timeout)
+            self.report(core.HealthProbed(backend.role, ok))
+        finally:
+            self.probing.discard(backend.role)
+
+    async def confirm(self, backend: Backend, reason: str) -> None:
+        """Without confirmation evidence, every trip is taken as confirmed."""
+        self.report(core.Judged(backend.role, True, "unconfirmed", reason))
+
+    # -- the loop -----------------------------------------------------------------------
 
     def start(self) -> None:
         """Start every enabled entry; record disabled ones."""
@@ -241,291 +409,115 @@ class Supervisor:
                 self.watchdog.restart_window_seconds,
                 self.watchdog.restart_cooldown_seconds,
             )
-            backend = Backend(spec=spec, budget=budget)
-            self.backends.append(backend)
-            if not spec.entry.enabled:
-                backend.state = State.DISABLED
-                continue
-            if not self.launch(backend):
-                backend.launch_failed = True
-                self.after_failed_launch(backend, backend.reason or "launch failed")
-        self.publish()
-
-    def after_failed_launch(self, backend: Backend, reason: str) -> None:
-        if self.retryable(backend):
-            backend.pending = reason
-            self.set_state(backend, State.RESTARTING, reason)
-        else:
-            self.set_state(backend, State.FAILED, reason)
-
-    # -- watching -------------------------------------------------------------------
-
-    def check_starting(self, client: httpx.Client, backend: Backend) -> None:
-        proc = backend.proc
-        assert proc is not None
-        assert backend.plan is not None
-        if not proc.alive():
-            self.on_exit(backend)
-            return
-        try:
-            ok = client.get(backend.plan.health_url).status_code == 200
-        except httpx.HTTPError:
-            ok = False
-        elapsed = self.clock() - proc.started_at
-        if ok and proc.alive():
-            self.set_state(backend, State.READY)
-            log.info(
-                "%s (%s) is ready on port %d after %.1fs",
-                backend.role,
-                backend.spec.entry.id,
-                backend.spec.entry.port,
-                elapsed,
+            entry = spec.entry
+            phase = Launching() if entry.enabled else Done(State.DISABLED)
+            life = core.Lifecycle(
+                role=spec.role,
+                model_id=entry.id,
+                port=entry.port,
+                budget=budget,
+                phase=phase,
+                since=self.wall(),
             )
-            if backend.attempt is not None:
-                attempt, old_pid, reason = backend.attempt
-                backend.attempt = None
-                self.events.emit(
-                    "restart_succeeded",
-                    **backend.ids(),
-                    reason=reason,
-                    old_pid=old_pid,
-                    new_pid=proc.pid,
-                    attempt=attempt,
-                    seconds=round(elapsed, 3),
-                )
-            return
-        if elapsed > self.settings.ready_timeout_seconds and not backend.loading_reported:
-            backend.loading_reported = True
-            log.warning(
-                "%s (%s) is still loading after %.0fs (see %s)",
-                backend.role,
-                backend.spec.entry.id,
-                elapsed,
-                backend.plan.log_path,
-            )
-
-    def on_exit(self, backend: Backend) -> None:
-        """The backend's process ended by itself."""
-        proc = backend.proc
-        assert proc is not None
-        description = process.describe_exit(proc.exit_status)
-        backend.last_exit = description
-        exit_code = (
-            proc.exit_status if proc.exit_status is not None and proc.exit_status >= 0 else None
-        )
-        signal_name = None
-        if proc.exit_status is not None and proc.exit_status < 0:
-            signal_name = description.removeprefix("killed by ")
-        self.events.emit(
-            "backend_exited",
-            **backend.ids(),
-            pid=proc.pid,
-            exit_code=exit_code,
-            signal=signal_name,
-            state=backend.state.value,
-        )
-        tail = process.tail_lines(proc.plan.log_path, 8)
-        log.error(
-            "%s (%s) exited (%s); last lines of %s:\n%s",
-            backend.role,
-            backend.spec.entry.id,
-            description,
-            proc.plan.log_path,
-            "\n".join(f"    {line}" for line in tail),
-        )
-        reason = "exited" if backend.attempt is None else "exited while starting"
-        if backend.attempt is not None:
-            attempt, _old, _why = backend.attempt
-            backend.attempt = None
-            self.events.emit(
-                "restart_failed",
-                **backend.ids(),
-                reason=f"{description} while starting",
-                attempt=attempt,
-            )
-        if not self.watchdog.enabled:
-            self.set_state(backend, State.FAILED, description)
-            return
-        self.request_restart(backend, reason)
-
-    def request_restart(self, backend: Backend, reason: str) -> None:
-        backend.pending = reason
-        self.set_state(backend, State.RESTARTING, reason)
-        self.try_restart(backend)
-
-    def try_restart(self, backend: Backend) -> None:
-        """Restart a RESTARTING backend if the budget allows, abandon it if not."""
-        now = self.clock()
-        reason = backend.pending or "restart"
-        if backend.budget.exhausted(now):
-            self.abandon(
-                backend,
-                f"{backend.budget.used} restarts within "
-                f"{self.watchdog.restart_window_seconds:g}s; last reason: {reason}",
-            )
-            return
-        if backend.budget.cooling(now) and not backend.launch_failed:
-            return
-        attempt = backend.budget.spend(now)
-        backend.restarts += 1
-        backend.last_restart_reason = reason
-        kind = reason if reason in RESTART_REASONS else "launch_failed"
-        backend.restarts_by_reason[kind] = backend.restarts_by_reason.get(kind, 0) + 1
-        old = backend.proc
-        old_pid = old.pid if old is not None else None
-        self.events.emit(
-            "restart_started", **backend.ids(), reason=reason, old_pid=old_pid, attempt=attempt
-        )
-        if old is not None and old.alive():
-            if reason in WEDGED_REASONS:
-                process.kill(old)
-            else:
-                process.stop(old, self.settings.stop_timeout_seconds)
-        backend.launch_failed = not self.launch(backend)
-        if not backend.launch_failed:
-            backend.pending = None
-            backend.attempt = (attempt, old_pid, reason)
-            self.set_state(backend, State.STARTING, reason)
-            return
-        self.events.emit("restart_failed", **backend.ids(), reason=backend.reason, attempt=attempt)
-        if not self.retryable(backend):
-            self.set_state(backend, State.FAILED, backend.reason)
-        elif backend.budget.exhausted(self.clock()):
-            self.abandon(
-                backend,
-                f"{backend.budget.used} restarts within "
-                f"{self.watchdog.restart_window_seconds:g}s; last reason: {backend.reason}",
-            )
-
-    def abandon(self, backend: Backend, reason: str) -> None:
-        if backend.proc is not None and backend.proc.alive():
-            process.stop(backend.proc, self.settings.stop_timeout_seconds)
-        self.set_state(backend, State.ABANDONED, reason)
-        self.events.emit("backend_abandoned", **backend.ids(), reason=reason)
-
-    def handle_request(self, request: RestartRequest | str) -> None:
-        """Act on one restart request from the router, or discard it as stale."""
-        if isinstance(request, str):
-            self.events.emit("stale_request_discarded", file=request, reason="unreadable request")
-            return
-        backend = next(
-            (
-                b
-                for b in self.backends
-                if b.role == request.role and b.spec.entry.port == request.port
-            ),
-            None,
-        )
-        fields = {"role": request.role, "model_id": request.model_id, "port": request.port}
-        if backend is None:
-            self.events.emit(
-                "stale_request_discarded",
-                **fields,
-                reason="no such backend in this registry",
-                requested_reason=request.reason,
-            )
-            return
-        if backend.state not in RUNNING or backend.proc is None:
-            self.events.emit(
-                "backend_not_running",
-                **fields,
-                state=backend.state.value,
-                requested_reason=request.reason,
-            )
-            return
-        started = backend.started_wall or 0.0
-        grace = self.watchdog.startup_grace_seconds
-        if backend.state is State.RESTARTING or is_stale(request, started, grace):
-            self.events.emit(
-                "stale_request_discarded",
-                **fields,
-                requested_reason=request.reason,
-                requested_at=request.requested_at,
-                started_at=started,
-                grace_seconds=grace,
-                state=backend.state.value,
-            )
-            return
-        self.request_restart(backend, request.reason)
+            backend = Backend(spec, life)
+            self.backends[spec.role] = backend
+            if entry.enabled:
+                self.spawn_task(self.launch(backend))
 
     def sweep(self) -> None:
         """Take the router's requests and trim oversized backend logs."""
         for request in take_requests(self.watchdog.request_dir):
-            self.handle_request(request)
+            self.apply(core.Requested(request))
         max_bytes = int(self.watchdog.backend_log_max_mb * 1024 * 1024)
-        trimmed = process.trim_log(self.watchdog.log_path, max_bytes)
+        trimmed = self.control.trim_log(self.watchdog.log_path, max_bytes)
         if trimmed is not None:
             self.events.emit("backend_log_trimmed", path=str(self.watchdog.log_path), bytes=trimmed)
-        for backend in self.backends:
+        for backend in self.backends.values():
             if backend.plan is None or max_bytes <= 0:
                 continue
-            size = process.trim_log(backend.plan.log_path, max_bytes)
+            size = self.control.trim_log(backend.plan.log_path, max_bytes)
             if size is not None:
                 self.events.emit(
                     "backend_log_trimmed",
-                    **backend.ids(),
+                    **backend.life.ids(),
                     path=str(backend.plan.log_path),
                     bytes=size,
                 )
 
-    def tick(self, client: httpx.Client) -> None:
-        for backend in self.backends:
-            if backend.state is State.STARTING:
-                self.check_starting(client, backend)
-            elif backend.state is State.READY:
-                assert backend.proc is not None
-                if not backend.proc.alive():
-                    self.on_exit(backend)
-            elif backend.state is State.RESTARTING:
-                self.try_restart(backend)
+    def running(self) -> bool:
+        """Whether any backend is running, or may still be (a task is under way)."""
+        return any(b.life.state in RUNNING for b in self.backends.values())
 
-    def running(self) -> list[Backend]:
-        return [b for b in self.backends if b.state in RUNNING]
+    def turn(self) -> None:
+        """One turn of the loop: exits first, then what the tasks reported, then time."""
+        for observation in self.observe_exits():
+            self.apply(observation)
+        while self.inbox:
+            self.apply(self.inbox.pop(0))
+        self.apply(core.Tick())
 
-    def watch(self) -> int:
+    async def watch(self) -> int:
         """Supervise until a stop signal (0) or until no backend is left (1)."""
+        self._wake = asyncio.Event()
         next_sweep = self.clock()
-        with httpx.Client(
-            timeout=self.settings.health_probe_timeout_seconds, trust_env=False
-        ) as client:
-            while not self.stopping.is_set():
-                self.tick(client)
-                if self.watchdog.enabled and self.clock() >= next_sweep:
-                    self.sweep()
-                    next_sweep = self.clock() + self.watchdog.sweep_seconds
-                self.publish()
-                if not self.running():
-                    log.error("no backend is running: every one failed or was abandoned")
-                    return 1
-                self.stopping.wait(TICK_SECONDS)
+        self.start()
+        self.publish()
+        while not self.stopping.is_set():
+            self.turn()
+            if self.watchdog.enabled and self.clock() >= next_sweep:
+                self.sweep()
+                next_sweep = self.clock() + self.watchdog.sweep_seconds
+            self.publish()
+            if not self.running():
+                log.error("no backend is running: every one failed or was abandoned")
+                return 1
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK_SECONDS)
         return 0
 
-    def stop_all(self) -> None:
-        for backend in self.backends:
-            if backend.proc is not None and backend.proc.alive():
-                status = process.stop(backend.proc, self.settings.stop_timeout_seconds)
-                log.info(
-                    "stopped %s (%s): %s",
-                    backend.role,
-                    backend.spec.entry.id,
-                    process.describe_exit(status),
-                )
-            if backend.state in RUNNING:
-                self.set_state(backend, State.STOPPED)
+    async def stop_all(self) -> None:
+        """Stop every backend, all at once."""
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+        async def stop(backend: Backend, child: Child) -> None:
+            status, _survived = await self.stop_child(child, kill=False)
+            log.info(
+                "stopped %s (%s): %s",
+                backend.role,
+                backend.spec.entry.id,
+                process.describe_exit(status),
+            )
+
+        await asyncio.gather(
+            *(
+                stop(b, b.child)
+                for b in self.backends.values()
+                if b.child is not None and b.child.poll() is None
+            )
+        )
+        for backend in self.backends.values():
+            backend.life.alive = False
+            if backend.life.state in RUNNING:
+                backend.life.phase = Done(State.STOPPED)
+                backend.life.since = self.wall()
+        self.dirty = True
         self.publish()
+
+    async def main(self) -> int:
+        status = 1
+        try:
+            status = await self.watch()
+            return status
+        finally:
+            await self.stop_all()
+            await self.control.aclose()
+            self.events.emit("supervisor_stopped", pid=os.getpid(), exit_status=status)
 
     def run(self) -> int:
         """Start, watch, stop; the exit status of the ``backends`` command."""
         self.install_signal_handlers()
         self.sweep_leftovers()
-        status = 1
-        try:
-            self.start()
-            if not self.running():
-                log.error("nothing could be started")
-                return 1
-            status = self.watch()
-            return status
-        finally:
-            self.stop_all()
-            self.events.emit("supervisor_stopped", pid=os.getpid(), exit_status=status)
+        return asyncio.run(self.main())

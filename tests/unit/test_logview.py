@@ -109,6 +109,18 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         {**BACKEND, "reason": "5 restarts within 600s; last reason: stall"},
         f'{NAMED}  reason="5 restarts within 600s; last reason: stall"',
     ),
+    "process_unkillable": (
+        {**BACKEND, "pid": 35559, "reason": "still alive after SIGKILL"},
+        f'{NAMED}  pid=35559 reason="still alive after SIGKILL"',
+    ),
+    "restart_confirmed": (
+        {**BACKEND, "reason": "5xx", "rule": "canary_failed", "evidence": {"canary": "500"}},
+        f'{NAMED}  reason=5xx rule=canary_failed evidence={{"canary":"500"}}',
+    ),
+    "restart_not_confirmed": (
+        {**BACKEND, "reason": "5xx", "rule": "canary_ok", "why": "the canary answered 200"},
+        f'{NAMED}  reason=5xx rule=canary_ok why="the canary answered 200"',
+    ),
     "backend_log_trimmed": (
         {**BACKEND, "path": "/srv/slm/logs/reasoning.log", "bytes": 104857600},
         f"{NAMED}  path=/srv/slm/logs/reasoning.log bytes=104857600",

@@ -1,0 +1,508 @@
+"""The supervisor's decisions. Pure: no I/O; both clocks are passed in.
+
+The shell (:mod:`slm_server.supervise.supervisor`) observes — launch results, process
+exits, health probes, the router's restart requests, confirmation verdicts, finished
+stops, the clock — and hands each observation to :func:`decide`, which moves the
+backend's :class:`Lifecycle` to its next phase and returns the actions to carry out,
+in order: events, log lines, launches, stops, probes and confirmations.
+
+One backend's restart flow (phases from :mod:`slm_server.supervise.states`)::
+
+    Launching ──spawned──▶ Starting ──/health 200──▶ Ready ──accepted trip──▶ Confirming
+        │ failed              │ exited                 │ exited                 │ confirmed
+        ▼                     ▼                        ▼                        ▼
+    Restarting or FAILED   Restarting ◀─────────────────┴────────────────── Restarting
+                                                  not confirmed: back to Ready ─┘
+    Restarting ──budget left, cooled down──▶ stop the old process ──▶ Launching(attempt)
+    Restarting ──budget spent──▶ ABANDONED
+
+A process exit is never confirmed: it is evidence enough.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slm_server.supervise.budget import RestartBudget
+from slm_server.supervise.classify import FailureClass
+from slm_server.supervise.requests import RestartRequest, is_stale
+from slm_server.supervise.states import (
+    RUNNING,
+    Attempt,
+    Confirming,
+    Done,
+    Launching,
+    Phase,
+    Ready,
+    Restarting,
+    Starting,
+    State,
+    check_transition,
+)
+
+# Restart reasons as bounded metric labels; a failed launch's message is not one.
+RESTART_REASONS = frozenset({"exited", "exited while starting"} | {f.value for f in FailureClass})
+# Restarts of a backend that is alive but does not answer: it is killed at once.
+WEDGED_REASONS = frozenset({FailureClass.STALL.value, FailureClass.TIMEOUT.value})
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The tunables :func:`decide` reads."""
+
+    watchdog_enabled: bool
+    restart_window_seconds: float
+    startup_grace_seconds: float
+    ready_timeout_seconds: float
+    confirm: bool = False
+    # A request stamped further than this ahead of the supervisor's wall clock is forged
+    # or from a skewed clock: it cannot be checked against the grace, so it is discarded.
+    future_tolerance_seconds: float = float("inf")
+
+
+@dataclass
+class Lifecycle:
+    """Everything :func:`decide` knows about one backend: its phase, its restart
+    budget, its process (by pid) and its history for the state file."""
+
+    role: str
+    model_id: str
+    port: int
+    budget: RestartBudget
+    phase: Phase
+    reason: str | None = None
+    since: float = 0.0  # wall clock of the last state change
+    pid: int | None = None  # the last process spawned (kept after it ends, for events)
+    alive: bool = False  # whether ``pid`` is a live process of ours
+    started_wall: float | None = None  # wall clock of the last spawn
+    restarts: int = 0
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    last_exit: str | None = None
+    last_restart_reason: str | None = None
+
+    @property
+    def state(self) -> State:
+        return self.phase.state
+
+    def ids(self) -> dict[str, object]:
+        """The fields that name this backend in every watchdog event."""
+        return {"role": self.role, "model_id": self.model_id, "port": self.port}
+
+
+# -- observations ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A launch ended: ``pid`` spawned, or ``failure`` (``retryable`` when time can fix
+    it: a missing model file, a taken port)."""
+
+    role: str
+    pid: int | None
+    failure: str | None = None
+    retryable: bool = True
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The backend's process ended by itself; ``tail`` holds its log's last lines."""
+
+    role: str
+    pid: int
+    status: int | None
+    description: str
+    tail: tuple[str, ...] = ()
+    log_path: str = ""
+
+
+@dataclass(frozen=True)
+class HealthProbed:
+    role: str
+    ok: bool
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: retry waiting restarts, probe starting backends."""
+
+
+@dataclass(frozen=True)
+class Requested:
+    """A restart request file from the router (its name when it was unreadable)."""
+
+    request: RestartRequest | str
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Confirmation of a trip ended: ``restart`` or not, by ``rule``, with the evidence."""
+
+    role: str
+    restart: bool
+    rule: str
+    reason: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A stop the shell carried out ended; ``survived`` when SIGKILL did not end it
+    within its bound."""
+
+    role: str
+    pid: int
+    status: int | None
+    survived: bool = False
+
+
+Observation = Launched | Exited | HealthProbed | Tick | Requested | Judged | Stopped
+
+
+# -- actions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Emit:
+    event: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Log:
+    level: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    role: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop ``pid``: SIGTERM then SIGKILL, or (``kill``) SIGKILL at once."""
+
+    role: str
+    pid: int
+    kill: bool = False
+
+
+@dataclass(frozen=True)
+class Probe:
+    role: str
+
+
+@dataclass(frozen=True)
+class Confirm:
+    role: str
+    reason: str
+
+
+Action = Emit | Log | Launch | Stop | Probe | Confirm
+
+
+# -- the decision -------------------------------------------------------------------------
+
+
+def decide(
+    lives: Mapping[str, Lifecycle],
+    observation: Observation,
+    now: float,
+    wall: float,
+    policy: Policy,
+) -> list[Action]:
+    """Fold one observation into the lifecycles; the actions it calls for, in order.
+    ``now`` is monotonic seconds, ``wall`` wall-clock seconds."""
+    decision = _Decision(policy, now, wall)
+    if isinstance(observation, Tick):
+        for life in lives.values():
+            decision.tick(life)
+    elif isinstance(observation, Requested):
+        decision.requested(lives, observation.request)
+    else:
+        target = lives.get(observation.role)
+        if target is not None:
+            decision.observe(target, observation)
+    return decision.actions
+
+
+class _Decision:
+    """The actions of one :func:`decide` call, gathered as the transitions run."""
+
+    def __init__(self, policy: Policy, now: float, wall: float) -> None:
+        self.policy = policy
+        self.now = now
+        self.wall = wall
+        self.actions: list[Action] = []
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.actions.append(Emit(event, fields))
+
+    def log(self, level: int, message: str) -> None:
+        self.actions.append(Log(level, message))
+
+    def move(self, life: Lifecycle, phase: Phase, reason: str | None = None) -> None:
+        """Enter ``phase``; a change of published state is checked against the table
+        and stamped with ``reason`` and the time."""
+        if phase.state is not life.state or phase.state is State.RESTARTING:
+            check_transition(life.state, phase.state)
+            life.reason = reason
+            life.since = self.wall
+        life.phase = phase
+
+    def observe(self, life: Lifecycle, observation: Observation) -> None:
+        phase = life.phase
+        if isinstance(observation, Launched) and isinstance(phase, Launching):
+            self.launched(life, phase, observation)
+        elif isinstance(observation, Exited):
+            if observation.pid == life.pid and life.alive:
+                self.exited(life, observation)
+        elif isinstance(observation, HealthProbed) and isinstance(phase, Starting):
+            self.probed(life, phase, observation.ok)
+        elif isinstance(observation, Stopped) and observation.pid == life.pid:
+            self.stopped(life, observation)
+        elif isinstance(observation, Judged) and isinstance(phase, Confirming):
+            self.judged(life, phase, observation)
+
+    # Launching -> Starting when a process was spawned;
+    # Launching -> Restarting when it failed for a reason time can fix (watchdog on);
+    # Launching -> FAILED when only an edit of the registry can fix it;
+    # Launching -> ABANDONED when a retry would exceed the budget.
+    def launched(self, life: Lifecycle, phase: Launching, result: Launched) -> None:
+        attempt = phase.attempt
+        if result.pid is not None:
+            life.pid, life.alive, life.started_wall = result.pid, True, self.wall
+            starting = Starting(since=self.now, attempt=attempt)
+            self.move(life, starting, attempt.reason if attempt is not None else None)
+            return
+        failure = result.failure or "launch failed"
+        retryable = result.retryable and self.policy.watchdog_enabled
+        if attempt is not None:
+            self.emit("restart_failed", **life.ids(), reason=failure, attempt=attempt.number)
+        if not retryable:
+            self.move(life, Done(State.FAILED), failure)
+        elif attempt is not None and life.budget.exhausted(self.now):
+            self.abandon(life, self.spent(life, failure))
+        else:
+            # A retry keeps the reason of the restart it retries (the first launch's is
+            # its failure); the state's reason says why this launch failed.
+            pending = attempt.reason if attempt is not None else failure
+            self.move(life, Restarting(pending, spawned_nothing=True), failure)
+
+    # Starting/Ready/Confirming -> Restarting when the process ends (watchdog on),
+    # -> FAILED when the watchdog is off. An exit needs no confirmation.
+    def exited(self, life: Lifecycle, exit: Exited) -> None:
+        life.alive = False
+        life.last_exit = exit.description
+        status = exit.status
+        signal_name = None
+        if status is not None and status < 0:
+            signal_name = exit.description.removeprefix("killed by ")
+        self.emit(
+            "backend_exited",
+            **life.ids(),
+            pid=exit.pid,
+            exit_code=status if status is not None and status >= 0 else None,
+            signal=signal_name,
+            state=life.state.value,
+        )
+        lines = "\n".join(f"    {line}" for line in exit.tail)
+        self.log(
+            logging.ERROR,
+            f"{life.role} ({life.model_id}) exited ({exit.description}); "
+            f"last lines of {exit.log_path}:\n{lines}",
+        )
+        phase = life.phase
+        starting = isinstance(phase, Starting) and phase.attempt is not None
+        if isinstance(phase, Starting) and phase.attempt is not None:
+            self.emit(
+                "restart_failed",
+                **life.ids(),
+                reason=f"{exit.description} while starting",
+                attempt=phase.attempt.number,
+            )
+        if not self.policy.watchdog_enabled:
+            self.move(life, Done(State.FAILED), exit.description)
+            return
+        self.restart(life, "exited while starting" if starting else "exited")
+
+    # Starting -> Ready on /health 200 (the shell probes only live processes).
+    def probed(self, life: Lifecycle, phase: Starting, ok: bool) -> None:
+        elapsed = self.now - phase.since
+        if ok:
+            self.move(life, Ready())
+            self.log(
+                logging.INFO,
+                f"{life.role} ({life.model_id}) is ready on port {life.port} after {elapsed:.1f}s",
+            )
+            if phase.attempt is not None:
+                self.emit(
+                    "restart_succeeded",
+                    **life.ids(),
+                    reason=phase.attempt.reason,
+                    old_pid=phase.attempt.old_pid,
+                    new_pid=life.pid,
+                    attempt=phase.attempt.number,
+                    seconds=round(elapsed, 3),
+                )
+            return
+        if elapsed > self.policy.ready_timeout_seconds and not phase.loading_reported:
+            life.phase = Starting(phase.since, phase.attempt, loading_reported=True)
+            self.log(
+                logging.WARNING,
+                f"{life.role} ({life.model_id}) is still loading after {elapsed:.0f}s",
+            )
+
+    # Restarting(stopping) -> Launching(attempt) once the old process is gone.
+    def stopped(self, life: Lifecycle, stop: Stopped) -> None:
+        life.alive = False
+        if stop.survived:
+            self.emit(
+                "process_unkillable",
+                **life.ids(),
+                pid=stop.pid,
+                reason="still alive after SIGKILL; left, not waited on",
+            )
+        phase = life.phase
+        if isinstance(phase, Restarting) and phase.stopping is not None:
+            self.move(life, Launching(phase.stopping), phase.reason)
+            self.actions.append(Launch(life.role))
+
+    # Confirming -> Restarting when the evidence says the backend cannot serve;
+    # Confirming -> Ready otherwise (the trip is logged as not confirmed).
+    def judged(self, life: Lifecycle, phase: Confirming, verdict: Judged) -> None:
+        if verdict.restart:
+            self.emit(
+                "restart_confirmed",
+                **life.ids(),
+                reason=phase.reason,
+                rule=verdict.rule,
+                evidence=dict(verdict.evidence),
+            )
+            life.phase = Ready()
+            self.restart(life, phase.reason)
+            return
+        life.phase = Ready()
+        self.emit(
+            "restart_not_confirmed",
+            **life.ids(),
+            reason=phase.reason,
+            rule=verdict.rule,
+            why=verdict.reason,
+            evidence=dict(verdict.evidence),
+        )
+
+    def tick(self, life: Lifecycle) -> None:
+        phase = life.phase
+        if isinstance(phase, Restarting) and phase.stopping is None:
+            self.try_restart(life, phase)
+        elif isinstance(phase, Starting) and life.alive:
+            self.actions.append(Probe(life.role))
+
+    # any running phase -> Restarting(reason), then at once a restart if it may.
+    def restart(self, life: Lifecycle, reason: str) -> None:
+        phase = Restarting(reason)
+        self.move(life, phase, reason)
+        self.try_restart(life, phase)
+
+    # Restarting -> ABANDONED when the budget is spent; stays while cooling down (unless
+    # the last attempt spawned nothing); else spends one restart and stops the old
+    # process (Restarting(stopping)) or, with none alive, launches (Launching(attempt)).
+    def try_restart(self, life: Lifecycle, phase: Restarting) -> None:
+        budget = life.budget
+        if budget.exhausted(self.now):
+            self.abandon(life, self.spent(life, phase.reason))
+            return
+        if budget.cooling(self.now) and not phase.spawned_nothing:
+            return
+        number = budget.spend(self.now)
+        reason = phase.reason
+        life.restarts += 1
+        life.last_restart_reason = reason
+        kind = reason if reason in RESTART_REASONS else "launch_failed"
+        life.restarts_by_reason[kind] = life.restarts_by_reason.get(kind, 0) + 1
+        attempt = Attempt(number, life.pid, reason)
+        self.emit("restart_started", **life.ids(), reason=reason, old_pid=life.pid, attempt=number)
+        if life.alive and life.pid is not None:
+            life.phase = Restarting(reason, stopping=attempt)
+            self.actions.append(Stop(life.role, life.pid, kill=reason in WEDGED_REASONS))
+            return
+        self.move(life, Launching(attempt), reason)
+        self.actions.append(Launch(life.role))
+
+    def spent(self, life: Lifecycle, reason: str) -> str:
+        return (
+            f"{life.budget.used} restarts within "
+            f"{self.policy.restart_window_seconds:g}s; last reason: {reason}"
+        )
+
+    def abandon(self, life: Lifecycle, reason: str) -> None:
+        if life.alive and life.pid is not None:
+            self.actions.append(Stop(life.role, life.pid))
+        self.move(life, Done(State.ABANDONED), reason)
+        self.emit("backend_abandoned", **life.ids(), reason=reason)
+
+    # -- the router's restart requests -----------------------------------------------
+
+    def requested(self, lives: Mapping[str, Lifecycle], request: RestartRequest | str) -> None:
+        """Act on one restart request, or discard it as stale or forged."""
+        if isinstance(request, str):
+            self.emit("stale_request_discarded", file=request, reason="unreadable request")
+            return
+        life = next(
+            (x for x in lives.values() if x.role == request.role and x.port == request.port),
+            None,
+        )
+        fields: dict[str, Any] = {
+            "role": request.role,
+            "model_id": request.model_id,
+            "port": request.port,
+        }
+        if life is None:
+            self.emit(
+                "stale_request_discarded",
+                **fields,
+                reason="no such backend in this registry",
+                requested_reason=request.reason,
+            )
+            return
+        if life.state not in RUNNING or life.pid is None or not life.alive:
+            self.emit(
+                "backend_not_running",
+                **fields,
+                state=life.state.value,
+                requested_reason=request.reason,
+            )
+            return
+        started = life.started_wall or 0.0
+        grace = self.policy.startup_grace_seconds
+        future = request.requested_at > self.wall + self.policy.future_tolerance_seconds
+        busy = life.state is State.RESTARTING
+        if future or busy or is_stale(request, started, grace):
+            if future:
+                why = "stamped in the future"
+            elif isinstance(life.phase, Confirming):
+                why = "a confirmation is under way"
+            elif busy:
+                why = f"the backend is {life.state.value}"
+            else:
+                why = "raised before the backend's start plus the startup grace"
+            self.emit(
+                "stale_request_discarded",
+                **fields,
+                reason=why,
+                requested_reason=request.reason,
+                requested_at=request.requested_at,
+                started_at=started,
+                grace_seconds=grace,
+                state=life.state.value,
+            )
+            return
+        if self.policy.confirm:
+            life.phase = Confirming(request.reason, request.detail)
+            self.actions.append(Confirm(life.role, request.reason))
+            return
+        self.restart(life, request.reason)
