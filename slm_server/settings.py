@@ -120,6 +120,7 @@ class WatchdogSettings:
     request_dir: Path
     log_path: Path
     backend_log_max_mb: float
+    confirm_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], log_dir: Path) -> WatchdogSettings:
@@ -135,6 +136,7 @@ class WatchdogSettings:
             request_dir=_path(env, "SLM_WATCHDOG_REQUEST_DIR", log_dir / "watchdog-requests"),
             log_path=_path(env, "SLM_WATCHDOG_LOG_PATH", log_dir / "watchdog.jsonl"),
             backend_log_max_mb=_float(env, "SLM_BACKEND_LOG_MAX_MB", 100.0),
+            confirm_seconds=_float(env, "SLM_WATCHDOG_CONFIRM_SECONDS", 10.0, minimum=0.001),
         )
 
     def tunables(self) -> dict[str, object]:
@@ -151,6 +153,7 @@ class WatchdogSettings:
             "request_dir": str(self.request_dir),
             "log_path": str(self.log_path),
             "backend_log_max_mb": self.backend_log_max_mb,
+            "confirm_seconds": self.confirm_seconds,
         }
 
 

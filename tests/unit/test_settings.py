@@ -148,6 +148,7 @@ def test_defaults(tmp_path: Path) -> None:
             request_dir=PROJECT_ROOT / "logs" / "watchdog-requests",
             log_path=PROJECT_ROOT / "logs" / "watchdog.jsonl",
             backend_log_max_mb=100.0,
+            confirm_seconds=10.0,
         ),
     )
     assert s.pidfile_path == PROJECT_ROOT / "logs" / "backends.pids.json"
@@ -277,3 +278,28 @@ def test_relative_path_in_dotenv_is_from_project_root(tmp_path: Path) -> None:
 
 def test_llama_server_bin_is_not_resolved(tmp_path: Path) -> None:
     assert settings(tmp_path, SLM_LLAMA_SERVER_BIN="bin/llama").llama_server_bin == "bin/llama"
+
+
+# --- watchdog confirmation ------------------------------------------------------------------
+
+
+def test_confirm_seconds_from_environment_and_in_the_tunables(tmp_path: Path) -> None:
+    assert settings(tmp_path).watchdog.confirm_seconds == 10.0
+    watchdog = settings(tmp_path, SLM_WATCHDOG_CONFIRM_SECONDS="2.5").watchdog
+    assert watchdog.confirm_seconds == 2.5
+    assert watchdog.tunables()["confirm_seconds"] == 2.5
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("0", "SLM_WATCHDOG_CONFIRM_SECONDS='0' must be at least 0.001"),
+        ("-1", "SLM_WATCHDOG_CONFIRM_SECONDS='-1' must be at least 0.001"),
+        ("soon", "SLM_WATCHDOG_CONFIRM_SECONDS='soon' is not a number"),
+        ("inf", "SLM_WATCHDOG_CONFIRM_SECONDS='inf' must be a finite number"),
+    ],
+)
+def test_confirm_seconds_must_be_positive(tmp_path: Path, raw: str, message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        settings(tmp_path, SLM_WATCHDOG_CONFIRM_SECONDS=raw)
+    assert str(caught.value) == message
