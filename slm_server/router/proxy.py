@@ -52,8 +52,8 @@ from slm_server.router.upstream import (
     forward_headers,
 )
 from slm_server.settings import Settings
-from slm_server.supervise.classify import HEALTHY, TIMED_OUT, classify_status, outcome_of
-from slm_server.supervise.tripwire import StallTimer, Tripwire
+from slm_server.supervise.classify import HEALTHY, classify_status, outcome_of
+from slm_server.supervise.tripwire import Progress, StallTimer, Tripwire
 
 RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
 _T = TypeVar("_T")
@@ -187,11 +187,21 @@ class Proxy:
         finally:
             exchange.upstream_seconds += time.perf_counter() - started
 
-    async def _read(self, spec: ModelSpec, upstream: UpstreamResponse, exchange: Exchange) -> bytes:
-        """The whole body, with the outcome judged by the watchdog."""
+    async def _read(
+        self,
+        spec: ModelSpec,
+        upstream: UpstreamResponse,
+        exchange: Exchange,
+        progress: Progress | None = None,
+    ) -> bytes:
+        """The whole body, with the outcome judged by the watchdog; read piece by piece,
+        each piece noted in ``progress``, when there is one."""
         started = time.perf_counter()
         try:
-            content = await self.upstream.read(spec, upstream)
+            if progress is None:
+                content = await self.upstream.read(spec, upstream)
+            else:
+                content = await self._gather(spec, upstream, progress)
         except GatewayError as error:
             self.tripwire.observe(spec, outcome_of(error), error.message)
             raise
@@ -200,25 +210,42 @@ class Proxy:
         self.tripwire.observe(spec, classify_status(upstream.status_code))
         return content
 
+    async def _gather(
+        self, spec: ModelSpec, upstream: UpstreamResponse, progress: Progress
+    ) -> bytes:
+        """The whole body, piece by piece as it arrives."""
+        parts: list[bytes] = []
+        progress.waiting(time.perf_counter())
+        async for part in self.upstream.iter_raw(spec, upstream):
+            progress.arrived()
+            parts.append(part)
+            progress.waiting(time.perf_counter())
+        return b"".join(parts)
+
     async def _watched(
         self,
         spec: ModelSpec,
         chunks: AsyncIterator[_T],
         timer: StallTimer,
         exchange: Exchange,
+        progress: Progress,
     ) -> AsyncIterator[_T]:
-        """``chunks`` as they come; the first one clears the stall timer and counts as
-        health, a transport failure counts against the backend."""
+        """``chunks`` as they come, each noted in ``progress``; the first one clears the
+        stall timer and counts as health, a transport failure counts against the
+        backend."""
         iterator = aiter(chunks)
         try:
             while True:
                 started = time.perf_counter()
+                # Left set when a cut cancels the wait: the deadline is judged after.
+                progress.waiting(started)
                 try:
                     chunk = await anext(iterator)
                 except StopAsyncIteration:
                     return
                 finally:
                     exchange.upstream_seconds += time.perf_counter() - started
+                progress.arrived()
                 if exchange.first_chunk is None:
                     timer.first_byte()
                     self.tripwire.observe(spec, HEALTHY)
@@ -254,7 +281,7 @@ class Proxy:
             # backend); the guard's own limit is only a backstop behind it. A free slot
             # is taken at once, with nothing to guard.
             if not gate.try_acquire():
-                await self._guard(request, gate.acquire(timeout), timeout + 1.0, spec, False)
+                await self._guard(request, gate.acquire(timeout), timeout + 1.0, spec, None)
         finally:
             exchange.queue_seconds = time.perf_counter() - started
         return Slot(gate)
@@ -265,10 +292,12 @@ class Proxy:
         work: Awaitable[_T],
         timeout: float,
         spec: ModelSpec,
-        count_timeout: bool,
+        progress: Progress | None,
     ) -> _T:
-        """``work`` under the deadline, the client's presence and the drain; a deadline
-        the backend itself missed (not one the caller shortened) counts against it."""
+        """``work`` under the deadline, the client's presence and the drain. A deadline
+        that is the model's own is judged by the watchdog from ``progress``; None when
+        the deadline is not the backend's to answer for (the caller shortened it, or
+        the request is still queued)."""
         try:
             return await self.waits.run(client_of(request.scope, request.receive), work, timeout)
         except TimeoutError:
@@ -277,9 +306,14 @@ class Proxy:
                 f"deadline of {timeout:.3g}s",
                 code="deadline_exceeded",
             )
-            if count_timeout:
-                self.tripwire.observe(spec, TIMED_OUT, error.message)
+            self._judge_deadline(spec, progress, error)
             raise error from None
+
+    def _judge_deadline(
+        self, spec: ModelSpec, progress: Progress | None, error: GatewayError
+    ) -> None:
+        if progress is not None:
+            self.tripwire.deadline(spec, progress.silence(time.perf_counter()), error.message)
 
     def cancel_waiting(self) -> None:
         """End every request still waiting on a backend (the drain period is over)."""
@@ -303,8 +337,9 @@ class Proxy:
         The slot is released when the answer is complete (for a stream: when the relay
         ends, however it ends)."""
         loop_deadline = running_loop().time() + timeout
+        progress = None if shortened else Progress()
         upstream, timer = await self._guard(
-            request, self._open(spec, path, body, headers, exchange), timeout, spec, not shortened
+            request, self._open(spec, path, body, headers, exchange), timeout, spec, progress
         )
         return await self._reply(
             request,
@@ -314,7 +349,7 @@ class Proxy:
             timer,
             hidden_usage,
             loop_deadline,
-            shortened,
+            progress,
             slot,
             translate,
         )
@@ -328,20 +363,23 @@ class Proxy:
         timer: StallTimer,
         hidden_usage: bool,
         loop_deadline: float,
-        shortened: bool,
+        progress: Progress | None,
         slot: Slot,
         translate: dict[str, Any] | None = None,
     ) -> Response | ASGIApp:
         """Answer with an opened upstream response: relayed when it streams, else read
         whole under the deadline (and converted when ``translate`` is the original
-        Responses-API request)."""
+        Responses-API request). ``progress`` notes what the backend delivers, for the
+        watchdog to judge a deadline that cuts the answer; None when the client
+        shortened the deadline (it is never judged)."""
         content_type = upstream.headers.get("content-type", "application/json")
         streams = upstream.status_code == 200 and "event-stream" in content_type
+        noted = progress if progress is not None else Progress()
 
         def on_cut(error: GatewayError) -> None:
             exchange.error_type = error.code
-            if error.code == "deadline_exceeded" and not shortened:
-                self.tripwire.observe(spec, TIMED_OUT, error.message)
+            if error.code == "deadline_exceeded":
+                self._judge_deadline(spec, progress, error)
 
         async def close() -> None:
             try:
@@ -350,7 +388,9 @@ class Proxy:
                 slot.release()
 
         if exchange.stream and streams and translate is None:
-            chunks = self._watched(spec, self.upstream.iter_raw(spec, upstream), timer, exchange)
+            chunks = self._watched(
+                spec, self.upstream.iter_raw(spec, upstream), timer, exchange, noted
+            )
             tap = SseTap(exchange, drop_usage_chunk=hidden_usage)
             return StreamRelay(
                 self._tapped(chunks, tap),
@@ -362,7 +402,9 @@ class Proxy:
             )
         if exchange.stream and streams and translate is not None:
             translator = ResponseStreamTranslator(translate)
-            events = self._watched(spec, self.upstream.iter_sse(spec, upstream), timer, exchange)
+            events = self._watched(
+                spec, self.upstream.iter_sse(spec, upstream), timer, exchange, noted
+            )
             return StreamRelay(
                 self._translated(events, translator, exchange),
                 close,
@@ -373,11 +415,12 @@ class Proxy:
             )
         timer.cancel()
         try:
-            reading = self._read(spec, upstream, exchange)
-            if not upstream.complete:  # else the body is in already: nothing to wait for
+            if upstream.complete:  # the body is in already: nothing to wait for
+                content = await self._read(spec, upstream, exchange)
+            else:
                 remaining = loop_deadline - running_loop().time()
-                reading = self._guard(request, reading, remaining, spec, not shortened)
-            content = await reading
+                reading = self._read(spec, upstream, exchange, noted)
+                content = await self._guard(request, reading, remaining, spec, progress)
         finally:
             await close()
         if upstream.status_code >= 400:
@@ -464,17 +507,18 @@ class Proxy:
         """The backend's own ``/v1/responses``; on 404/422, the request converted to
         chat completions and the answer converted back."""
         remaining = timeout - (time.monotonic() - started)
+        progress = None if shortened else Progress()
         probe, timer = await self._guard(
             request,
             self._open(spec, "/v1/responses", raw, headers, exchange),
             remaining,
             spec,
-            not shortened,
+            progress,
         )
         if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
             loop_deadline = running_loop().time() + (timeout - (time.monotonic() - started))
             return await self._reply(
-                request, spec, exchange, probe, timer, False, loop_deadline, shortened, slot
+                request, spec, exchange, probe, timer, False, loop_deadline, progress, slot
             )
         timer.cancel()
         await probe.aclose()

@@ -5,11 +5,13 @@ describe the backend (429 saturated, 408 timed out) as well as the caller:
 
     health   2xx, 400, 404, 422          resets the model's failure streak
     failure  408, 425, 429, every 5xx,   counts toward a restart
-             refused connections, timeouts, broken connections
-    ignore   every other status          neither counts nor resets: an unknown code
-                                         is not evidence of health
+             refused connections, backend timeouts, broken connections
+    ignore   every other status,         neither counts nor resets: an unknown code
+             a deadline that cut an      is not evidence of health, and a cut answer
+             answer still arriving       is the client's budget running out
 
-A first-byte stall on a streaming request is a failure that trips at once.
+A first-byte stall on a streaming request is a failure that trips at once. Which
+deadlines are backend timeouts is :func:`deadline_outcome`'s rule.
 """
 
 from __future__ import annotations
@@ -72,6 +74,22 @@ UNREACHABLE = Outcome(Verdict.FAILURE, FailureClass.UNREACHABLE)
 TIMED_OUT = Outcome(Verdict.FAILURE, FailureClass.TIMEOUT)
 BROKEN = Outcome(Verdict.FAILURE, FailureClass.BROKEN)
 STALLED = Outcome(Verdict.FAILURE, FailureClass.STALL)
+# The model's own deadline cut an answer the backend was still delivering.
+PROGRESSING = Outcome(Verdict.IGNORE)
+
+
+def deadline_outcome(silence: float | None, stall_seconds: float) -> Outcome:
+    """The verdict on a request that the model's own deadline cut.
+
+    ``silence`` is how long the router had been waiting on the backend with nothing
+    arriving when the deadline passed (0 when it was not waiting on it), or None when
+    the backend had delivered no byte of the answer's body at all. The cut is a backend
+    timeout when nothing had come, or nothing for at least ``stall_seconds``; otherwise
+    the backend was making progress and the deadline was only the client's budget.
+    """
+    if silence is None or silence >= stall_seconds:
+        return TIMED_OUT
+    return PROGRESSING
 
 
 def outcome_of(error: GatewayError) -> Outcome:

@@ -25,6 +25,7 @@ EVENTS = frozenset(
     {
         "backend_failure",
         "unclassified_status",
+        "deadline_not_counted",
         "restart_requested",
         "stale_request_discarded",
         "backend_exited",

@@ -1,7 +1,8 @@
 """The router's half of the watchdog: judge every proxied outcome, keep failure
-streaks, arm first-byte stall timers on streams, and on a trip write a restart request
-for the supervisor. Failure and ignore verdicts are logged; health is not (it would be
-every successful request).
+streaks, arm first-byte stall timers on streams, judge the deadlines that cut requests
+by what the backend had delivered, and on a trip write a restart request for the
+supervisor. Failure and ignore verdicts are logged; health is not (it would be every
+successful request).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from slm_server.config import ModelSpec
 from slm_server.settings import WatchdogSettings
-from slm_server.supervise.classify import STALLED, Outcome, Verdict
+from slm_server.supervise.classify import STALLED, Outcome, Verdict, deadline_outcome
 from slm_server.supervise.events import EventLog
 from slm_server.supervise.requests import RestartRequest, write_request
 from slm_server.supervise.streaks import Streaks, Trip
@@ -34,6 +35,34 @@ class StallTimer:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+
+class Progress:
+    """What the backend has delivered on one request so far, kept by whatever reads its
+    answer: ``waiting(now)`` as it starts waiting for more bytes, ``arrived()`` when some
+    came. Times are the reader's clock (``time.perf_counter()`` in the router)."""
+
+    __slots__ = ("delivered", "waiting_since")
+
+    def __init__(self) -> None:
+        self.delivered = False
+        self.waiting_since: float | None = None
+
+    def waiting(self, now: float) -> None:
+        self.waiting_since = now
+
+    def arrived(self) -> None:
+        self.delivered = True
+        self.waiting_since = None
+
+    def silence(self, now: float) -> float | None:
+        """None while no byte of the body has come; else how long the reader has been
+        waiting with nothing arriving, 0 when it is not waiting on the backend at all
+        (the router, or a client slow to read, holds the answer up, not the backend)."""
+        if not self.delivered:
+            return None
+        since = self.waiting_since
+        return 0.0 if since is None else max(0.0, now - since)
 
 
 class Tripwire:
@@ -77,6 +106,28 @@ class Tripwire:
             )
         if trip is not None:
             self.trip(spec, trip, detail)
+
+    def deadline(self, spec: ModelSpec, silence: float | None, detail: str) -> Outcome:
+        """Judge a request the model's own deadline cut (``silence`` as
+        :meth:`Progress.silence` gives it): a backend timeout is observed as one; a cut
+        while the backend was still delivering counts for nothing and is logged as
+        ``deadline_not_counted``."""
+        outcome = deadline_outcome(silence, self.settings.stall_seconds)
+        if outcome.verdict is Verdict.FAILURE:
+            if silence is not None:
+                detail = f"{detail}; nothing from the backend for {silence:.3g}s"
+            self.observe(spec, outcome, detail)
+        elif self.settings.enabled and silence is not None:
+            self.events.emit(
+                "deadline_not_counted",
+                role=spec.role,
+                model_id=spec.entry.id,
+                port=spec.entry.port,
+                silent_seconds=round(silence, 3),
+                stall_seconds=self.settings.stall_seconds,
+                detail=detail,
+            )
+        return outcome
 
     def trip(self, spec: ModelSpec, trip: Trip, detail: str | None) -> None:
         request = RestartRequest(

@@ -4,6 +4,7 @@ decision must appear in ``logs/watchdog.jsonl``. Thresholds are seconds, not min
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -277,3 +278,113 @@ def test_an_oversized_backend_log_is_trimmed(tmp_path: Path) -> None:
         assert prev.startswith(first_lines)
         assert log.stat().st_size < 10_000
         assert stack.state("standard")["state"] == "ready"
+
+
+# --- progress is not failure: which deadlines are backend timeouts ------------------------
+
+STALL_SECONDS = "1.5"  # above the 0.4 s token interval, below the 2 s deadline
+
+
+def cut_stream(stack: Watched, role: str, path: str = "/v1/chat/completions") -> list[str]:
+    """Stream one answer to its end; the ``data:`` lines the client got."""
+    key = "messages" if path == "/v1/chat/completions" else "input"
+    body = {"model": stack.model_id(role), key: HELLO, "stream": True}
+    with httpx.stream("POST", f"{stack.url}{path}", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        return [line for line in response.iter_lines() if line.startswith("data:")]
+
+
+def deadline_error(lines: list[str]) -> dict[str, Any]:
+    """The in-band error that ended a chat stream: its last line, with no ``[DONE]``."""
+    assert "data: [DONE]" not in lines
+    error: dict[str, Any] = json.loads(lines[-1][5:])["error"]
+    return error
+
+
+def no_restart_after_a_sweep(stack: Watched, role: str, pid: int) -> None:
+    marker = write_request(
+        stack.log_dir / "watchdog-requests",
+        RestartRequest("nobody", "none", 1, "marker", time.time()),
+    )
+    poll(lambda: not marker.exists(), 5, "a sweep after the requests")
+    assert not stack.events("restart_requested")
+    assert not stack.events("restart_started")
+    assert stack.pid(role) == pid
+
+
+def test_streams_cut_by_the_deadline_while_tokens_flow_never_count(tmp_path: Path) -> None:
+    tokens = {"script": {"chunks": 200, "chunk_interval_seconds": 0.4}}
+    models = {
+        "standard": fake_entry(tmp_path, "standard", tokens, default_timeout=2, max_concurrency=4)
+    }
+    with watched(tmp_path, models, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS) as stack:
+        wait_past_grace(stack, "standard")
+        pid = stack.pid("standard")
+        for round_ in range(2):  # overlapping streams, twice the failure threshold each round
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                chats = [pool.submit(cut_stream, stack, "standard") for _ in range(3)]
+                responses = pool.submit(cut_stream, stack, "standard", "/v1/responses")
+                for future in chats:
+                    lines = future.result()
+                    assert len(lines) > 3, "tokens flowed before the cut"
+                    error = deadline_error(lines)
+                    assert error["code"] == "deadline_exceeded"
+                    assert error["type"] == "timeout_error"
+                translated = [json.loads(line[5:]) for line in responses.result()]
+                assert "response.output_text.delta" in {e["type"] for e in translated}
+                assert translated[-1]["type"] == "response.failed"
+                assert "reached its deadline" in translated[-1]["response"]["error"]["message"]
+            cuts = 4 * (round_ + 1)
+
+            def judged(count: int = cuts) -> bool:
+                return len(stack.events("deadline_not_counted")) >= count
+
+            poll(judged, 5, f"{cuts} cuts judged")
+        cut = stack.events("deadline_not_counted")
+        assert len(cut) == 8
+        assert all(e["role"] == "standard" and e["stall_seconds"] == 1.5 for e in cut)
+        assert all(0 <= e["silent_seconds"] < 1.5 for e in cut)
+        assert not stack.events("backend_failure")
+        no_restart_after_a_sweep(stack, "standard", pid)
+
+
+def test_streams_silent_past_the_stall_threshold_at_the_deadline_count(tmp_path: Path) -> None:
+    # A first token at once, then nothing for 30 s: the deadline (2 s) finds the backend
+    # silent for longer than the stall threshold (1.5 s).
+    silent = {"script": {"chunks": 2, "chunk_interval_seconds": 30}}
+    models = {
+        "standard": fake_entry(tmp_path, "standard", silent, default_timeout=2, max_concurrency=4)
+    }
+    with watched(tmp_path, models, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS) as stack:
+        wait_past_grace(stack, "standard")
+        old_pid = stack.pid("standard")
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            streams = [pool.submit(cut_stream, stack, "standard") for _ in range(2)]
+            for future in streams:
+                assert deadline_error(future.result())["code"] == "deadline_exceeded"
+        requested = stack.wait_event("restart_requested", reason="timeout")
+        failures = [e for e in stack.events("backend_failure") if e["reason"] == "timeout"]
+        assert [e["streak"] for e in failures] == [1, 2]
+        assert all("nothing from the backend for" in e["detail"] for e in failures)
+        assert requested["streak"] == 2
+        assert not stack.events("deadline_not_counted")
+        stack.wait_event("restart_succeeded", old_pid=old_pid)
+
+
+def test_a_non_streaming_request_cut_by_the_deadline_counts(tmp_path: Path) -> None:
+    # llama-server sends a non-streamed answer's head only at the end: nothing arrives
+    # before it, so a deadline there is no evidence of progress.
+    models = {
+        "standard": fake_entry(tmp_path, "standard", {"script": {"stall": True}}, default_timeout=2)
+    }
+    with watched(tmp_path, models, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS) as stack:
+        wait_past_grace(stack, "standard")
+        old_pid = stack.pid("standard")
+        for _ in range(2):
+            response = chat(stack, "standard")
+            assert response.status_code == 504
+            assert response.json()["error"]["code"] == "deadline_exceeded"
+        requested = stack.wait_event("restart_requested", reason="timeout")
+        assert requested["streak"] == 2
+        assert not stack.events("deadline_not_counted")
+        stack.wait_event("restart_succeeded", old_pid=old_pid)

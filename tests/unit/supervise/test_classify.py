@@ -9,6 +9,7 @@ from slm_server.supervise.classify import (
     FAILURE_4XX,
     HEALTH_STATUSES,
     HEALTHY,
+    PROGRESSING,
     STALLED,
     TIMED_OUT,
     UNREACHABLE,
@@ -16,6 +17,7 @@ from slm_server.supervise.classify import (
     Outcome,
     Verdict,
     classify_status,
+    deadline_outcome,
 )
 
 HEALTH = [200, 201, 202, 204, 206, 250, 299, 400, 404, 422]
@@ -180,3 +182,31 @@ def test_outcome_is_frozen() -> None:
     outcome = classify_status(200)
     with pytest.raises(AttributeError):
         outcome.status = 500  # type: ignore[misc]
+
+
+# --- deadlines: which cuts are backend timeouts ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("silence", "stall_seconds", "expected"),
+    [
+        pytest.param(None, 1.5, TIMED_OUT, id="nothing-delivered"),
+        pytest.param(None, 1e9, TIMED_OUT, id="nothing-delivered-whatever-the-threshold"),
+        pytest.param(1.5, 1.5, TIMED_OUT, id="silent-for-the-threshold"),
+        pytest.param(4.0, 1.5, TIMED_OUT, id="silent-past-the-threshold"),
+        pytest.param(1.49, 1.5, PROGRESSING, id="silent-just-under-the-threshold"),
+        pytest.param(0.3, 1.5, PROGRESSING, id="tokens-still-flowing"),
+        pytest.param(0.0, 1.5, PROGRESSING, id="not-waiting-on-the-backend"),
+        pytest.param(119.0, 300.0, PROGRESSING, id="defaults-mid-stream-silence"),
+    ],
+)
+def test_a_deadline_is_a_backend_timeout_only_without_progress(
+    silence: float | None, stall_seconds: float, expected: Outcome
+) -> None:
+    assert deadline_outcome(silence, stall_seconds) == expected
+
+
+def test_a_cut_that_was_progressing_neither_counts_nor_resets() -> None:
+    assert PROGRESSING.verdict is Verdict.IGNORE
+    assert PROGRESSING.failure is None
+    assert PROGRESSING.status is None

@@ -17,6 +17,7 @@ from slm_server.settings import WatchdogSettings
 from slm_server.supervise.classify import (
     BROKEN,
     HEALTHY,
+    PROGRESSING,
     STALLED,
     TIMED_OUT,
     UNREACHABLE,
@@ -25,7 +26,7 @@ from slm_server.supervise.classify import (
 )
 from slm_server.supervise.events import EventLog
 from slm_server.supervise.requests import RestartRequest, take_requests
-from slm_server.supervise.tripwire import StallTimer, Tripwire
+from slm_server.supervise.tripwire import Progress, StallTimer, Tripwire
 
 WALL = 1_700_000_000.25
 TS = "2023-11-14T22:13:20.250Z"
@@ -466,3 +467,103 @@ def test_first_byte_after_the_stall_is_harmless(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert len(request_files(wire)) == 1
+
+
+# --- deadlines -------------------------------------------------------------------------
+
+
+def test_progress_before_any_byte_is_no_evidence() -> None:
+    progress = Progress()
+    assert progress.silence(10.0) is None
+    progress.waiting(10.0)
+    assert progress.silence(99.0) is None, "waiting for the head or first byte: nothing came"
+
+
+def test_progress_measures_the_current_wait_only() -> None:
+    progress = Progress()
+    progress.waiting(10.0)
+    progress.arrived()
+    assert progress.silence(50.0) == 0.0, "not waiting on the backend: it holds nothing up"
+    progress.waiting(12.0)
+    assert progress.silence(12.5) == 0.5
+    progress.arrived()
+    progress.waiting(20.0)
+    assert progress.silence(23.0) == 3.0
+
+
+def test_a_slow_client_is_not_backend_silence() -> None:
+    """Blocked sending to the client for a long time, then back to the backend, which
+    answers at once: the backend was never silent."""
+    progress = Progress()
+    progress.waiting(0.0)
+    progress.arrived()  # a chunk, then 30 s of a client that does not read
+    assert progress.silence(30.0) == 0.0
+    progress.waiting(30.0)
+    assert progress.silence(30.2) == pytest.approx(0.2)
+
+
+def test_a_deadline_with_nothing_delivered_is_a_timeout(tmp_path: Path) -> None:
+    wire = tripwire(tmp_path, stall_seconds=1.5)
+    detail = "The backend for 'smollm2-135m-instruct' did not answer within 2s"
+    assert wire.deadline(STANDARD, None, detail) == TIMED_OUT
+    assert events(wire) == [
+        {
+            "ts": TS,
+            "event": "backend_failure",
+            **IDS,
+            "reason": "timeout",
+            "streak": 1,
+            "detail": detail,
+        }
+    ]
+
+
+def test_a_deadline_after_silence_past_the_stall_threshold_is_a_timeout(tmp_path: Path) -> None:
+    wire = tripwire(tmp_path, stall_seconds=1.5)
+    assert wire.deadline(STANDARD, 1.8, "cut") == TIMED_OUT
+    assert wire.deadline(STANDARD, 1.5, "cut") == TIMED_OUT
+    [first, second, requested] = events(wire)
+    assert (first["reason"], first["streak"]) == ("timeout", 1)
+    assert first["detail"] == "cut; nothing from the backend for 1.8s"
+    assert (second["event"], second["streak"]) == ("backend_failure", 2)
+    assert requested["event"] == "restart_requested"
+    assert requested["reason"] == "timeout"
+    assert len(request_files(wire)) == 1
+
+
+def test_a_deadline_that_cuts_progress_counts_for_nothing(tmp_path: Path) -> None:
+    wire = tripwire(tmp_path, stall_seconds=1.5)
+    for _ in range(5):
+        assert wire.deadline(STANDARD, 0.4, "streaming") == PROGRESSING
+    assert wire.open_streak("standard") == 0
+    assert request_files(wire) == []
+    assert events(wire)[0] == {
+        "ts": TS,
+        "event": "deadline_not_counted",
+        **IDS,
+        "silent_seconds": 0.4,
+        "stall_seconds": 1.5,
+        "detail": "streaming",
+    }
+    assert [e["event"] for e in events(wire)] == ["deadline_not_counted"] * 5
+
+
+def test_a_progressing_cut_neither_ends_nor_extends_a_streak(tmp_path: Path) -> None:
+    wire = tripwire(tmp_path, stall_seconds=1.5)
+    observe(wire, 500)
+    wire.deadline(STANDARD, 0.1, "streaming")
+    assert wire.open_streak("standard") == 1
+    observe(wire, 500)
+    assert [e["event"] for e in events(wire)] == [
+        "backend_failure",
+        "deadline_not_counted",
+        "backend_failure",
+        "restart_requested",
+    ]
+
+
+def test_a_disabled_watchdog_judges_no_deadline(tmp_path: Path) -> None:
+    wire = tripwire(tmp_path, enabled=False)
+    wire.deadline(STANDARD, None, "cut")
+    wire.deadline(STANDARD, 0.1, "cut")
+    assert not wire.settings.log_path.exists()
