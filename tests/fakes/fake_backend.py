@@ -10,9 +10,11 @@ Proxied endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/re
 /v1/responses (404 unless scripted), /v1/images/generations (JSON), /v1/images/edits and
 /v1/audio/transcriptions (multipart/form-data, answered like mlx-openai-server: b64 images;
 json, text, srt, vtt or verbose_json transcripts, an SSE stream when ``stream`` is true),
-GET /v1/models.  GET /health answers {"status":"ok"}.  Every request is recorded with its
-content type, body size and SHA-256, and for a form each part's name, filename, content
-type, size and SHA-256 (and its text, for a field that is not a file).
+GET /v1/models.  GET /health answers {"status":"ok"}.  GET /slots answers like
+llama-server's (see ``slots_answer``) when the script sets ``slots``, else 404.
+Every request is recorded with its content type, body size and SHA-256, and for a form
+each part's name, filename, content type, size and SHA-256 (and its text, for a field
+that is not a file).
 Control endpoints used by tests: POST /_control (script, see ``Script``), GET /_requests,
 GET /_health_requests, POST /_reset.  Tests drive it through ``tests.fakes.control``.
 """
@@ -72,7 +74,13 @@ class Script:
     """Behaviour for subsequent requests; each POST /_control replaces the whole script.
 
     Order of effects for a matched request: exit_on_request, stall, next status
-    (``statuses`` queue first, then ``status``), delay_seconds, then the answer.
+    (``statuses`` queue first, then ``status``), delay_seconds, then the answer. A
+    request is matched when its path is in ``paths`` (if set), its raw body contains
+    ``body_contains`` (if set) and does not contain ``body_lacks`` (if set); any other
+    request is answered normally.
+    ``slots``: how many slots GET /slots shows (None: no /slots); the first
+    ``busy_slots`` are busy, and each GET /slots advances their ``n_decoded`` by one
+    while ``slots_progress``; ``slots_stall`` makes GET /slots hang.
     Streamed content is ``chunk_text`` repeated ``chunks`` times (``reply`` only
     affects non-streamed answers).
     """
@@ -89,6 +97,12 @@ class Script:
     health_status: int = 200
     health_stall: bool = False
     paths: list[str] | None = None
+    body_contains: str | None = None
+    body_lacks: str | None = None
+    slots: int | None = None
+    busy_slots: int = 0
+    slots_progress: bool = True
+    slots_stall: bool = False
     responses: bool = False
     reply: str | None = None
 
@@ -105,8 +119,13 @@ class Script:
                 raise ValueError(f"script field {name!r}: {value!r} is not {hints[name]}")
         return cls(**data)
 
-    def applies_to(self, path: str) -> bool:
-        return self.paths is None or path in self.paths
+    def applies_to(self, path: str, raw: bytes = b"") -> bool:
+        if self.paths is not None and path not in self.paths:
+            return False
+        text = raw.decode("utf-8", "replace")
+        if self.body_contains is not None and self.body_contains not in text:
+            return False
+        return self.body_lacks is None or self.body_lacks not in text
 
     def next_status(self) -> int | None:
         if self.statuses:
@@ -150,6 +169,7 @@ class State:
     script: Script = field(default_factory=Script)
     requests: list[Record] = field(default_factory=list)
     health_requests: list[JSON] = field(default_factory=list)
+    slots_decoded: dict[int, int] = field(default_factory=dict)  # per slot id
     seq: int = 0
     shutting_down: bool = False
     active: set[asyncio.Event] = field(default_factory=set)
@@ -612,7 +632,7 @@ async def proxied(request: Request) -> Response:
     if path in FORM_PATHS:
         record.form = await read_form(request)
     state.requests.append(record)
-    script = state.script if state.script.applies_to(path) else Script()
+    script = state.script if state.script.applies_to(path, raw) else Script()
     out_headers = {"x-fake-backend": state.model_id, "x-fake-seq": str(record.seq)}
 
     def answer(
@@ -722,6 +742,43 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"}, headers=pid)
 
 
+def slots_answer(state: State) -> list[JSON]:
+    """llama-server's GET /slots (``server_slot::to_json`` at the pinned llama.cpp):
+    busy slots advance their ``n_decoded`` by one per call while ``slots_progress``."""
+    script, answer = state.script, []
+    for slot in range(script.slots or 0):
+        busy = slot < script.busy_slots
+        decoded = state.slots_decoded.get(slot, 0)
+        if busy and script.slots_progress:
+            decoded += 1
+            state.slots_decoded[slot] = decoded
+        next_token = {"has_next_token": busy, "has_new_line": False, "n_remain": -1}
+        answer.append(
+            {
+                "id": slot,
+                "n_ctx": 4096,
+                "speculative": False,
+                "is_processing": busy,
+                "id_task": 1000 + slot,
+                "n_prompt_tokens": 8,
+                "n_prompt_tokens_processed": 8,
+                "n_prompt_tokens_cache": 0,
+                "params": {"n_predict": -1, "stream": True},
+                "next_token": [{**next_token, "n_decoded": decoded}],
+            }
+        )
+    return answer
+
+
+async def slots(request: Request) -> Response:
+    state = _state(request)
+    if state.script.slots is None:
+        return JSONResponse(error_body(404, "Not Found: /slots", "not_found_error"), 404)
+    if state.script.slots_stall:
+        return ScriptedResponse(state, None, Script(), stall=True)
+    return JSONResponse(slots_answer(state))
+
+
 async def control_api(request: Request) -> Response:
     """POST /_control, GET /_requests, GET /_health_requests, POST /_reset."""
     state = _state(request)
@@ -733,6 +790,7 @@ async def control_api(request: Request) -> Response:
         state.script, state.seq = Script(), 0
         state.requests.clear()
         state.health_requests.clear()
+        state.slots_decoded.clear()
         return JSONResponse({"ok": True})
     try:
         state.script = Script.parse(json.loads(await request.body() or b"{}"))
@@ -746,6 +804,7 @@ def build_app(model_id: str) -> Starlette:
     routes += [
         Route("/v1/models", proxied, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/slots", slots, methods=["GET"]),
     ]
     routes += [Route(p, control_api, methods=["POST"]) for p in ("/_control", "/_reset")]
     routes += [Route(p, control_api, methods=["GET"]) for p in ("/_requests", "/_health_requests")]

@@ -363,3 +363,37 @@ def test_media_endpoints_follow_the_script(fake: FakeBackend, client: httpx.Clie
     with pytest.raises(httpx.ReadTimeout):
         client.post("/v1/images/generations", json={"model": "m", "prompt": "x"}, timeout=0.3)
     fake.wait_for(lambda reqs: reqs[-1]["disconnected"])
+
+
+def test_script_body_matching_limits_the_failure(fake: FakeBackend, client: httpx.Client) -> None:
+    fake.script(status=500, body_contains='"tools"')
+    plain = {"model": "m", "messages": USER_MESSAGE}
+    assert client.post(CHAT, json=plain).status_code == 200
+    assert client.post(CHAT, json={**plain, "tools": []}).status_code == 500
+    fake.script(stall=True, body_lacks='"max_tokens":1')
+    canary = b'{"model":"m","messages":[{"role":"user","content":"ok"}],"max_tokens":1}'
+    headers = {"content-type": "application/json"}
+    assert client.post(CHAT, content=canary, headers=headers).status_code == 200
+    with pytest.raises(httpx.ReadTimeout):
+        client.post(CHAT, json=plain, timeout=httpx.Timeout(5.0, read=0.2))
+    assert client.get("/health").status_code == 200
+
+
+def test_slots_like_llama_server(fake: FakeBackend, client: httpx.Client) -> None:
+    assert client.get("/slots").status_code == 404
+    fake.script(slots=3, busy_slots=2)
+    first, second = client.get("/slots").json(), client.get("/slots").json()
+    assert [s["id"] for s in first] == [0, 1, 2]
+    assert [s["is_processing"] for s in first] == [True, True, False]
+    assert set(first[0]) >= {"id", "n_ctx", "is_processing", "id_task", "next_token", "params"}
+    decoded = [[s["next_token"][0]["n_decoded"] for s in answer] for answer in (first, second)]
+    assert decoded == [[1, 1, 0], [2, 2, 0]]
+    fake.script(slots=3, busy_slots=2, slots_progress=False)
+    frozen = [[s["next_token"][0]["n_decoded"] for s in client.get("/slots").json()]]
+    assert frozen == [[2, 2, 0]]
+    assert client.post(CHAT, json={"messages": USER_MESSAGE}).status_code == 200
+    fake.script(slots=1, slots_stall=True)
+    with pytest.raises(httpx.ReadTimeout):
+        client.get("/slots", timeout=httpx.Timeout(5.0, read=0.2))
+    assert client.get("/health").status_code == 200
+    assert fake.requests()[-1]["path"] == CHAT  # /slots is not recorded as a request
