@@ -8,6 +8,7 @@ from typing import Any
 
 from slm_server.config import ModelEntry
 from slm_server.errors import InvalidRequest
+from slm_server.router import strict_json
 
 CHAT_TEMPLATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/responses"})
 SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -15,15 +16,11 @@ USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request's JSON object; 400 for anything else."""
+    """The request's JSON object, read by :mod:`strict_json`'s rules (nothing a backend
+    could fail to parse); 400 for anything else."""
     if not raw.strip():
         raise InvalidRequest("The request body is empty; send a JSON object", code="invalid_json")
-    try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(
-            f"The request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
+    payload = strict_json.loads(raw)
     if not isinstance(payload, dict):
         raise InvalidRequest(
             f"The request body must be a JSON object, not {type(payload).__name__}",

@@ -68,6 +68,28 @@ def test_parse_body_invalid_json(raw: bytes) -> None:
 
 
 @pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"t": NaN}',
+        b'{"t": 1e999}',
+        b'{"c": "\\ud800"}',
+        '{"a": 1}'.encode("utf-16"),
+        b"[" * 10**5,
+    ],
+)
+def test_parse_body_is_strict(raw: bytes) -> None:
+    # Each of these would reach llama-server, whose 500 the watchdog counts against it.
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(raw)
+    assert caught.value.code == "invalid_json"
+    assert caught.value.message.startswith("The request body is not valid JSON: ")
+
+
+def test_parse_body_skips_a_utf8_bom() -> None:
+    assert parse_body(b'\xef\xbb\xbf{"model": "m1"}') == {"model": "m1"}
+
+
+@pytest.mark.parametrize(
     ("raw", "kind"),
     [(b"[1, 2]", "list"), (b'"text"', "str"), (b"42", "int"), (b"null", "NoneType")],
 )
