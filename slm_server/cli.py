@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from slm_server import logging_setup
 from slm_server.config import ConfigError, inspect_registry, load_registry, read_registry_text
 from slm_server.launch.plan import Toolchain, plan_registry
-from slm_server.launch.records import BackendState, read_state
+from slm_server.launch.records import BackendState, launcher_running, read_launcher, read_state
 from slm_server.settings import Settings, SettingsError, load_environment
 
 
@@ -112,8 +112,7 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
-def _print_table(launcher_pid: int | None, backends: list[BackendState]) -> None:
-    running = _pid_alive(launcher_pid)
+def _print_table(launcher_pid: int | None, running: bool, backends: list[BackendState]) -> None:
     print(f"launcher pid {launcher_pid}: {'running' if running else 'not running'}")
     columns = ("ROLE", "MODEL", "PORT", "STATE", "PID", "UPTIME", "RESTARTS", "LAST EXIT")
     rows: list[tuple[str, ...]] = [columns]
@@ -158,9 +157,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _ready_count(launcher_pid: int | None, backends: list[BackendState]) -> int:
+def _ready_count(running: bool, backends: list[BackendState]) -> int:
     """Backends that are ready *and* whose process and launcher are alive."""
-    if not _pid_alive(launcher_pid):
+    if not running:
         return 0
     return sum(1 for b in backends if b.state == "ready" and _pid_alive(b.pid))
 
@@ -196,8 +195,10 @@ def cmd_status(settings: Settings, wait: float | None = None, launcher: int | No
     if not backends or (launcher is not None and launcher_pid != launcher):
         print(f"no launcher state at {settings.state_path}: is `backends` running?")
         return 1
-    _print_table(launcher_pid, backends)
-    return 0 if _ready_count(launcher_pid, backends) else 1
+    # The launcher is the one that wrote the file only if its create time matches too.
+    running = launcher_running(*read_launcher(settings.state_path))
+    _print_table(launcher_pid, running, backends)
+    return 0 if _ready_count(running, backends) else 1
 
 
 def cmd_settings(settings: Settings, names: Sequence[str]) -> int:

@@ -45,10 +45,12 @@ def _parent_death_signal(parent_pid: int) -> Callable[[], None] | None:
 
 
 def rotate_log(path: Path) -> None:
-    """Keep the previous run's log as ``<name>.prev``."""
+    """Keep the previous run's log as ``<name>.prev``; when that cannot be done (a full
+    disk, a ``.prev`` that is not a file) the new run appends to the old log instead."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
-        path.replace(path.with_name(path.name + ".prev"))
+        with contextlib.suppress(OSError):
+            path.replace(path.with_name(path.name + ".prev"))
 
 
 def tail_lines(path: Path, count: int = 15) -> list[str]:

@@ -15,6 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+# Create times of one process read twice may differ by rounding.
+CREATE_TIME_TOLERANCE = 0.01
+
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` via a temp file in the same directory."""
@@ -99,9 +104,55 @@ class BackendState:
     restarts_by_reason: dict[str, int] = field(default_factory=dict)
 
 
-def write_state(path: Path, launcher_pid: int, backends: list[BackendState]) -> None:
+def write_state(
+    path: Path,
+    launcher_pid: int,
+    backends: list[BackendState],
+    launcher_create_time: float | None = None,
+) -> None:
+    """Publish the backends' states, naming the launcher by pid *and* create time."""
     write_json_atomic(
-        path, {"launcher_pid": launcher_pid, "backends": [asdict(b) for b in backends]}
+        path,
+        {
+            "launcher_pid": launcher_pid,
+            "launcher_create_time": launcher_create_time,
+            "backends": [asdict(b) for b in backends],
+        },
+    )
+
+
+def process_create_time(pid: int) -> float | None:
+    """When the process ``pid`` was created, ``None`` when it does not exist."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def launcher_running(pid: int | None, create_time: float | None) -> bool:
+    """Whether the launcher that published a state file still runs: its pid is alive
+    *and* was created at ``create_time`` (a pid reused by another process is not it).
+    A file without a create time (from an older launcher) is judged by its pid alone."""
+    if pid is None:
+        return False
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # alive, but not ours to inspect
+    return create_time is None or abs(created - create_time) <= CREATE_TIME_TOLERANCE
+
+
+def read_launcher(path: Path) -> tuple[int | None, float | None]:
+    """The pid and create time of the launcher a state file names."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return None, None
+    pid, created = data.get("launcher_pid"), data.get("launcher_create_time")
+    return (
+        pid if isinstance(pid, int) else None,
+        float(created) if isinstance(created, int | float) else None,
     )
 
 

@@ -60,7 +60,7 @@ class Policy:
     confirm: bool = False
     # A request stamped further than this ahead of the supervisor's wall clock is forged
     # or from a skewed clock: it cannot be checked against the grace, so it is discarded.
-    future_tolerance_seconds: float = float("inf")
+    future_tolerance_seconds: float = 1.0
 
 
 @dataclass
@@ -316,7 +316,8 @@ class _Decision:
             f"last lines of {exit.log_path}:\n{lines}",
         )
         phase = life.phase
-        starting = isinstance(phase, Starting) and phase.attempt is not None
+        # A crash before /health ever answered, the first launch's as a restart's.
+        starting = isinstance(phase, Starting)
         if isinstance(phase, Starting) and phase.attempt is not None:
             self.emit(
                 "restart_failed",
@@ -480,7 +481,7 @@ class _Decision:
         started = life.started_wall or 0.0
         grace = self.policy.startup_grace_seconds
         future = request.requested_at > self.wall + self.policy.future_tolerance_seconds
-        busy = life.state is State.RESTARTING
+        busy = not isinstance(life.phase, Ready)
         if future or busy or is_stale(request, started, grace):
             if future:
                 why = "stamped in the future"

@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -31,6 +32,7 @@ from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
 from slm_server.launch.records import (
     BackendState,
     PidRecord,
+    process_create_time,
     read_pidfile,
     write_pidfile,
     write_state,
@@ -127,6 +129,8 @@ class Supervisor:
         self.probing: set[str] = set()
         self.next_probe: dict[str, float] = {}
         self._wake: asyncio.Event | None = None
+        self.create_time = process_create_time(os.getpid())
+        self.chore_errors: dict[str, str] = {}  # path -> the last error reported for it
 
     # -- signals and records --------------------------------------------------------
 
@@ -153,15 +157,27 @@ class Supervisor:
                     record.port,
                 )
 
+    def housekeeping_failed(self, event: str, key: str, error: OSError, **fields: Any) -> None:
+        """Report a failed file chore once per distinct error (a full disk would
+        otherwise repeat it every sweep); supervision goes on."""
+        message = f"{type(error).__name__}: {error}"
+        if self.chore_errors.get(key) == message:
+            return
+        self.chore_errors[key] = message
+        self.events.emit(event, **fields, path=key, error=message)
+
+    def chore_done(self, key: str) -> None:
+        self.chore_errors.pop(key, None)
+
     def publish(self) -> None:
-        """Write the state file and pidfile when anything changed."""
+        """Write the state file and pidfile when anything changed; a failed write is
+        reported and retried on the next turn."""
         if not self.dirty:
             return
-        self.dirty = False
         pid = os.getpid()
         log_dir = str(self.settings.log_dir)
         backends = list(self.backends.values())
-        write_state(self.settings.state_path, pid, [b.snapshot(log_dir) for b in backends])
+        snapshots = [b.snapshot(log_dir) for b in backends]
         records = [
             PidRecord(
                 pid=b.child.pid,
@@ -174,7 +190,20 @@ class Supervisor:
             for b in backends
             if b.child is not None and b.plan is not None and b.child.poll() is None
         ]
-        write_pidfile(self.settings.pidfile_path, pid, records)
+        writes: list[tuple[Path, Callable[[Path], None]]] = [
+            (self.settings.state_path, lambda p: write_state(p, pid, snapshots, self.create_time)),
+            (self.settings.pidfile_path, lambda p: write_pidfile(p, pid, records)),
+        ]
+        written = True
+        for path, write in writes:
+            try:
+                write(path)
+            except OSError as exc:
+                written = False
+                self.housekeeping_failed("state_write_failed", str(path), exc)
+            else:
+                self.chore_done(str(path))
+        self.dirty = not written
 
     # -- observe -> decide -> act ---------------------------------------------------
 
@@ -321,7 +350,12 @@ class Supervisor:
         if self.stopping.is_set():
             self.report(core.Launched(backend.role, None, "shutting down", retryable=False))
             return
-        child = self.control.spawn(plan)
+        try:
+            child = self.control.spawn(plan)
+        except OSError as exc:  # the log could not be opened, the binary not executed
+            log.error("%s (%s): cannot start: %s", spec.role, spec.entry.id, exc)
+            self.report(core.Launched(backend.role, None, f"cannot start: {exc}"))
+            return
         backend.child = child
         log.info(
             "starting %s (%s) on %s:%d, pid %d, log %s",
@@ -425,24 +459,35 @@ class Supervisor:
                 self.spawn_task(self.launch(backend))
 
     def sweep(self) -> None:
-        """Take the router's requests and trim oversized backend logs."""
-        for request in take_requests(self.watchdog.request_dir):
+        """Take the router's requests and trim oversized logs. A failing chore is
+        reported (``request_sweep_failed``, ``backend_log_trim_failed``) and skipped."""
+        directory = self.watchdog.request_dir
+        try:
+            requests = take_requests(directory)
+        except OSError as exc:
+            self.housekeeping_failed("request_sweep_failed", str(directory), exc)
+            requests = []
+        else:
+            self.chore_done(str(directory))
+        for request in requests:
             self.apply(core.Requested(request))
         max_bytes = int(self.watchdog.backend_log_max_mb * 1024 * 1024)
-        trimmed = self.control.trim_log(self.watchdog.log_path, max_bytes)
-        if trimmed is not None:
-            self.events.emit("backend_log_trimmed", path=str(self.watchdog.log_path), bytes=trimmed)
+        if max_bytes <= 0:
+            return
+        self.trim(self.watchdog.log_path, max_bytes, {})
         for backend in self.backends.values():
-            if backend.plan is None or max_bytes <= 0:
-                continue
-            size = self.control.trim_log(backend.plan.log_path, max_bytes)
-            if size is not None:
-                self.events.emit(
-                    "backend_log_trimmed",
-                    **backend.life.ids(),
-                    path=str(backend.plan.log_path),
-                    bytes=size,
-                )
+            if backend.plan is not None:
+                self.trim(backend.plan.log_path, max_bytes, backend.life.ids())
+
+    def trim(self, path: Path, max_bytes: int, ids: Mapping[str, object]) -> None:
+        try:
+            size = self.control.trim_log(path, max_bytes)
+        except OSError as exc:
+            self.housekeeping_failed("backend_log_trim_failed", str(path), exc, **ids)
+            return
+        self.chore_done(str(path))
+        if size is not None:
+            self.events.emit("backend_log_trimmed", **ids, path=str(path), bytes=size)
 
     def running(self) -> bool:
         """Whether any backend is running, or may still be (a task is under way)."""

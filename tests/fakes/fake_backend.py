@@ -893,7 +893,13 @@ def main_as_llama_server(argv: list[str]) -> int:
     after = start.behaviour.exit_after_seconds
     if after is not None:
         app.state.fake.on_first_healthy = lambda: startup.exit_later(after)
-    return serve(app, start.host, start.port, lambda: startup.say(start.listening()))
+
+    def started() -> None:
+        if start.behaviour.ignore_sigterm:  # after uvicorn installed its own handlers
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        startup.say(start.listening())
+
+    return serve(app, start.host, start.port, started)
 
 
 def main(argv: list[str] | None = None) -> int:

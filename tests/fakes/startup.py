@@ -14,6 +14,7 @@ object, these optional keys apply (any other key is an error, exit 2):
     health_status: int         the initial /health status (e.g. 503: "still loading");
                                overrides the script's health_status
     script: object             the initial script, same fields as POST /_control
+    ignore_sigterm: bool       once serving, ignore SIGTERM (only SIGKILL ends it)
 
 Anything else (empty, not JSON, a real .gguf) starts normally. A missing or
 unreadable model file exits 1, like llama-server failing to load its model.
@@ -55,6 +56,7 @@ class Behaviour:
     exit_at_start: int | None = None
     exit_after_seconds: float | None = None
     script: dict[str, Any] = field(default_factory=dict)  # health_status merged in
+    ignore_sigterm: bool = False
 
     @classmethod
     def parse(cls, data: dict[str, Any], source: Path) -> Behaviour:
@@ -62,7 +64,8 @@ class Behaviour:
             return StartupExit(2, f"fake: {source}: {key!r} must be {expected}, not {data[key]!r}")
 
         unknown = sorted(
-            set(data) - {"exit_at_start", "exit_after_seconds", "health_status", "script"}
+            set(data)
+            - {"exit_at_start", "exit_after_seconds", "health_status", "script", "ignore_sigterm"}
         )
         if unknown:
             raise StartupExit(2, f"fake: {source}: unknown key(s) {', '.join(unknown)}")
@@ -77,7 +80,10 @@ class Behaviour:
         script = dict(data.get("script", {}))
         if "health_status" in data:
             script["health_status"] = data["health_status"]
+        if type(data.get("ignore_sigterm", False)) is not bool:
+            raise bad("ignore_sigterm", "true or false")
         return cls(
+            ignore_sigterm=data.get("ignore_sigterm", False),
             exit_at_start=data.get("exit_at_start"),
             exit_after_seconds=None if after is None else float(after),
             script=script,

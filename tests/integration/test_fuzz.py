@@ -15,6 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slm_server.router.strict_json import MAX_DEPTH
 from tests.fakes.control import FakeBackend
 from tests.processes import running_router
 
@@ -75,11 +76,36 @@ objects = st.fixed_dictionaries(
         "chat_template_kwargs": json_values,
     },
 )
+# Values Python's json.loads takes and llama-server's parser (and the fakes, which
+# answer them 500 as it does) refuses: the router must refuse them itself, with 400.
+refused_values = (
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1E400", "9" * 400])
+    | st.integers(0xD800, 0xDFFF).map(lambda c: f'"x\\u{c:04x}"')
+    | st.integers(1, 50).map(lambda n: "[" * (MAX_DEPTH + n) + "]" * (MAX_DEPTH + n))
+)
+
+
+def _with_value(body: dict[str, Any], name: str, value: str) -> bytes:
+    text = json.dumps({k: v for k, v in body.items() if k != name})
+    return f'{text[:-1]}{", " if len(text) > 2 else ""}"{name}": {value}}}'.encode()
+
+
+strict_garbage = st.one_of(
+    st.builds(
+        _with_value, objects, st.sampled_from(["messages", "temperature", "x"]), refused_values
+    ),
+    st.builds(
+        lambda o, codec: json.dumps(o).encode(codec),
+        objects,
+        st.sampled_from(["utf-16", "utf-16-le", "utf-32-be"]),
+    ),
+)
 bodies = st.one_of(
     objects.map(lambda o: json.dumps(o).encode()),
     json_values.map(lambda v: json.dumps(v).encode()),
     st.binary(max_size=200),
     st.text(max_size=200).map(str.encode),
+    strict_garbage,
 )
 # Printable ASCII without surrounding whitespace, which the HTTP client refuses to send.
 header_values = st.text(
@@ -161,6 +187,25 @@ def test_no_input_makes_the_router_fail(
         assert isinstance(error["type"], str)
         assert "code" in error
         assert "Traceback" not in response.text
+
+
+@settings(
+    max_examples=150,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"]),
+    body=strict_garbage,
+    content_type=st.sampled_from(["application/json", "text/plain"]),
+)
+def test_json_a_backend_cannot_parse_is_refused_before_it(
+    http: httpx.Client, path: str, body: bytes, content_type: str
+) -> None:
+    response = http.post(path, content=body, headers={"content-type": content_type})
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["code"] == "invalid_json"
 
 
 def test_the_router_is_healthy_after_the_fuzzing(http: httpx.Client) -> None:

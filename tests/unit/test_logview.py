@@ -121,6 +121,22 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         {**BACKEND, "reason": "5xx", "rule": "canary_ok", "why": "the canary answered 200"},
         f'{NAMED}  reason=5xx rule=canary_ok why="the canary answered 200"',
     ),
+    "deadline_not_counted": (
+        {**BACKEND, "silent_seconds": 0.4, "stall_seconds": 300.0},
+        f"{NAMED}  silent=0.4s stall=300s",
+    ),
+    "backend_log_trim_failed": (
+        {**BACKEND, "path": "/srv/slm/logs/r.log", "error": "OSError: [Errno 28] No space"},
+        f'{NAMED}  path=/srv/slm/logs/r.log error="OSError: [Errno 28] No space"',
+    ),
+    "state_write_failed": (
+        {"path": "/srv/slm/logs/backends.state.json", "error": "OSError: full"},
+        'path=/srv/slm/logs/backends.state.json error="OSError: full"',
+    ),
+    "request_sweep_failed": (
+        {"path": "/srv/slm/logs/watchdog-requests", "error": "PermissionError: denied"},
+        'path=/srv/slm/logs/watchdog-requests error="PermissionError: denied"',
+    ),
     "backend_log_trimmed": (
         {**BACKEND, "path": "/srv/slm/logs/reasoning.log", "bytes": 104857600},
         f"{NAMED}  path=/srv/slm/logs/reasoning.log bytes=104857600",
