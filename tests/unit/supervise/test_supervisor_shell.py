@@ -1,0 +1,521 @@
+"""The supervisor's shell on a fake :class:`ProcessControl`: children whose exit the test
+decides, health answers it chooses (one may hang forever), signals recorded. No process
+is started and no port is opened.
+
+Tests synchronise on the shell's own tasks and on turns of its loop, never on sleeps;
+the only real time measured is the bound on a parallel shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slm_server.config import ModelEntry, ModelSpec, RegistryFile
+from slm_server.launch.plan import LaunchPlan, Toolchain
+from slm_server.launch.process import PortHolder
+from slm_server.launch.runtime import LlamaRuntime
+from slm_server.settings import Settings
+from slm_server.supervise.confirm import Evidence, ProcessStatus
+from slm_server.supervise.evidence import Target
+from slm_server.supervise.requests import RestartRequest, write_request
+from slm_server.supervise.states import State
+from slm_server.supervise.supervisor import Supervisor
+
+LLAMA = "/opt/llama/llama-server"
+TOOLS = Toolchain(llama=LlamaRuntime("native", LLAMA, "test"), llama_error=None, mlx_server=None)
+WALL = 1_700_000_000.0
+STOP_TIMEOUT = 0.3
+GENTLE = frozenset({signal.SIGTERM, signal.SIGKILL})
+ONLY_SIGKILL = frozenset({signal.SIGKILL})
+UNKILLABLE: frozenset[int] = frozenset()
+HANG = None  # a health answer that never comes
+
+
+class FakeChild:
+    """A backend process: it ends when the test says, or on a signal it yields to."""
+
+    def __init__(self, pid: int, role: str, ends_on: frozenset[int]) -> None:
+        self._pid = pid
+        self.role = role
+        self.ends_on = ends_on
+        self.status: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def create_time(self) -> float:
+        return 1000.0 + self._pid
+
+    @property
+    def started_at(self) -> float:
+        return 0.0
+
+    @property
+    def exit_status(self) -> int | None:
+        return self.status
+
+    def poll(self) -> int | None:
+        return self.status
+
+
+class FakeControl:
+    """:class:`ProcessControl` in memory."""
+
+    def __init__(self) -> None:
+        self.next_pid = 4000
+        self.children: list[FakeChild] = []
+        self.plans: list[LaunchPlan] = []
+        self.ends_on: dict[str, frozenset[int]] = {}  # role -> signals its children obey
+        self.health: dict[int, bool | None] = {}  # port -> answer (None: hang)
+        self.probes: list[str] = []
+        self.signals: list[tuple[int, int]] = []
+        self.holders: dict[int, PortHolder] = {}
+        self.strays_killed: list[int] = []
+        self.trim_error: OSError | None = None
+        self.spawn_error: OSError | None = None
+
+    def child(self, role: str, index: int = -1) -> FakeChild:
+        return [c for c in self.children if c.role == role][index]
+
+    def signals_of(self, pid: int) -> list[int]:
+        return [sig for target, sig in self.signals if target == pid]
+
+    def spawn(self, plan: LaunchPlan) -> FakeChild:
+        if self.spawn_error is not None:
+            raise self.spawn_error
+        self.next_pid += 1
+        child = FakeChild(self.next_pid, plan.role, self.ends_on.get(plan.role, GENTLE))
+        self.children.append(child)
+        self.plans.append(plan)
+        return child
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        self.signals.append((pid, sig))
+        for child in self.children:
+            if child.pid == pid and child.status is None and sig in child.ends_on:
+                child.status = -sig
+
+    def port_holder(self, host: str, port: int) -> PortHolder | None:
+        return self.holders.get(port)
+
+    def kill_stray(self, pid: int, create_time: float | None, timeout: float) -> bool:
+        self.strays_killed.append(pid)
+        self.holders = {port: h for port, h in self.holders.items() if h.pid != pid}
+        return True
+
+    def port_free_within(self, host: str, port: int, timeout: float) -> bool:
+        return port not in self.holders
+
+    def stop_leftover(self, pid: int, create_time: float, timeout: float) -> bool:
+        return False
+
+    async def probe(self, url: str, timeout: float) -> bool:
+        self.probes.append(url)
+        port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+        answer = self.health.get(port, True)
+        if answer is None:
+            await asyncio.get_running_loop().create_future()  # never resolved
+        return bool(answer)
+
+    async def gather_evidence(
+        self, base_url: str, target: Target, budget_seconds: float
+    ) -> Evidence:
+        return Evidence(process=ProcessStatus.STOPPED)
+
+    def trim_log(self, path: Path, max_bytes: int) -> int | None:
+        if self.trim_error is not None:
+            raise self.trim_error
+        return None
+
+    def tail(self, path: Path, count: int) -> list[str]:
+        return ["last line"]
+
+    async def aclose(self) -> None:
+        pass
+
+
+class StepClock:
+    """Monotonic seconds that move ``step`` on every reading: waits bounded by the
+    shell's clock (the 5 s after SIGKILL) pass in a few real polls."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 500.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def port(index: int) -> int:
+    return 8601 + index
+
+
+def make(
+    tmp_path: Path,
+    roles: tuple[str, ...] = ("a",),
+    clock: Callable[[], float] = time.monotonic,
+    **env: str,
+) -> tuple[Supervisor, FakeControl]:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"")
+    environ = {
+        "SLM_ENV_FILE": str(tmp_path / "no.env"),
+        "SLM_BACKEND_LOG_DIR": str(tmp_path / "logs"),
+        "SLM_CONFIG": str(tmp_path / "models.yaml"),
+        "SLM_STOP_TIMEOUT_SECONDS": str(STOP_TIMEOUT),
+        "SLM_HEALTH_PROBE_TIMEOUT_SECONDS": "0.1",
+        "SLM_WATCHDOG_RESTART_COOLDOWN_SECONDS": "0",
+        "SLM_WATCHDOG_STARTUP_GRACE_SECONDS": "0",
+        "SLM_WATCHDOG_SWEEP_SECONDS": "0.05",
+        **env,
+    }
+    specs = tuple(
+        ModelSpec(
+            role=role,
+            index=index,
+            entry=ModelEntry.model_validate(
+                {
+                    "id": f"m-{role}",
+                    "backend": "llamacpp",
+                    "port": port(index),
+                    "model_path": str(model),
+                    "default_timeout": 60,
+                    "quantization": "Q4_1",
+                }
+            ),
+        )
+        for index, role in enumerate(roles)
+    )
+    registry = RegistryFile(path=tmp_path / "models.yaml", models=specs)
+    control = FakeControl()
+    supervisor = Supervisor(
+        Settings.from_env(environ),
+        registry,
+        environ,
+        clock=clock,
+        wall=lambda: WALL,
+        control=control,
+        tools=TOOLS,
+    )
+    return supervisor, control
+
+
+def events(supervisor: Supervisor, name: str | None = None) -> list[dict[str, Any]]:
+    path = supervisor.settings.watchdog.log_path
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [e for e in lines if name is None or e["event"] == name]
+
+
+def state(supervisor: Supervisor, role: str = "a") -> State:
+    return supervisor.backends[role].life.state
+
+
+async def until(supervisor: Supervisor, condition: Callable[[], bool], what: str) -> int:
+    """Turn the loop, waiting on its tasks in between, until ``condition``; the turns it
+    took. Fails after a deadline rather than hanging."""
+    deadline = time.monotonic() + 10.0
+    turns = 0
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0)  # let tasks spawned by the last turn start
+        pending = set(supervisor.tasks)
+        if pending:
+            await asyncio.wait(pending, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+        supervisor.turn()
+        turns += 1
+    return turns
+
+
+async def serving(supervisor: Supervisor, *roles: str) -> None:
+    supervisor.start()
+    wanted = roles or tuple(supervisor.backends)
+    await until(
+        supervisor, lambda: all(state(supervisor, r) is State.READY for r in wanted), "ready"
+    )
+
+
+# -- launching -----------------------------------------------------------------------
+
+
+def test_launch_spawns_through_the_control_and_probes_health(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path)
+
+    async def scenario() -> None:
+        supervisor.start()
+        await until(
+            supervisor,
+            lambda: state(supervisor) is State.STARTING and bool(control.children),
+            "spawned",
+        )
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    [plan] = control.plans
+    assert plan.argv[0] == LLAMA
+    assert (plan.role, plan.port) == ("a", port(0))
+    assert control.probes[0] == f"http://127.0.0.1:{port(0)}/health"
+    life = supervisor.backends["a"].life
+    assert life.pid == control.child("a").pid
+    assert [e["event"] for e in events(supervisor)] == ["supervisor_started"]
+
+
+def test_port_held_by_a_foreign_process_is_refused_and_retried(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path)
+    control.holders[port(0)] = PortHolder(77, "nc -l", ("nc", "-l", "8601"), 5.0)
+
+    async def scenario() -> None:
+        supervisor.start()
+        await until(supervisor, lambda: state(supervisor) is State.RESTARTING, "refused")
+        assert control.children == []
+        del control.holders[port(0)]  # the foreign process went away
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    [refused] = events(supervisor, "stray_kill_refused")
+    assert (refused["pid"], refused["command"]) == (77, "nc -l")
+    assert control.strays_killed == []
+    assert len(control.children) == 1
+
+
+def test_port_held_by_our_own_leftover_is_freed(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path)
+
+    async def scenario() -> None:
+        supervisor.start()
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready")
+        plan = control.plans[0]
+        # the same command line as our launch: verifiably ours
+        control.holders[port(0)] = PortHolder(88, "llama-server", plan.argv, 9.0)
+        control.child("a").status = -9
+        await until(supervisor, lambda: len(control.children) == 2, "relaunched")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    assert control.strays_killed == [88]
+    [killed] = events(supervisor, "port_stray_killed")
+    assert (killed["pid"], killed["freed"]) == (88, True)
+
+
+def test_spawn_that_raises_is_a_failed_launch_and_retried(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path)
+    control.spawn_error = PermissionError(13, "Permission denied")
+
+    async def scenario() -> None:
+        supervisor.start()
+        await until(supervisor, lambda: state(supervisor) is State.RESTARTING, "failed")
+        control.spawn_error = None
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    [started] = events(supervisor, "restart_started")
+    assert started["reason"] == "cannot start: [Errno 13] Permission denied"
+    assert len(control.children) == 1
+
+
+def test_log_trim_failure_is_reported_once_and_supervision_goes_on(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path)
+    control.trim_error = OSError(28, "No space left on device")
+
+    async def scenario() -> None:
+        await serving(supervisor)
+        supervisor.sweep()
+        supervisor.sweep()  # the same error again: not repeated
+        control.child("a").status = -9
+        await until(supervisor, lambda: len(control.children) == 2, "relaunched")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    failed = events(supervisor, "backend_log_trim_failed")
+    paths = sorted(e["path"] for e in failed)
+    assert paths == sorted([str(supervisor.watchdog.log_path), str(control.plans[0].log_path)])
+    assert {e["error"] for e in failed} == {"OSError: [Errno 28] No space left on device"}
+
+
+# -- exits -----------------------------------------------------------------------------
+
+
+def test_sigkilled_child_is_reported_and_relaunched(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path)
+
+    async def scenario() -> None:
+        await serving(supervisor)
+        first = control.child("a")
+        first.status = -9
+        supervisor.turn()  # detected on the very next turn
+        assert state(supervisor) is State.RESTARTING
+        await until(supervisor, lambda: len(control.children) == 2, "relaunched")
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready again")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    first, second = control.children
+    [exited] = events(supervisor, "backend_exited")
+    assert exited == {
+        "ts": exited["ts"],
+        "event": "backend_exited",
+        "role": "a",
+        "model_id": "m-a",
+        "port": port(0),
+        "pid": first.pid,
+        "signal": "SIGKILL",
+        "state": "ready",
+    }
+    [started] = events(supervisor, "restart_started")
+    assert (started["reason"], started["old_pid"], started["attempt"]) == ("exited", first.pid, 1)
+    [succeeded] = events(supervisor, "restart_succeeded")
+    assert (succeeded["old_pid"], succeeded["new_pid"]) == (first.pid, second.pid)
+    # a dead process is not signalled by the restart
+    assert control.signals_of(first.pid) == []
+
+
+def test_hanging_probe_of_one_backend_does_not_delay_anothers_exit(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path, ("a", "b"))
+    control.health[port(0)] = HANG
+
+    async def scenario() -> None:
+        supervisor.start()
+        await until(supervisor, lambda: state(supervisor, "b") is State.READY, "b ready")
+        assert control.probes.count(f"http://127.0.0.1:{port(0)}/health") >= 1
+        assert state(supervisor, "a") is State.STARTING  # its probe is still hanging
+        control.child("b").status = -9
+        supervisor.turn()
+        assert [e["role"] for e in events(supervisor, "backend_exited")] == ["b"]
+        assert state(supervisor, "b") is State.RESTARTING
+        await supervisor.stop_all()  # and the hanging probe is cancelled, not awaited
+
+    asyncio.run(scenario())
+
+
+def test_watch_detects_an_exit_within_a_second_while_a_probe_hangs(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path, ("a", "b"))
+    control.health[port(0)] = HANG
+
+    async def scenario() -> float:
+        watching = asyncio.create_task(supervisor.watch())
+        deadline = time.monotonic() + 10.0
+        while "b" not in supervisor.backends or state(supervisor, "b") is not State.READY:
+            assert time.monotonic() < deadline
+            await asyncio.wait([watching], timeout=0.01)
+        control.child("b").status = -9
+        began = time.monotonic()
+        while not events(supervisor, "backend_exited"):
+            assert time.monotonic() - began < 5.0
+            await asyncio.wait([watching], timeout=0.01)
+        took = time.monotonic() - began
+        supervisor.stopping.set()
+        assert await watching == 0
+        await supervisor.stop_all()
+        return took
+
+    assert asyncio.run(scenario()) < 1.0
+    assert state(supervisor, "a") is State.STOPPED
+
+
+# -- stops -----------------------------------------------------------------------------
+
+
+def test_stop_all_stops_every_child_at_once(tmp_path: Path) -> None:
+    roles = ("a", "b", "c")
+    supervisor, control = make(tmp_path, roles)
+    for role in roles:
+        control.ends_on[role] = ONLY_SIGKILL  # each takes the whole stop timeout
+
+    async def scenario() -> float:
+        await serving(supervisor)
+        began = time.monotonic()
+        await supervisor.stop_all()
+        return time.monotonic() - began
+
+    took = asyncio.run(scenario())
+    pids = [control.child(role).pid for role in roles]
+    for pid in pids:
+        assert control.signals_of(pid) == [
+            signal.SIGCONT,
+            signal.SIGTERM,
+            signal.SIGKILL,
+            signal.SIGKILL,  # the group, for anything the backend forked
+        ]
+    # in parallel: every SIGTERM went out before the first SIGKILL ...
+    sent = [sig for _pid, sig in control.signals]
+    assert sent.index(signal.SIGKILL) > max(i for i, s in enumerate(sent) if s == signal.SIGTERM)
+    # ... so the whole shutdown takes one stop timeout, not three
+    assert STOP_TIMEOUT <= took < 2 * STOP_TIMEOUT
+    assert all(state(supervisor, role) is State.STOPPED for role in roles)
+    assert all(c.status == -signal.SIGKILL for c in control.children)
+
+
+def test_stop_all_sends_sigterm_and_no_sigkill_wait_when_it_ends(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path, ("a", "b"))
+    control.ends_on["b"] = ONLY_SIGKILL
+
+    async def scenario() -> None:
+        await serving(supervisor)
+        control.child("a").status = 0  # ended on its own before shutdown: not signalled
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    assert control.signals_of(control.child("a").pid) == []
+    assert control.signals_of(control.child("b").pid)[:2] == [signal.SIGCONT, signal.SIGTERM]
+
+
+def test_child_that_survives_sigkill_in_a_restart_is_reported_and_left(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path, clock=StepClock(0.5))
+    control.ends_on["a"] = UNKILLABLE
+
+    async def scenario() -> None:
+        await serving(supervisor)
+        control.ends_on["a"] = GENTLE  # the replacement is an ordinary process
+        request = RestartRequest("a", "m-a", port(0), "5xx", WALL, "2 consecutive 5xx")
+        write_request(supervisor.watchdog.request_dir, request)
+        supervisor.sweep()
+        await until(supervisor, lambda: len(control.children) == 2, "relaunched")
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready again")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    old, new = control.children
+    assert old.status is None  # still there: left, not waited on forever
+    assert control.signals_of(old.pid) == [
+        signal.SIGCONT,
+        signal.SIGTERM,
+        signal.SIGKILL,
+        signal.SIGKILL,
+    ]
+    [unkillable] = events(supervisor, "process_unkillable")
+    assert (unkillable["role"], unkillable["pid"]) == ("a", old.pid)
+    [succeeded] = events(supervisor, "restart_succeeded")
+    assert (succeeded["reason"], succeeded["old_pid"], succeeded["new_pid"]) == (
+        "5xx",
+        old.pid,
+        new.pid,
+    )
+
+
+def test_wedged_restart_sigkills_at_once(tmp_path: Path) -> None:
+    supervisor, control = make(tmp_path)
+
+    async def scenario() -> None:
+        await serving(supervisor)
+        request = RestartRequest("a", "m-a", port(0), "stall", WALL, "no first byte")
+        write_request(supervisor.watchdog.request_dir, request)
+        supervisor.sweep()
+        await until(supervisor, lambda: len(control.children) == 2, "relaunched")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    old = control.children[0]
+    assert control.signals_of(old.pid) == [signal.SIGKILL, signal.SIGKILL]
