@@ -44,6 +44,7 @@ from slm_server.router.responses import (
     responses_to_chat,
 )
 from slm_server.router.sse import SseTap
+from slm_server.router.strict_json import dumps_body
 from slm_server.router.upstream import (
     RETRY_AFTER_SECONDS,
     Upstream,
@@ -133,7 +134,7 @@ class Proxy:
         changed = apply_defaults(payload, spec.entry, endpoint, self.sampling_defaults(spec))
         hidden_usage = ask_for_usage(payload, endpoint)
         if changed or hidden_usage:
-            raw = json.dumps(payload).encode()
+            raw = dumps_body(payload)
         return spec, payload, raw, hidden_usage
 
     def _refuse_if_down(self, spec: ModelSpec) -> None:
@@ -529,7 +530,7 @@ class Proxy:
             spec,
             exchange,
             "/v1/chat/completions",
-            json.dumps(chat).encode(),
+            dumps_body(chat),
             headers,
             False,
             timeout - (time.monotonic() - started),

@@ -18,6 +18,9 @@ from typing import Protocol
 from slm_server import http1
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan
+from slm_server.supervise.confirm import Evidence
+from slm_server.supervise.evidence import MonotonicClock, Target, gather
+from slm_server.supervise.probes import Http1Probe, PsutilProbe
 
 PROBE_BODY_LIMIT = 64 * 1024
 
@@ -68,6 +71,13 @@ class ProcessControl(Protocol):
 
     async def probe(self, url: str, timeout: float) -> bool:
         """Whether ``GET url`` answered 200 within ``timeout``."""
+        ...
+
+    async def gather_evidence(
+        self, base_url: str, target: Target, budget_seconds: float
+    ) -> Evidence:
+        """What the backend itself says about a trip (process state, CPU progress,
+        ``/health``, ``/slots``, a canary), within ``budget_seconds``."""
         ...
 
     def trim_log(self, path: Path, max_bytes: int) -> int | None: ...
@@ -135,6 +145,15 @@ class RealControl:
         except (http1.HttpError, TimeoutError):
             return False
         return response.status_code == 200
+
+    async def gather_evidence(
+        self, base_url: str, target: Target, budget_seconds: float
+    ) -> Evidence:
+        http = Http1Probe(base_url, connect_timeout=min(self.connect_timeout, 1.0))
+        try:
+            return await gather(target, http, PsutilProbe(), budget_seconds, MonotonicClock())
+        finally:
+            http.close()
 
     def trim_log(self, path: Path, max_bytes: int) -> int | None:
         return process.trim_log(path, max_bytes)

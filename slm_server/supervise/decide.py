@@ -258,7 +258,10 @@ class _Decision:
         if isinstance(observation, Launched) and isinstance(phase, Launching):
             self.launched(life, phase, observation)
         elif isinstance(observation, Exited):
-            if observation.pid == life.pid and life.alive:
+            # Only a process that is starting or serving exits "by itself": one being
+            # stopped (a restart's, an abandoned one's) reports through Stopped.
+            serving = isinstance(phase, Starting | Ready | Confirming)
+            if serving and observation.pid == life.pid and life.alive:
                 self.exited(life, observation)
         elif isinstance(observation, HealthProbed) and isinstance(phase, Starting):
             self.probed(life, phase, observation.ok)

@@ -40,8 +40,10 @@ from slm_server.launch.records import (
 from slm_server.settings import Settings
 from slm_server.supervise import decide as core
 from slm_server.supervise.budget import RestartBudget
+from slm_server.supervise.confirm import judge
 from slm_server.supervise.control import Child, ProcessControl, RealControl
 from slm_server.supervise.events import EventLog
+from slm_server.supervise.evidence import Target
 from slm_server.supervise.requests import take_requests
 from slm_server.supervise.states import RUNNING, Confirming, Done, Launching, Ready, Starting, State
 from slm_server.supervise.strays import verifiably_ours
@@ -119,6 +121,7 @@ class Supervisor:
             restart_window_seconds=self.watchdog.restart_window_seconds,
             startup_grace_seconds=self.watchdog.startup_grace_seconds,
             ready_timeout_seconds=settings.ready_timeout_seconds,
+            confirm=self.watchdog.confirm_seconds > 0,
         )
         self.stopping = threading.Event()
         self.backends: dict[str, Backend] = {}
@@ -405,8 +408,39 @@ class Supervisor:
             self.probing.discard(backend.role)
 
     async def confirm(self, backend: Backend, reason: str) -> None:
-        """Without confirmation evidence, every trip is taken as confirmed."""
-        self.report(core.Judged(backend.role, True, "unconfirmed", reason))
+        """Gather the evidence on a trip and judge it; reports :class:`Judged`."""
+        child, plan, spec = backend.child, backend.plan, backend.spec
+        if child is None or plan is None:
+            return
+        llama = self.tools.llama
+        target = Target(
+            pid=child.pid,
+            create_time=child.create_time,
+            model_id=spec.entry.id,
+            model_type=spec.entry.model_type,
+            # Only the native llama-server has /slots.
+            has_slots=spec.entry.backend == "llamacpp" and llama is not None and llama.is_native,
+            health_path=plan.health_path,
+        )
+        budget = self.watchdog.confirm_seconds
+        try:
+            evidence = await self.control.gather_evidence(plan.base_url, target, budget)
+        except Exception as exc:
+            # A bug here must neither stop supervision nor restart a backend that may
+            # well be healthy: the trip is not confirmed.
+            log.exception("confirmation of %s failed", spec.entry.id)
+            self.report(core.Judged(backend.role, False, "confirmation_failed", str(exc)))
+            return
+        decision = judge(evidence)
+        self.report(
+            core.Judged(
+                backend.role,
+                decision.restart,
+                decision.rule,
+                decision.reason,
+                evidence.to_fields(),
+            )
+        )
 
     # -- the loop -----------------------------------------------------------------------
 

@@ -124,6 +124,28 @@ def test_a_wedged_backend_trips_on_the_first_byte_stall(tmp_path: Path) -> None:
         assert chat(stack, "standard").status_code == 200
 
 
+def test_a_trip_the_canary_disproves_is_not_a_restart(tmp_path: Path) -> None:
+    """Two 500s for one kind of request trip the streak, but the backend answers the
+    supervisor's one-token canary: restart_not_confirmed, the same process serves on."""
+    models = {"standard": fake_entry(tmp_path, "standard")}
+    with watched(tmp_path, models) as stack:
+        wait_past_grace(stack, "standard")
+        old_pid = stack.pid("standard")
+        stack.control("standard", status=500, body_contains="poison")
+        for _ in range(2):
+            body = {"model": stack.model_id("standard"), "prompt": "poison", "max_tokens": 4}
+            assert (
+                httpx.post(f"{stack.url}/v1/completions", json=body, timeout=10).status_code == 500
+            )
+        stack.wait_event("restart_requested")
+        refused = stack.wait_event("restart_not_confirmed")
+        assert refused["rule"] == "canary_ok"
+        assert refused["evidence"]["canary"]
+        assert not stack.events("restart_started")
+        assert stack.pid("standard") == old_pid
+        assert chat(stack, "standard").status_code == 200
+
+
 @pytest.mark.parametrize(
     ("statuses", "restarts"),
     [
@@ -139,7 +161,10 @@ def test_status_streaks(tmp_path: Path, statuses: list[int], restarts: bool) -> 
     with watched(tmp_path, models) as stack:
         wait_past_grace(stack, "standard")
         old_pid = stack.pid("standard")
-        stack.control("standard", statuses=statuses)
+        # When it should restart, the backend keeps failing after the streak, so the
+        # supervisor's confirmation canary fails too.
+        after = {"status": statuses[-1]} if restarts else {}
+        stack.control("standard", statuses=statuses, **after)
         for expected in statuses:
             assert chat(stack, "standard").status_code == expected
         failures = [e for e in stack.events("backend_failure")]
@@ -151,6 +176,8 @@ def test_status_streaks(tmp_path: Path, statuses: list[int], restarts: bool) -> 
             assert health["state"] == "degraded"
             assert health["failure_streak"] == 1
         if restarts:
+            confirmed = stack.wait_event("restart_confirmed")
+            assert confirmed["rule"] in ("canary_5xx", "saturated_idle")
             done = stack.wait_event("restart_succeeded", old_pid=old_pid)
             assert done["reason"] in ("5xx", "saturated")
         else:
@@ -368,7 +395,11 @@ def test_streams_silent_past_the_stall_threshold_at_the_deadline_count(tmp_path:
         assert all("nothing from the backend for" in e["detail"] for e in failures)
         assert requested["streak"] == 2
         assert not stack.events("deadline_not_counted")
-        stack.wait_event("restart_succeeded", old_pid=old_pid)
+        # The trip counts, but this backend still answers a one-token canary at once
+        # (only its streams go quiet): the supervisor does not restart it.
+        refused = stack.wait_event("restart_not_confirmed", reason="timeout")
+        assert refused["rule"] == "canary_ok"
+        assert stack.pid("standard") == old_pid
 
 
 def test_a_non_streaming_request_cut_by_the_deadline_counts(tmp_path: Path) -> None:
