@@ -562,7 +562,14 @@ class Supervisor:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
         async def stop(backend: Backend, child: Child) -> None:
-            status, _survived = await self.stop_child(child, kill=False)
+            status, survived = await self.stop_child(child, kill=False)
+            if survived:
+                self.events.emit(
+                    "process_unkillable",
+                    **backend.life.ids(),
+                    pid=child.pid,
+                    reason="still alive after SIGKILL at shutdown; left, not waited on",
+                )
             log.info(
                 "stopped %s (%s): %s",
                 backend.role,
