@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ from collections.abc import Sequence
 from slm_server import logging_setup
 from slm_server.config import ConfigError, inspect_registry, load_registry, read_registry_text
 from slm_server.launch.plan import Toolchain, plan_registry
-from slm_server.launch.records import BackendState, launcher_running, read_launcher, read_state
+from slm_server.launch.records import BackendState, pid_alive, read_state, read_state_file
 from slm_server.settings import Settings, SettingsError, load_environment
 
 
@@ -100,18 +99,6 @@ def cmd_router(settings: Settings) -> int:
     return 0
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _print_table(launcher_pid: int | None, running: bool, backends: list[BackendState]) -> None:
     print(f"launcher pid {launcher_pid}: {'running' if running else 'not running'}")
     columns = ("ROLE", "MODEL", "PORT", "STATE", "PID", "UPTIME", "RESTARTS", "LAST EXIT")
@@ -119,7 +106,7 @@ def _print_table(launcher_pid: int | None, running: bool, backends: list[Backend
     notes: list[str] = []
     now = time.time()
     for b in backends:
-        alive = b.pid is not None and _pid_alive(b.pid)
+        alive = b.pid is not None and pid_alive(b.pid)
         state = b.state
         if b.state in ("starting", "ready") and not (running and alive):
             state = "dead"
@@ -161,7 +148,7 @@ def _ready_count(running: bool, backends: list[BackendState]) -> int:
     """Backends that are ready *and* whose process and launcher are alive."""
     if not running:
         return 0
-    return sum(1 for b in backends if b.state == "ready" and _pid_alive(b.pid))
+    return sum(1 for b in backends if b.state == "ready" and pid_alive(b.pid))
 
 
 def _wait_for_backends(settings: Settings, timeout: float, launcher_pid: int | None) -> None:
@@ -181,7 +168,7 @@ def _wait_for_backends(settings: Settings, timeout: float, launcher_pid: int | N
         probe_pid = launcher_pid if launcher_pid is not None else pid
         if backends and not any(b.state == "starting" for b in backends):
             return
-        if probe_pid is not None and not _pid_alive(probe_pid):
+        if probe_pid is not None and not pid_alive(probe_pid):
             return
         time.sleep(0.5)
 
@@ -191,12 +178,13 @@ def cmd_status(settings: Settings, wait: float | None = None, launcher: int | No
     follow the launcher until every backend has left ``starting``."""
     if wait is not None:
         _wait_for_backends(settings, wait, launcher)
-    launcher_pid, backends = read_state(settings.state_path)
+    state = read_state_file(settings.state_path)
+    launcher_pid, backends = state.launcher_pid, state.backends
     if not backends or (launcher is not None and launcher_pid != launcher):
         print(f"no launcher state at {settings.state_path}: is `backends` running?")
         return 1
     # The launcher is the one that wrote the file only if its create time matches too.
-    running = launcher_running(*read_launcher(settings.state_path))
+    running = state.launcher_running()
     _print_table(launcher_pid, running, backends)
     return 0 if _ready_count(running, backends) else 1
 

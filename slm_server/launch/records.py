@@ -129,6 +129,19 @@ def process_create_time(pid: int) -> float | None:
         return None
 
 
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process ``pid`` exists (signal 0; one we may not signal exists too)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def launcher_running(pid: int | None, create_time: float | None) -> bool:
     """Whether the launcher that published a state file still runs: its pid is alive
     *and* was created at ``create_time`` (a pid reused by another process is not it).
@@ -144,23 +157,23 @@ def launcher_running(pid: int | None, create_time: float | None) -> bool:
     return create_time is None or abs(created - create_time) <= CREATE_TIME_TOLERANCE
 
 
-def read_launcher(path: Path) -> tuple[int | None, float | None]:
-    """The pid and create time of the launcher a state file names."""
-    data = read_json(path)
-    if not isinstance(data, dict):
-        return None, None
-    pid, created = data.get("launcher_pid"), data.get("launcher_create_time")
-    return (
-        pid if isinstance(pid, int) else None,
-        float(created) if isinstance(created, int | float) else None,
-    )
+@dataclass(frozen=True)
+class StateFile:
+    """A state file as read: the launcher that wrote it and the backends it published."""
+
+    launcher_pid: int | None = None
+    launcher_create_time: float | None = None
+    backends: list[BackendState] = field(default_factory=list)
+
+    def launcher_running(self) -> bool:
+        return launcher_running(self.launcher_pid, self.launcher_create_time)
 
 
-def read_state(path: Path) -> tuple[int | None, list[BackendState]]:
-    """The launcher's pid and the backends it published (empty when none)."""
+def read_state_file(path: Path) -> StateFile:
+    """The state file at ``path`` (empty when missing or unreadable), read once."""
     data = read_json(path)
     if not isinstance(data, dict):
-        return None, []
+        return StateFile()
     backends: list[BackendState] = []
     raw_backends = data.get("backends")
     for raw in raw_backends if isinstance(raw_backends, list) else []:
@@ -168,5 +181,15 @@ def read_state(path: Path) -> tuple[int | None, list[BackendState]]:
             backends.append(BackendState(**raw))
         except TypeError:
             continue
-    pid = data.get("launcher_pid")
-    return (pid if isinstance(pid, int) else None), backends
+    pid, created = data.get("launcher_pid"), data.get("launcher_create_time")
+    return StateFile(
+        launcher_pid=pid if isinstance(pid, int) else None,
+        launcher_create_time=float(created) if isinstance(created, int | float) else None,
+        backends=backends,
+    )
+
+
+def read_state(path: Path) -> tuple[int | None, list[BackendState]]:
+    """The launcher's pid and the backends it published (empty when none)."""
+    state = read_state_file(path)
+    return state.launcher_pid, state.backends

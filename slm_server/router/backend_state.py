@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from slm_server.launch.records import BackendState, launcher_running, read_launcher, read_state
+from slm_server.launch.records import BackendState, StateFile, pid_alive, read_state_file
 
 # How long a launcher whose pid and create time matched is trusted on its pid alone.
 REVERIFY_SECONDS = 1.0
@@ -23,22 +23,21 @@ class StateView:
         self.path = path
         self._stamp: tuple[int, int] | None = None
         self._states: dict[tuple[str, int], BackendState] = {}
-        self._launcher: tuple[int | None, float | None] = (None, None)
+        self._file = StateFile()
         self._verified_until = 0.0
 
     def _refresh(self) -> None:
         try:
             info = os.stat(self.path)
         except OSError:
-            self._stamp, self._states, self._launcher = None, {}, (None, None)
+            self._stamp, self._states, self._file = None, {}, StateFile()
             return
         stamp = (info.st_mtime_ns, info.st_size)
         if stamp == self._stamp:
             return
-        _pid, states = read_state(self.path)
-        self._stamp, self._launcher = stamp, read_launcher(self.path)
+        self._stamp, self._file = stamp, read_state_file(self.path)
         self._verified_until = 0.0
-        self._states = {(s.role, s.port): s for s in states}
+        self._states = {(s.role, s.port): s for s in self._file.backends}
 
     def get(self, role: str, port: int) -> BackendState | None:
         """The published state of the backend with this role and port, if any."""
@@ -49,18 +48,11 @@ class StateView:
         """Whether the process that published the states still runs (a dead launcher's
         file describes nothing, nor does one whose pid another process now has)."""
         self._refresh()
-        pid, _created = self._launcher
         now = time.monotonic()
-        if pid is not None and now < self._verified_until:
+        if now < self._verified_until:
             # Verified a moment ago: a signal-0 check is enough in between (it is on the
             # path of every request; reading the create time costs a /proc read).
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return True
-            return True
-        alive = launcher_running(*self._launcher)
+            return pid_alive(self._file.launcher_pid)
+        alive = self._file.launcher_running()
         self._verified_until = now + REVERIFY_SECONDS if alive else 0.0
         return alive

@@ -22,9 +22,9 @@ from typing import Final
 import psutil
 
 from slm_server import http1
+from slm_server.launch.records import CREATE_TIME_TOLERANCE
 from slm_server.supervise.confirm import ProcessStatus, Reply
 from slm_server.supervise.evidence import ProbeError
-from slm_server.supervise.strays import CREATE_TIME_TOLERANCE
 
 MAX_BODY: Final = 1024 * 1024
 

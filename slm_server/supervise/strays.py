@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-CREATE_TIME_TOLERANCE = 0.01
+from slm_server.launch.records import CREATE_TIME_TOLERANCE
 
 
 def verifiably_ours(
