@@ -9,20 +9,16 @@ project's HTTP/1.1 client (:mod:`slm_server.http1`).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from slm_server import http1
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan
 from slm_server.supervise.confirm import Evidence
-from slm_server.supervise.evidence import MonotonicClock, Target, gather
+from slm_server.supervise.evidence import MonotonicClock, ProbeError, Target, gather
 from slm_server.supervise.probes import Http1Probe, PsutilProbe
-
-PROBE_BODY_LIMIT = 64 * 1024
 
 
 class Child(Protocol):
@@ -69,8 +65,8 @@ class ProcessControl(Protocol):
         """Stop a backend an earlier launcher left, only if ``pid`` is still it."""
         ...
 
-    async def probe(self, url: str, timeout: float) -> bool:
-        """Whether ``GET url`` answered 200 within ``timeout``."""
+    async def probe(self, base_url: str, path: str, timeout: float) -> bool:
+        """Whether ``GET path`` on ``base_url`` answered 200 within ``timeout``."""
         ...
 
     async def gather_evidence(
@@ -99,7 +95,7 @@ class RealControl:
         self.env = env
         self.connect_timeout = connect_timeout
         self.clock = clock
-        self._pools: dict[str, http1.Pool] = {}
+        self._probes: dict[str, Http1Probe] = {}
 
     def spawn(self, plan: LaunchPlan) -> Child:
         return process.spawn(plan, self.env, self.clock)
@@ -119,41 +115,26 @@ class RealControl:
     def stop_leftover(self, pid: int, create_time: float, timeout: float) -> bool:
         return process.stop_pid(pid, create_time, timeout)
 
-    def _pool(self, base: str, timeout: float) -> http1.Pool:
-        pool = self._pools.get(base)
-        if pool is None:
-            pool = http1.Pool(
-                base, connect_timeout=min(self.connect_timeout, timeout), read_timeout=timeout
-            )
-            self._pools[base] = pool
-        return pool
+    def _http(self, base_url: str) -> Http1Probe:
+        """The backend's HTTP probe, kept for the health probes and confirmations."""
+        http = self._probes.get(base_url)
+        if http is None:
+            http = Http1Probe(base_url, connect_timeout=min(self.connect_timeout, 1.0))
+            self._probes[base_url] = http
+        return http
 
-    async def probe(self, url: str, timeout: float) -> bool:
-        scheme, _, rest = url.partition("://")
-        host, slash, path = rest.partition("/")
-        pool = self._pool(f"{scheme}://{host}", timeout)
+    async def probe(self, base_url: str, path: str, timeout: float) -> bool:
         try:
-            async with asyncio.timeout(timeout):
-                response = await pool.request("GET", slash + path, timeout=timeout)
-                try:
-                    # A health answer is small; a backend that sends more is cut off.
-                    size = 0
-                    while size <= PROBE_BODY_LIMIT and (piece := await response.receive()):
-                        size += len(piece)
-                finally:
-                    await response.aclose()
-        except (http1.HttpError, TimeoutError):
+            status, _body = await self._http(base_url).get(path, timeout)
+        except ProbeError:
             return False
-        return response.status_code == 200
+        return status == 200
 
     async def gather_evidence(
         self, base_url: str, target: Target, budget_seconds: float
     ) -> Evidence:
-        http = Http1Probe(base_url, connect_timeout=min(self.connect_timeout, 1.0))
-        try:
-            return await gather(target, http, PsutilProbe(), budget_seconds, MonotonicClock())
-        finally:
-            http.close()
+        http = self._http(base_url)
+        return await gather(target, http, PsutilProbe(), budget_seconds, MonotonicClock())
 
     def trim_log(self, path: Path, max_bytes: int) -> int | None:
         return process.trim_log(path, max_bytes)
@@ -162,6 +143,6 @@ class RealControl:
         return process.tail_lines(path, count)
 
     async def aclose(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        for http in self._probes.values():
+            http.close()
+        self._probes.clear()

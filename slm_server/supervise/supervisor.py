@@ -402,7 +402,7 @@ class Supervisor:
             if backend.plan is None:
                 return
             timeout = self.settings.health_probe_timeout_seconds
-            ok = await self.control.probe(backend.plan.health_url, timeout)
+            ok = await self.control.probe(backend.plan.base_url, backend.plan.health_path, timeout)
             self.report(core.HealthProbed(backend.role, ok))
         finally:
             self.probing.discard(backend.role)

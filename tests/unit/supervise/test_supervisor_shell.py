@@ -117,7 +117,8 @@ class FakeControl:
     def stop_leftover(self, pid: int, create_time: float, timeout: float) -> bool:
         return False
 
-    async def probe(self, url: str, timeout: float) -> bool:
+    async def probe(self, base_url: str, path: str, timeout: float) -> bool:
+        url = f"{base_url}{path}"
         self.probes.append(url)
         port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
         answer = self.health.get(port, True)
