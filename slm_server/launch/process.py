@@ -116,23 +116,6 @@ def signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def stop(proc: BackendProcess, timeout: float) -> int | None:
-    """SIGTERM the backend's group, SIGKILL it after ``timeout``; returns the exit status."""
-    if proc.alive():
-        signal_group(proc.pid, signal.SIGCONT)
-        signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.exit_status = proc.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            signal_group(proc.pid, signal.SIGKILL)
-            proc.exit_status = proc.popen.wait()
-    else:
-        proc.poll()
-    # Anything the backend forked shares its group; make sure none outlives it.
-    signal_group(proc.pid, signal.SIGKILL)
-    return proc.exit_status
-
-
 def kill(proc: BackendProcess) -> int | None:
     """SIGKILL the backend's group at once; returns the exit status. For a backend known
     to be wedged: a stopped (SIGSTOP) or hung process ignores SIGTERM, and waiting for

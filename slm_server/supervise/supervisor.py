@@ -524,7 +524,7 @@ class Supervisor:
             self.events.emit("backend_log_trimmed", **ids, path=str(path), bytes=size)
 
     def running(self) -> bool:
-        """Whether any backend is running, or may still be (a task is under way)."""
+        """Whether any backend is starting, serving or restarting."""
         return any(b.life.state in RUNNING for b in self.backends.values())
 
     def turn(self) -> None:
