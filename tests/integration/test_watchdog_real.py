@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from slm_server.supervise.requests import RestartRequest, write_request
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, seconds_between, watched
 from tests.processes import free_port, pid_alive, poll
@@ -73,3 +74,33 @@ def test_real_llama_server_stopped_is_caught_by_the_stall(tmp_path: Path) -> Non
         reply = chat(stack)
         assert reply.status_code == 200
         assert reply.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("reason", ["5xx", "stall", "saturated"])
+def test_a_forged_trip_against_a_healthy_real_llama_server_is_not_confirmed(
+    tmp_path: Path, reason: str
+) -> None:
+    """A restart request that the real llama-server disproves (its /health, its /slots
+    and a one-token canary all answer) is logged and dropped: same process, no restart."""
+    with watched(tmp_path, smollm(tmp_path), llama_server=llama_server_bin()) as stack:
+        started = stack.state("standard")["started_at"]
+        poll(lambda: time.time() > started + 0.6, 5, "the startup grace to pass")
+        pid = stack.pid("standard")
+        entry = stack.models["standard"]
+        forged = RestartRequest(
+            role="standard",
+            model_id=str(entry["id"]),
+            port=stack.port("standard"),
+            reason=reason,
+            requested_at=time.time(),
+        )
+        write_request(stack.log_dir / "watchdog-requests", forged)
+        refused = stack.wait_event("restart_not_confirmed", timeout=30)
+        assert refused["rule"] == "canary_ok", refused
+        evidence = refused["evidence"]
+        assert evidence["health"]["reply"] == "ok"
+        assert evidence["canary"]["status"] == 200
+        assert evidence["slots"] is not None, "a native llama-server shows its /slots"
+        assert not stack.events("restart_started")
+        assert stack.pid("standard") == pid
+        assert chat(stack).status_code == 200
