@@ -314,7 +314,7 @@ class Proxy:
         self, spec: ModelSpec, progress: Progress | None, error: GatewayError
     ) -> None:
         if progress is not None:
-            self.tripwire.deadline(spec, progress.silence(time.perf_counter()), error.message)
+            self.tripwire.deadline(spec, progress, time.perf_counter(), error.message)
 
     def cancel_waiting(self) -> None:
         """End every request still waiting on a backend (the drain period is over)."""
@@ -338,7 +338,7 @@ class Proxy:
         The slot is released when the answer is complete (for a stream: when the relay
         ends, however it ends)."""
         loop_deadline = running_loop().time() + timeout
-        progress = None if shortened else Progress()
+        progress = None if shortened else Progress(time.perf_counter())
         upstream, timer = await self._guard(
             request, self._open(spec, path, body, headers, exchange), timeout, spec, progress
         )
@@ -375,7 +375,7 @@ class Proxy:
         shortened the deadline (it is never judged)."""
         content_type = upstream.headers.get("content-type", "application/json")
         streams = upstream.status_code == 200 and "event-stream" in content_type
-        noted = progress if progress is not None else Progress()
+        noted = progress if progress is not None else Progress(time.perf_counter())
 
         def on_cut(error: GatewayError) -> None:
             exchange.error_type = error.code
@@ -508,7 +508,7 @@ class Proxy:
         """The backend's own ``/v1/responses``; on 404/422, the request converted to
         chat completions and the answer converted back."""
         remaining = timeout - (time.monotonic() - started)
-        progress = None if shortened else Progress()
+        progress = None if shortened else Progress(time.perf_counter())
         probe, timer = await self._guard(
             request,
             self._open(spec, "/v1/responses", raw, headers, exchange),

@@ -78,18 +78,34 @@ STALLED = Outcome(Verdict.FAILURE, FailureClass.STALL)
 PROGRESSING = Outcome(Verdict.IGNORE)
 
 
-def deadline_outcome(silence: float | None, stall_seconds: float) -> Outcome:
+# A cut with nothing of the answer counts only once the backend has had the request for
+# this share of the model's deadline (or for the stall threshold, if that is shorter):
+# a request whose deadline the router's own queue used up says nothing of the backend.
+NOTHING_YET_SHARE = 0.5
+
+
+def deadline_outcome(
+    silence: float, delivered: bool, stall_seconds: float, deadline_seconds: float
+) -> Outcome:
     """The verdict on a request that the model's own deadline cut.
 
     ``silence`` is how long the router had been waiting on the backend with nothing
-    arriving when the deadline passed (0 when it was not waiting on it), or None when
-    the backend had delivered no byte of the answer's body at all. The cut is a backend
-    timeout when nothing had come, or nothing for at least ``stall_seconds``; otherwise
-    the backend was making progress and the deadline was only the client's budget.
+    arriving when the deadline passed: since the last byte of the body, or since the
+    request was sent when ``delivered`` is false (no byte of the body came); 0 when it
+    was not waiting on the backend at all. ``deadline_seconds`` is the model's deadline.
+    The cut is a backend timeout when the backend had delivered something and then
+    nothing for at least ``stall_seconds``, or had delivered nothing in at least
+    :func:`nothing_yet_seconds`; otherwise the backend was making progress (or never had
+    a fair chance) and the deadline was only the client's budget.
     """
-    if silence is None or silence >= stall_seconds:
-        return TIMED_OUT
-    return PROGRESSING
+    needed = stall_seconds if delivered else nothing_yet_seconds(stall_seconds, deadline_seconds)
+    return TIMED_OUT if silence >= needed else PROGRESSING
+
+
+def nothing_yet_seconds(stall_seconds: float, deadline_seconds: float) -> float:
+    """How long a backend must have had a request, with nothing of the answer back, for
+    a deadline cut to count: the stall threshold or half the deadline, the shorter."""
+    return min(stall_seconds, deadline_seconds * NOTHING_YET_SHARE)
 
 
 def outcome_of(error: GatewayError) -> Outcome:

@@ -14,7 +14,13 @@ from collections.abc import Callable
 
 from slm_server.config import ModelSpec
 from slm_server.settings import WatchdogSettings
-from slm_server.supervise.classify import STALLED, Outcome, Verdict, deadline_outcome
+from slm_server.supervise.classify import (
+    STALLED,
+    Outcome,
+    Verdict,
+    deadline_outcome,
+    nothing_yet_seconds,
+)
 from slm_server.supervise.events import EventLog
 from slm_server.supervise.requests import RestartRequest, write_request
 from slm_server.supervise.streaks import Streaks, Trip
@@ -39,12 +45,14 @@ class StallTimer:
 
 class Progress:
     """What the backend has delivered on one request so far, kept by whatever reads its
-    answer: ``waiting(now)`` as it starts waiting for more bytes, ``arrived()`` when some
-    came. Times are the reader's clock (``time.perf_counter()`` in the router)."""
+    answer: made as the request is sent, ``waiting(now)`` as the reader starts waiting
+    for more bytes, ``arrived()`` when some came. Times are the reader's clock
+    (``time.perf_counter()`` in the router)."""
 
-    __slots__ = ("delivered", "waiting_since")
+    __slots__ = ("delivered", "sent_at", "waiting_since")
 
-    def __init__(self) -> None:
+    def __init__(self, sent_at: float) -> None:
+        self.sent_at = sent_at
         self.delivered = False
         self.waiting_since: float | None = None
 
@@ -55,12 +63,13 @@ class Progress:
         self.delivered = True
         self.waiting_since = None
 
-    def silence(self, now: float) -> float | None:
-        """None while no byte of the body has come; else how long the reader has been
-        waiting with nothing arriving, 0 when it is not waiting on the backend at all
-        (the router, or a client slow to read, holds the answer up, not the backend)."""
+    def silence(self, now: float) -> float:
+        """How long the reader has been waiting with nothing arriving: since the request
+        was sent while no byte of the body has come; else since the last bytes, 0 when
+        it is not waiting on the backend at all (the router, or a client slow to read,
+        holds the answer up, not the backend)."""
         if not self.delivered:
-            return None
+            return max(0.0, now - self.sent_at)
         since = self.waiting_since
         return 0.0 if since is None else max(0.0, now - since)
 
@@ -107,24 +116,31 @@ class Tripwire:
         if trip is not None:
             self.trip(spec, trip, detail)
 
-    def deadline(self, spec: ModelSpec, silence: float | None, detail: str) -> Outcome:
-        """Judge a request the model's own deadline cut (``silence`` as
-        :meth:`Progress.silence` gives it): a backend timeout is observed as one; a cut
-        while the backend was still delivering counts for nothing and is logged as
+    def deadline(self, spec: ModelSpec, progress: Progress, now: float, detail: str) -> Outcome:
+        """Judge a request the model's own deadline cut, from what ``progress`` saw up to
+        ``now``: a backend timeout is observed as one; a cut while the backend was still
+        delivering, or before it had a fair chance, counts for nothing and is logged as
         ``deadline_not_counted``."""
-        outcome = deadline_outcome(silence, self.settings.stall_seconds)
+        silence = progress.silence(now)
+        deadline = float(spec.entry.default_timeout)
+        stall = self.settings.stall_seconds
+        outcome = deadline_outcome(silence, progress.delivered, stall, deadline)
         if outcome.verdict is Verdict.FAILURE:
-            if silence is not None:
+            if progress.delivered:
                 detail = f"{detail}; nothing from the backend for {silence:.3g}s"
             self.observe(spec, outcome, detail)
-        elif self.settings.enabled and silence is not None:
+        elif self.settings.enabled:
             self.events.emit(
                 "deadline_not_counted",
                 role=spec.role,
                 model_id=spec.entry.id,
                 port=spec.entry.port,
+                delivered=progress.delivered,
                 silent_seconds=round(silence, 3),
-                stall_seconds=self.settings.stall_seconds,
+                needed_seconds=stall
+                if progress.delivered
+                else nothing_yet_seconds(stall, deadline),
+                stall_seconds=stall,
                 detail=detail,
             )
         return outcome

@@ -77,7 +77,8 @@ class Script:
     (``statuses`` queue first, then ``status``), delay_seconds, then the answer. A
     request is matched when its path is in ``paths`` (if set), its raw body contains
     ``body_contains`` (if set) and does not contain ``body_lacks`` (if set); any other
-    request is answered normally.
+    request is answered normally, in the script's answer shape (``chunks``, their pace
+    and text, ``reply``, ``responses``) but with none of its effects.
     ``slots``: how many slots GET /slots shows (None: no /slots); the first
     ``busy_slots`` are busy, and each GET /slots advances their ``n_decoded`` by one
     while ``slots_progress``; ``slots_stall`` makes GET /slots hang.
@@ -118,6 +119,17 @@ class Script:
             if not _matches(value, hints[name]):
                 raise ValueError(f"script field {name!r}: {value!r} is not {hints[name]}")
         return cls(**data)
+
+    def shape_only(self) -> Script:
+        """How a request this script does not match is answered: its answer shape,
+        none of its effects."""
+        return Script(
+            chunks=self.chunks,
+            chunk_interval_seconds=self.chunk_interval_seconds,
+            chunk_text=self.chunk_text,
+            responses=self.responses,
+            reply=self.reply,
+        )
 
     def applies_to(self, path: str, raw: bytes = b"") -> bool:
         if self.paths is not None and path not in self.paths:
@@ -632,7 +644,7 @@ async def proxied(request: Request) -> Response:
     if path in FORM_PATHS:
         record.form = await read_form(request)
     state.requests.append(record)
-    script = state.script if state.script.applies_to(path, raw) else Script()
+    script = state.script if state.script.applies_to(path, raw) else state.script.shape_only()
     out_headers = {"x-fake-backend": state.model_id, "x-fake-seq": str(record.seq)}
 
     def answer(

@@ -419,3 +419,55 @@ def test_a_non_streaming_request_cut_by_the_deadline_counts(tmp_path: Path) -> N
         assert requested["streak"] == 2
         assert not stack.events("deadline_not_counted")
         stack.wait_event("restart_succeeded", old_pid=old_pid)
+
+
+def test_a_deadline_the_queue_used_up_never_counts(tmp_path: Path) -> None:
+    """One slot, held by a long stream that the deadline cuts while tokens flow; a short
+    request queued behind it reaches the backend with little of its deadline left and is
+    cut before the backend could answer. Twice: still no streak, no trip."""
+    tokens = {
+        "script": {
+            "chunks": 200,
+            "chunk_interval_seconds": 0.2,
+            "stall": True,
+            "body_lacks": "long",
+        }
+    }
+    models = {
+        "standard": fake_entry(tmp_path, "standard", tokens, default_timeout=3, max_concurrency=1)
+    }
+    with watched(tmp_path, models, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS) as stack:
+        wait_past_grace(stack, "standard")
+        pid = stack.pid("standard")
+        for _ in range(2):
+            in_flight = threading.Event()
+            lines: list[str] = []
+
+            def long_stream(
+                lines: list[str] = lines, in_flight: threading.Event = in_flight
+            ) -> None:
+                long = [{"role": "user", "content": "a long answer"}]
+                body = {"model": stack.model_id("standard"), "messages": long, "stream": True}
+                url = f"{stack.url}/v1/chat/completions"
+                with httpx.stream("POST", url, json=body, timeout=30) as response:
+                    for line in response.iter_lines():
+                        lines.append(line)
+                        if len(lines) >= 10:  # about 1 s in: 5 chunks, 0.2 s apart
+                            in_flight.set()
+
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                streaming = pool.submit(long_stream)
+                assert in_flight.wait(10)
+                # Queued for the 2 s left of the stream's deadline, then at the backend
+                # (which would never answer it) for the 1 s left of its own: under 1.5 s.
+                queued = chat(stack, "standard")
+                streaming.result()
+            assert queued.status_code == 504
+            assert queued.json()["error"]["code"] == "deadline_exceeded"
+            assert deadline_error([x for x in lines if x.startswith("data:")])
+        cut = stack.events("deadline_not_counted")
+        behind = [e for e in cut if e["delivered"] is False]
+        assert len(behind) == 2, cut
+        assert all(e["silent_seconds"] < e["needed_seconds"] == 1.5 for e in behind)
+        assert not stack.events("backend_failure")
+        no_restart_after_a_sweep(stack, "standard", pid)

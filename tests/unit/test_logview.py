@@ -122,8 +122,14 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         f'{NAMED}  reason=5xx rule=canary_ok why="the canary answered 200"',
     ),
     "deadline_not_counted": (
-        {**BACKEND, "silent_seconds": 0.4, "stall_seconds": 300.0},
-        f"{NAMED}  silent=0.4s stall=300s",
+        {
+            **BACKEND,
+            "delivered": False,
+            "silent_seconds": 0.4,
+            "needed_seconds": 60.0,
+            "stall_seconds": 300.0,
+        },
+        f"{NAMED}  delivered=false silent=0.4s needed=60s stall=300s",
     ),
     "backend_log_trim_failed": (
         {**BACKEND, "path": "/srv/slm/logs/r.log", "error": "OSError: [Errno 28] No space"},

@@ -188,22 +188,29 @@ def test_outcome_is_frozen() -> None:
 
 
 @pytest.mark.parametrize(
-    ("silence", "stall_seconds", "expected"),
+    ("silence", "delivered", "stall_seconds", "deadline", "expected"),
     [
-        pytest.param(None, 1.5, TIMED_OUT, id="nothing-delivered"),
-        pytest.param(None, 1e9, TIMED_OUT, id="nothing-delivered-whatever-the-threshold"),
-        pytest.param(1.5, 1.5, TIMED_OUT, id="silent-for-the-threshold"),
-        pytest.param(4.0, 1.5, TIMED_OUT, id="silent-past-the-threshold"),
-        pytest.param(1.49, 1.5, PROGRESSING, id="silent-just-under-the-threshold"),
-        pytest.param(0.3, 1.5, PROGRESSING, id="tokens-still-flowing"),
-        pytest.param(0.0, 1.5, PROGRESSING, id="not-waiting-on-the-backend"),
-        pytest.param(119.0, 300.0, PROGRESSING, id="defaults-mid-stream-silence"),
+        pytest.param(1.5, False, 1.5, 3.0, TIMED_OUT, id="nothing-for-the-threshold"),
+        pytest.param(2.9, False, 1.5, 3.0, TIMED_OUT, id="nothing-for-the-whole-deadline"),
+        pytest.param(0.4, False, 1.5, 3.0, PROGRESSING, id="nothing-yet-queue-ate-the-deadline"),
+        pytest.param(1.49, False, 1.5, 3.0, PROGRESSING, id="nothing-just-under-the-threshold"),
+        pytest.param(1.0, False, 1.5, 2.0, TIMED_OUT, id="nothing-for-half-a-short-deadline"),
+        pytest.param(0.99, False, 1.5, 2.0, PROGRESSING, id="nothing-under-half-the-deadline"),
+        pytest.param(60.0, False, 300.0, 120.0, TIMED_OUT, id="defaults-nothing-for-half"),
+        pytest.param(120.0, False, 300.0, 120.0, TIMED_OUT, id="defaults-nothing-at-all"),
+        pytest.param(59.9, False, 300.0, 120.0, PROGRESSING, id="defaults-queued-past-half"),
+        pytest.param(1.5, True, 1.5, 3.0, TIMED_OUT, id="silent-for-the-threshold"),
+        pytest.param(4.0, True, 1.5, 9.0, TIMED_OUT, id="silent-past-the-threshold"),
+        pytest.param(1.49, True, 1.5, 3.0, PROGRESSING, id="silent-just-under-the-threshold"),
+        pytest.param(0.3, True, 1.5, 3.0, PROGRESSING, id="tokens-still-flowing"),
+        pytest.param(0.0, True, 1.5, 3.0, PROGRESSING, id="not-waiting-on-the-backend"),
+        pytest.param(119.0, True, 300.0, 120.0, PROGRESSING, id="defaults-mid-stream-silence"),
     ],
 )
 def test_a_deadline_is_a_backend_timeout_only_without_progress(
-    silence: float | None, stall_seconds: float, expected: Outcome
+    silence: float, delivered: bool, stall_seconds: float, deadline: float, expected: Outcome
 ) -> None:
-    assert deadline_outcome(silence, stall_seconds) == expected
+    assert deadline_outcome(silence, delivered, stall_seconds, deadline) == expected
 
 
 def test_a_cut_that_was_progressing_neither_counts_nor_resets() -> None:

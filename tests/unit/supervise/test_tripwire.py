@@ -472,17 +472,19 @@ def test_first_byte_after_the_stall_is_harmless(tmp_path: Path) -> None:
 # --- deadlines -------------------------------------------------------------------------
 
 
-def test_progress_before_any_byte_is_no_evidence() -> None:
-    progress = Progress()
-    assert progress.silence(10.0) is None
-    progress.waiting(10.0)
-    assert progress.silence(99.0) is None, "waiting for the head or first byte: nothing came"
+def test_progress_before_any_byte_counts_from_the_send() -> None:
+    progress = Progress(sent_at=10.0)
+    assert progress.silence(10.0) == 0.0
+    assert not progress.delivered
+    progress.waiting(11.0)  # the head came: still nothing of the body
+    assert progress.silence(99.0) == 89.0, "measured from the send, not the head"
 
 
 def test_progress_measures_the_current_wait_only() -> None:
-    progress = Progress()
+    progress = Progress(sent_at=9.0)
     progress.waiting(10.0)
     progress.arrived()
+    assert progress.delivered
     assert progress.silence(50.0) == 0.0, "not waiting on the backend: it holds nothing up"
     progress.waiting(12.0)
     assert progress.silence(12.5) == 0.5
@@ -494,7 +496,7 @@ def test_progress_measures_the_current_wait_only() -> None:
 def test_a_slow_client_is_not_backend_silence() -> None:
     """Blocked sending to the client for a long time, then back to the backend, which
     answers at once: the backend was never silent."""
-    progress = Progress()
+    progress = Progress(sent_at=0.0)
     progress.waiting(0.0)
     progress.arrived()  # a chunk, then 30 s of a client that does not read
     assert progress.silence(30.0) == 0.0
@@ -502,10 +504,26 @@ def test_a_slow_client_is_not_backend_silence() -> None:
     assert progress.silence(30.2) == pytest.approx(0.2)
 
 
+NOW = 100.0
+
+
+def nothing_for(seconds: float) -> Progress:
+    """A request sent ``seconds`` before NOW, with no byte of the answer since."""
+    return Progress(sent_at=NOW - seconds)
+
+
+def silent_for(seconds: float) -> Progress:
+    """A request that delivered something, then nothing for ``seconds`` before NOW."""
+    progress = Progress(sent_at=0.0)
+    progress.arrived()
+    progress.waiting(NOW - seconds)
+    return progress
+
+
 def test_a_deadline_with_nothing_delivered_is_a_timeout(tmp_path: Path) -> None:
     wire = tripwire(tmp_path, stall_seconds=1.5)
     detail = "The backend for 'smollm2-135m-instruct' did not answer within 2s"
-    assert wire.deadline(STANDARD, None, detail) == TIMED_OUT
+    assert wire.deadline(STANDARD, nothing_for(2.0), NOW, detail) == TIMED_OUT
     assert events(wire) == [
         {
             "ts": TS,
@@ -520,8 +538,8 @@ def test_a_deadline_with_nothing_delivered_is_a_timeout(tmp_path: Path) -> None:
 
 def test_a_deadline_after_silence_past_the_stall_threshold_is_a_timeout(tmp_path: Path) -> None:
     wire = tripwire(tmp_path, stall_seconds=1.5)
-    assert wire.deadline(STANDARD, 1.8, "cut") == TIMED_OUT
-    assert wire.deadline(STANDARD, 1.5, "cut") == TIMED_OUT
+    assert wire.deadline(STANDARD, silent_for(1.8), NOW, "cut") == TIMED_OUT
+    assert wire.deadline(STANDARD, silent_for(1.5), NOW, "cut") == TIMED_OUT
     [first, second, requested] = events(wire)
     assert (first["reason"], first["streak"]) == ("timeout", 1)
     assert first["detail"] == "cut; nothing from the backend for 1.8s"
@@ -534,24 +552,59 @@ def test_a_deadline_after_silence_past_the_stall_threshold_is_a_timeout(tmp_path
 def test_a_deadline_that_cuts_progress_counts_for_nothing(tmp_path: Path) -> None:
     wire = tripwire(tmp_path, stall_seconds=1.5)
     for _ in range(5):
-        assert wire.deadline(STANDARD, 0.4, "streaming") == PROGRESSING
+        assert wire.deadline(STANDARD, silent_for(0.4), NOW, "streaming") == PROGRESSING
     assert wire.open_streak("standard") == 0
     assert request_files(wire) == []
     assert events(wire)[0] == {
         "ts": TS,
         "event": "deadline_not_counted",
         **IDS,
+        "delivered": True,
         "silent_seconds": 0.4,
+        "needed_seconds": 1.5,
         "stall_seconds": 1.5,
         "detail": "streaming",
     }
     assert [e["event"] for e in events(wire)] == ["deadline_not_counted"] * 5
 
 
+def test_a_deadline_the_queue_used_up_is_no_evidence(tmp_path: Path) -> None:
+    """The router queued the request for most of its deadline; the backend had it for
+    less than the stall threshold with nothing back yet: it never had a fair chance."""
+    wire = tripwire(tmp_path, stall_seconds=1.5)
+    for _ in range(3):
+        assert wire.deadline(STANDARD, nothing_for(0.4), NOW, "queued") == PROGRESSING
+    assert wire.open_streak("standard") == 0
+    assert request_files(wire) == []
+    assert events(wire)[0] == {
+        "ts": TS,
+        "event": "deadline_not_counted",
+        **IDS,
+        "delivered": False,
+        "silent_seconds": 0.4,
+        "needed_seconds": 1.5,
+        "stall_seconds": 1.5,
+        "detail": "queued",
+    }
+
+
+def test_with_a_long_stall_threshold_half_the_deadline_with_nothing_counts(
+    tmp_path: Path,
+) -> None:
+    """The defaults (stall 300 s, deadline 120 s): a request that got nothing in the 60 s
+    or more it was at the backend counts; one the queue left 59 s does not."""
+    wire = tripwire(tmp_path, stall_seconds=300.0)
+    assert wire.deadline(STANDARD, nothing_for(59.0), NOW, "cut") == PROGRESSING
+    assert events(wire)[-1]["needed_seconds"] == 60.0
+    assert wire.deadline(STANDARD, nothing_for(60.0), NOW, "cut") == TIMED_OUT
+    assert wire.deadline(STANDARD, nothing_for(120.0), NOW, "cut") == TIMED_OUT
+    assert [e["event"] for e in events(wire)][-1] == "restart_requested"
+
+
 def test_a_progressing_cut_neither_ends_nor_extends_a_streak(tmp_path: Path) -> None:
     wire = tripwire(tmp_path, stall_seconds=1.5)
     observe(wire, 500)
-    wire.deadline(STANDARD, 0.1, "streaming")
+    wire.deadline(STANDARD, silent_for(0.1), NOW, "streaming")
     assert wire.open_streak("standard") == 1
     observe(wire, 500)
     assert [e["event"] for e in events(wire)] == [
@@ -564,6 +617,6 @@ def test_a_progressing_cut_neither_ends_nor_extends_a_streak(tmp_path: Path) -> 
 
 def test_a_disabled_watchdog_judges_no_deadline(tmp_path: Path) -> None:
     wire = tripwire(tmp_path, enabled=False)
-    wire.deadline(STANDARD, None, "cut")
-    wire.deadline(STANDARD, 0.1, "cut")
+    wire.deadline(STANDARD, nothing_for(5.0), NOW, "cut")
+    wire.deadline(STANDARD, silent_for(0.1), NOW, "cut")
     assert not wire.settings.log_path.exists()
