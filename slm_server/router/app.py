@@ -126,6 +126,7 @@ def create_app(
     routes += [
         Route("/v1/responses", proxy.responses, methods=["POST"]),
         Route("/v1/models", info.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", info.model, methods=["GET"]),
         Route("/v1/backends/health", info.backends_health, methods=["GET"]),
         Route("/health", info.health, methods=["GET"]),
         Route("/metrics", metrics.scrape, methods=["GET"]),

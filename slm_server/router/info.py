@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from slm_server.config import ModelSpec
 from slm_server.errors import GatewayError
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate
@@ -36,25 +37,32 @@ class Info:
         self.states = states
         self.started = int(time.time())
 
+    def _model(self, spec: ModelSpec) -> dict[str, Any]:
+        """One model as ``/v1/models`` lists it: OpenAI's four fields, then ours."""
+        return {
+            "id": spec.entry.id,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "slm_server",
+            "role": spec.role,
+            "backend": spec.entry.backend,
+            "port": spec.entry.port,
+            "model_type": spec.entry.model_type,
+            "context_length": spec.entry.context_length,
+            "quantization": spec.entry.quantization,
+            "supports_function_calling": spec.entry.supports_function_calling,
+        }
+
     async def models(self, _request: Request) -> JSONResponse:
         """``GET /v1/models``: the enabled models and their settings."""
-        data = [
-            {
-                "id": spec.entry.id,
-                "object": "model",
-                "created": self.started,
-                "owned_by": "slm_server",
-                "role": spec.role,
-                "backend": spec.entry.backend,
-                "port": spec.entry.port,
-                "model_type": spec.entry.model_type,
-                "context_length": spec.entry.context_length,
-                "quantization": spec.entry.quantization,
-                "supports_function_calling": spec.entry.supports_function_calling,
-            }
-            for spec in self.registry.enabled
-        ]
+        data = [self._model(spec) for spec in self.registry.enabled]
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> JSONResponse:
+        """``GET /v1/models/{id}``: one enabled model (ids may contain ``/``); 404
+        ``model_not_found`` when there is none."""
+        model_id: str = request.path_params["model_id"]
+        return JSONResponse(self._model(self.registry.lookup(model_id)))
 
     async def backends_health(self, _request: Request) -> JSONResponse:
         """``GET /v1/backends/health``: every backend probed at once, keyed by role."""

@@ -199,14 +199,30 @@ def json_headers(extra: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 def backend_error_body(status: int, content: bytes) -> bytes:
-    """A backend's error body, wrapped in the OpenAI shape when it is not already."""
+    """A backend's error body in the OpenAI shape: ``{"error": {"message", "type",
+    "param", "code"}}`` with ``code`` a string or null (llama-server sends integers)
+    and ``param`` present. Anything else the backend put in its error object is kept;
+    a body that is not such an object becomes the message."""
     try:
         parsed = json.loads(content)
-    except ValueError:
+    except (ValueError, RecursionError):
         parsed = None
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict | str):
-        return content
-    message = content.decode("utf-8", "replace").strip()[:2000] or f"HTTP {status}"
-    return json.dumps(
-        {"error": {"message": message, "type": "backend_error", "code": status, "param": None}}
-    ).encode()
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, str):
+        error = {"message": error}
+    if not isinstance(error, dict):
+        message = content.decode("utf-8", "replace").strip()[:2000] or f"HTTP {status}"
+        error = {"message": message, "type": "backend_error", "code": str(status)}
+    code = error.get("code")
+    shaped = {
+        **error,
+        "message": str(error.get("message") or f"HTTP {status}"),
+        "type": str(error.get("type") or "backend_error"),
+        "param": error.get("param") if isinstance(error.get("param"), str) else None,
+        "code": None if code is None else str(code),
+    }
+    try:
+        return json.dumps({"error": shaped}, ensure_ascii=False, allow_nan=False).encode()
+    except (ValueError, RecursionError):  # NaN or absurd depth in the backend's extras
+        kept = {k: shaped[k] for k in ("message", "type", "param", "code")}
+        return json.dumps({"error": kept}, ensure_ascii=False).encode()

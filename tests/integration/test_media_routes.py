@@ -365,7 +365,7 @@ def test_a_backend_5xx_is_judged_by_the_watchdog(
     raw, headers = audio_form()
     response = http.post(TRANSCRIPTIONS, content=raw, headers=headers)
     assert response.status_code == 500
-    assert error_of(response)["code"] == 500
+    assert error_of(response)["code"] == "500"
     poll(lambda: len(failures()) == seen + 1, 5, "the watchdog to log the failure")
     assert failures()[-1]["status"] == 500
     assert failures()[-1]["reason"] == "5xx"

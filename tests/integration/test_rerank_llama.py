@@ -219,7 +219,7 @@ def test_bad_input_is_an_openai_shaped_400(
     assert {"message", "type", "code"} <= set(error)
     assert error["message"] == message
     assert error["type"] == "invalid_request_error"
-    assert error["code"] == 400
+    assert error["code"] == "400"
 
 
 def test_a_prompt_longer_than_the_context_is_a_400(gateway: Gateway) -> None:

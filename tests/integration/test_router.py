@@ -57,6 +57,7 @@ def router(
         "stuck": entry("stuck", fakes["stuck"].port),
         "ghost": entry("ghost", free_port()),
         "off": entry("off", free_port(), enabled=False),
+        "slashed": entry("org/slashed-model", free_port()),
         "twin_a": entry("twin", free_port()),
         "twin_b": entry("twin", free_port()),
     }
@@ -280,6 +281,40 @@ def test_models_lists_enabled_entries_with_their_settings(http: httpx.Client) ->
     assert alpha["quantization"] == "Q4_0"
     assert alpha["supports_function_calling"] is False
     assert "context_length" in alpha
+
+
+def test_models_retrieve_finds_an_id_with_a_slash(router: str) -> None:
+    client = openai.OpenAI(base_url=f"{router}/v1", api_key="unused", max_retries=0)
+    model = client.models.retrieve("org/slashed-model")
+    assert (model.id, model.object, model.owned_by) == ("org/slashed-model", "model", "slm_server")
+    raw = httpx.get(f"{router}/v1/models/org/slashed-model", timeout=5).json()
+    openai.types.Model.model_validate(raw, strict=True)
+    assert raw["role"] == "slashed"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("org/none")
+    assert missing.value.code == "model_not_found"
+    assert missing.value.param == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("off")  # disabled entries are not served
+    with pytest.raises(openai.ConflictError) as twins:
+        client.models.retrieve("twin")
+    assert twins.value.code == "ambiguous_model"
+
+
+@pytest.mark.parametrize("status", [400, 500, 503])
+def test_backend_errors_reach_the_client_openai_shaped(
+    http: httpx.Client, fakes: dict[str, FakeBackend], status: int
+) -> None:
+    """llama-server's error objects carry an integer ``code``; OpenAI's is a string."""
+    fakes["beta"].script(status=status)
+    response = http.post(CHAT, json={"model": "beta", "messages": HELLO})
+    assert response.status_code == status
+    assert error_of(response) == {
+        "message": f"scripted {status}",
+        "type": "fake",
+        "param": None,
+        "code": str(status),
+    }
 
 
 def test_backends_health_reports_each_status(
