@@ -71,6 +71,14 @@ class ProtocolError(HttpError):
     """The backend's response is not valid HTTP/1.1, or the connection broke."""
 
 
+class InvalidStatus(ProtocolError):
+    """A response whose status code is outside 100-599 (RFC 9110 §15)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"status {status} is outside 100-599")
+        self.status = status
+
+
 class ConnectionClosed(ProtocolError):
     """The backend closed or reset the connection before its response ended."""
 
@@ -258,8 +266,12 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self.fail(ProtocolError("the backend switched protocols"))
         except httptools.HttpParserError as exc:
-            cause = exc.__context__ if isinstance(exc.__context__, ProtocolError) else exc
-            self.fail(ProtocolError(f"malformed response: {cause}"))
+            cause = exc.__context__
+            if isinstance(cause, InvalidStatus):
+                self.fail(cause)
+                return
+            shown = cause if isinstance(cause, ProtocolError) else exc
+            self.fail(ProtocolError(f"malformed response: {shown}"))
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost follows
@@ -300,6 +312,8 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
+        if not 100 <= status <= 599:
+            raise InvalidStatus(status)
         if status < 200:
             self.interim = True  # 100 Continue and the like: the answer follows
             return

@@ -5,6 +5,7 @@ exceptions are translated here, at this single boundary, into the gateway's erro
 
     http1.ConnectError / ConnectTimeout   -> BackendUnavailable (503)
     http1.ReadTimeout                     -> BackendTimeout (504)
+    http1.InvalidStatus                   -> BackendProtocolError (502, upstream_invalid)
     http1.ProtocolError / ConnectionClosed -> BackendProtocolError (502)
 """
 
@@ -21,6 +22,7 @@ from slm_server.http1 import (
     ConnectError,
     ConnectTimeout,
     HttpError,
+    InvalidStatus,
     Pool,
     ReadTimeout,
     Response,
@@ -65,6 +67,11 @@ def translate(exc: HttpError, spec: ModelSpec) -> Exception:
         )
     if isinstance(exc, ReadTimeout):
         return BackendTimeout(f"The {where} did not answer within {spec.entry.default_timeout:g}s")
+    if isinstance(exc, InvalidStatus):
+        return BackendProtocolError(
+            f"The {where} answered with status {exc.status}, outside 100-599",
+            code="upstream_invalid",
+        )
     return BackendProtocolError(f"The {where} broke the connection: {type(exc).__name__} ({exc})")
 
 

@@ -23,6 +23,7 @@ from slm_server.http1 import (
     HIGH_WATER,
     ConnectError,
     ConnectionClosed,
+    InvalidStatus,
     Pool,
     ProtocolError,
     ReadTimeout,
@@ -670,6 +671,35 @@ def test_upstream_reads_sse_lines_split_across_pieces(run: Any) -> None:
             got = [event async for event in upstream.iter_sse(spec, response)]
             assert got == events
             await response.aclose()
+            await upstream.aclose()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("status", [0, 99, 600, 700, 999])
+def test_a_status_outside_100_to_599_is_invalid(run: Any, status: int) -> None:
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        peer.send(f"HTTP/1.1 {status:03d} Odd\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+        await peer.wait_eof()
+
+    async def scenario() -> None:
+        async with Server(handler) as server:
+            pool = pool_for(server)
+            with pytest.raises(ProtocolError) as raised:
+                await read_whole(pool)
+            if status >= 100:  # a two-digit status is no HTTP at all to the parser
+                assert isinstance(raised.value, InvalidStatus)
+                assert raised.value.status == status
+            assert pool.connections == 0
+            spec = spec_at(server.port)
+            upstream = Upstream((spec,), 1.0, 0.5)
+            with pytest.raises(BackendProtocolError) as translated:
+                await upstream.open(spec, "/v1/x", b"{}", {})
+            assert translated.value.status == 502
+            if status >= 100:
+                assert translated.value.code == "upstream_invalid"
+                assert f"status {status}" in str(translated.value)
             await upstream.aclose()
 
     run(scenario())
