@@ -11,7 +11,8 @@
     ├── ClientDisconnected        499    client_closed_request   client_disconnected
     ├── BackendUnavailable        503    backend_unavailable     backend_unreachable / <given>
     ├── BackendTimeout            504    timeout_error           backend_timeout
-    └── BackendProtocolError      502    backend_error           bad_backend_response
+    └── BackendProtocolError      502    backend_error           bad_backend_response / <given>
+        └── AnswerTooLarge        502    backend_error           upstream_too_large / <given>
 
 Each error renders two ways: an HTTP status with an OpenAI-shaped JSON body before the
 first byte of a response, and an in-band ``data: {"error": ...}`` SSE event after it.
@@ -135,3 +136,10 @@ class BackendProtocolError(GatewayError):
     status = 502
     error_type = "backend_error"
     default_code = "bad_backend_response"
+
+
+class AnswerTooLarge(BackendProtocolError):
+    """A backend's answer (or one stream event) past the router's size limit. The
+    limit is the router's own: the watchdog never counts it against the backend."""
+
+    default_code = "upstream_too_large"

@@ -71,6 +71,11 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
     return value
 
 
+def _mib(env: Mapping[str, str], name: str, default: float) -> int:
+    """A size in MiB (fractions allowed), as bytes."""
+    return int(_float(env, name, default, minimum=0.001) * 1024 * 1024)
+
+
 def _int(
     env: Mapping[str, str], name: str, default: int, *, minimum: int = 0, maximum: int | None = None
 ) -> int:
@@ -184,6 +189,8 @@ class ServingSettings:
     max_body_bytes: int
     api_keys: tuple[str, ...]
     drain_timeout_seconds: float
+    max_answer_bytes: int = 128 * 1024 * 1024
+    max_sse_event_bytes: int = 4 * 1024 * 1024
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServingSettings:
@@ -202,9 +209,11 @@ class ServingSettings:
                 if line.strip() and not line.strip().startswith("#")
             ]
         return cls(
-            max_body_bytes=int(_float(env, "SLM_MAX_BODY_MB", 32.0, minimum=0.001) * 1024 * 1024),
+            max_body_bytes=_mib(env, "SLM_MAX_BODY_MB", 32.0),
             api_keys=tuple(dict.fromkeys(keys)),
             drain_timeout_seconds=_float(env, "SLM_DRAIN_TIMEOUT_SECONDS", 30.0),
+            max_answer_bytes=_mib(env, "SLM_MAX_ANSWER_MB", 128.0),
+            max_sse_event_bytes=_mib(env, "SLM_MAX_SSE_EVENT_MB", 4.0),
         )
 
 

@@ -20,6 +20,6 @@ def answer_fields(content: bytes) -> dict[str, Any] | None:
     try:
         text = content.decode(json.detect_encoding(content), "surrogatepass")
         found = _FLOATS_AS_TEXT.decode(text)
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError included
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         return None
     return found if isinstance(found, dict) else None

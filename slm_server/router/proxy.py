@@ -86,6 +86,8 @@ class Proxy:
             for spec in registry.enabled
         }
         self.max_body = settings.serving.max_body_bytes
+        self.max_answer = settings.serving.max_answer_bytes
+        self.max_event = settings.serving.max_sse_event_bytes
         self.waits = Waits()
 
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
@@ -200,7 +202,7 @@ class Proxy:
         started = time.perf_counter()
         try:
             if progress is None:
-                content = await self.upstream.read(spec, upstream)
+                content = await self.upstream.read(spec, upstream, self.max_answer)
             else:
                 content = await self._gather(spec, upstream, progress)
         except GatewayError as error:
@@ -217,10 +219,13 @@ class Proxy:
         """The whole body, piece by piece as it arrives."""
         parts: list[bytes] = []
         progress.waiting(time.perf_counter())
-        async for part in self.upstream.iter_raw(spec, upstream):
-            progress.arrived()
-            parts.append(part)
-            progress.waiting(time.perf_counter())
+        try:
+            async for part in self.upstream.iter_bounded(spec, upstream, self.max_answer):
+                progress.arrived()
+                parts.append(part)
+                progress.waiting(time.perf_counter())
+        finally:
+            upstream.close()
         return b"".join(parts)
 
     async def _watched(
@@ -392,7 +397,7 @@ class Proxy:
             chunks = self._watched(
                 spec, self.upstream.iter_raw(spec, upstream), timer, exchange, noted
             )
-            tap = SseTap(exchange, drop_usage_chunk=hidden_usage)
+            tap = SseTap(exchange, drop_usage_chunk=hidden_usage, max_event_bytes=self.max_event)
             return StreamRelay(
                 self._tapped(chunks, tap),
                 close,
@@ -404,7 +409,7 @@ class Proxy:
         if exchange.stream and streams and translate is not None:
             translator = ResponseStreamTranslator(translate)
             events = self._watched(
-                spec, self.upstream.iter_sse(spec, upstream), timer, exchange, noted
+                spec, self.upstream.iter_sse(spec, upstream, self.max_event), timer, exchange, noted
             )
             return StreamRelay(
                 self._translated(events, translator, exchange),
@@ -434,7 +439,7 @@ class Proxy:
         if "json" in content_type and translate is not None:
             try:
                 body_json = json.loads(content)
-            except ValueError:
+            except (ValueError, RecursionError):
                 body_json = None
         elif "json" in content_type:
             body_json = answer_fields(content)  # only for the record: floats kept as text

@@ -27,7 +27,6 @@ from slm_server.router.responses_stream import (
     message_item,
     new_id,
     output_text_part,
-    parse_sse_data,
     reasoning_item,
     reasoning_text,
 )
@@ -35,7 +34,6 @@ from slm_server.router.responses_stream import (
 __all__ = [
     "ResponseStreamTranslator",
     "chat_to_response",
-    "parse_sse_data",
     "responses_to_chat",
 ]
 

@@ -3,7 +3,7 @@
 The builders (:func:`build_response`, :func:`message_item`...) shape the objects
 ``openai.types.responses.Response`` and its output items accept; :class:`ResponseStreamTranslator`
 turns a chat completions stream into the Responses event stream the ``openai`` client
-parses, and :func:`parse_sse_data` reads one line of a backend's SSE stream. No I/O.
+parses. No I/O.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
-
-from slm_server.errors import BackendProtocolError
 
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -152,27 +150,6 @@ def build_response(
         "background": False,
         "user": request.get("user"),
     }
-
-
-def parse_sse_data(line: bytes) -> dict[str, Any] | None:
-    """The JSON object of one ``data:`` line of a chat completions stream.
-
-    Returns None for blank lines, comments, other SSE fields and ``[DONE]``; raises
-    :class:`BackendProtocolError` when the data is not a JSON object.
-    """
-    stripped = line.strip()
-    if not stripped.startswith(b"data:"):
-        return None
-    payload = stripped[5:].strip()
-    if not payload or payload == b"[DONE]":
-        return None
-    try:
-        value = json.loads(payload)
-    except ValueError as exc:
-        raise BackendProtocolError(f"the backend sent malformed stream data: {exc}") from exc
-    if not isinstance(value, dict):
-        raise BackendProtocolError("the backend sent stream data that is not a JSON object")
-    return value
 
 
 @dataclass

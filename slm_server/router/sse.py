@@ -1,21 +1,127 @@
-"""A tap on a relayed server-sent-events stream. Pure.
+"""Server-sent events, the router's one parser for them. Pure.
 
-Bytes are cut into whole events (``\\n\\n``-terminated) and forwarded event by event;
-events that can carry usage or a finish reason are parsed into the request's
-:class:`~slm_server.router.exchange.Exchange`. When the router itself asked the backend
+:class:`SseSplitter` cuts a byte stream into whole events as they complete: lines end
+in LF, CRLF or CR (a CRLF split across two reads is one line end), an event ends at a
+blank line, and each byte is scanned once, so an endless event costs linear time and
+at most ``max_event_bytes`` of memory before :class:`~slm_server.errors.AnswerTooLarge`.
+Events come back as the bytes that arrived, line ends untouched.
+
+:class:`SseTap` forwards a relayed stream event by event and parses the events that
+can carry usage, an error or a finish reason into the request's
+:class:`~slm_server.router.exchange.Exchange`; when the router itself asked the backend
 for ``stream_options.include_usage``, the usage-only chunk it gets back is kept from a
-client that never asked for it.
+client that never asked for it. :func:`event_data` is an event's ``data`` field and
+:func:`data_object` the JSON object in it, for the router's own reading of a stream.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any, Final
 
+from slm_server.errors import AnswerTooLarge, BackendProtocolError
 from slm_server.router.exchange import Exchange
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 # A finish reason that is a string (not null): the event that ends a choice.
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+
+
+class SseSplitter:
+    """Bytes in, whole events out (each with the blank line that ended it)."""
+
+    def __init__(self, max_event_bytes: int) -> None:
+        self.max_event_bytes = max_event_bytes
+        self._parts: list[bytes] = []  # the event in progress, as it arrived
+        self._size = 0
+        self._line_empty = True  # nothing yet on the current line
+        self._after_cr = False  # the last byte was CR: an LF next belongs to it
+        self._cr_ended_event = False  # ... and that CR ended an event
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        events: list[bytes] = []
+        start = 0  # where the part of ``chunk`` not yet in an event begins
+        pos = 1 if self._after_cr and chunk[:1] == b"\n" else 0
+        if pos and self._cr_ended_event:
+            # The LF of a CRLF whose CR ended the last event: passed on by itself.
+            events.append(b"\n")
+            start = 1
+        self._after_cr = self._cr_ended_event = False
+        line_start = pos
+        for match in _LINE_END.finditer(chunk, pos):
+            if match.start() > line_start:
+                self._line_empty = False
+            line_start = match.end()
+            if self._line_empty:  # a blank line: the event is complete
+                self._check(self._size + match.end() - start)
+                events.append(b"".join((*self._parts, chunk[start : match.end()])))
+                self._parts.clear()
+                self._size = 0
+                start = match.end()
+            self._line_empty = True
+        if line_start < len(chunk):
+            self._line_empty = False
+        elif chunk[-1:] == b"\r":
+            self._after_cr = True
+            self._cr_ended_event = start == len(chunk)
+        if start < len(chunk):
+            self._check(self._size + len(chunk) - start)
+            self._parts.append(chunk[start:])
+            self._size += len(chunk) - start
+        return events
+
+    def flush(self) -> bytes:
+        """Whatever trailing bytes never formed a whole event."""
+        rest = b"".join(self._parts)
+        self._parts.clear()
+        self._size = 0
+        self._line_empty, self._after_cr, self._cr_ended_event = True, False, False
+        return rest
+
+    def _check(self, size: int) -> None:
+        if size > self.max_event_bytes:
+            self._parts.clear()
+            self._size = 0
+            raise AnswerTooLarge(
+                f"The backend sent a stream event larger than {self.max_event_bytes} bytes",
+                code="sse_event_too_large",
+            )
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The event's ``data`` field: its ``data:`` lines joined by LF (one leading space
+    of each dropped), or None when it has none."""
+    lines = [line for line in _LINE_END.split(event) if line.startswith(b"data")]
+    values = []
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if name != b"data":
+            continue
+        values.append(value[1:] if colon and value.startswith(b" ") else value)
+    return b"\n".join(values) if values else None
+
+
+# What :func:`data_object` returns for ``data: [DONE]``, the end of a stream.
+DONE: Final[dict[str, Any]] = {}
+
+
+def data_object(event: bytes) -> dict[str, Any] | None:
+    """The JSON object in an event's data; :data:`DONE` for ``[DONE]``; None for an event
+    without data (a comment, a keep-alive). Raises :class:`BackendProtocolError` when
+    the data is not a JSON object."""
+    data = event_data(event)
+    if data is None or not data.strip():
+        return None
+    if data.strip() == b"[DONE]":
+        return DONE
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BackendProtocolError(f"the backend sent malformed stream data: {exc}") from None
+    if not isinstance(value, dict):
+        raise BackendProtocolError("the backend sent stream data that is not a JSON object")
+    return value
 
 
 def _worth_parsing(event: bytes) -> bool:
@@ -27,44 +133,35 @@ def _worth_parsing(event: bytes) -> bool:
 class SseTap:
     """Feeds a stream's events to an exchange; ``feed`` returns the bytes to forward."""
 
-    def __init__(self, exchange: Exchange, drop_usage_chunk: bool) -> None:
+    def __init__(self, exchange: Exchange, drop_usage_chunk: bool, max_event_bytes: int) -> None:
         self.exchange = exchange
         self.drop_usage_chunk = drop_usage_chunk
-        self._pending = b""
+        self._splitter = SseSplitter(max_event_bytes)
         self._first = True
         self.error: str | None = None
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk
-        cut = data.rfind(b"\n\n")
-        if cut < 0:
-            self._pending = data
-            return b""
-        complete, self._pending = data[: cut + 2], data[cut + 2 :]
-        if not self._first and not _worth_parsing(complete):
-            return complete
-        kept = [e for e in complete.split(b"\n\n")[:-1] if self._inspect(e)]
-        return b"".join(e + b"\n\n" for e in kept)
+        events = self._splitter.feed(chunk)
+        if len(events) == 1 and not self._first and not _worth_parsing(events[0]):
+            return events[0]
+        return b"".join(e for e in events if self._inspect(e))
 
     def flush(self) -> bytes:
         """Whatever trailing bytes never formed a whole event."""
-        rest, self._pending = self._pending, b""
-        return rest
+        return self._splitter.flush()
 
     def _inspect(self, event: bytes) -> bool:
         """Parse an event if it may matter; False when it is to be kept from the client."""
         first, self._first = self._first, False
         if not first and not _worth_parsing(event):
             return True
+        data = event_data(event)
         body = None
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                payload = line[5:].strip()
-                if payload and payload != b"[DONE]":
-                    try:
-                        body = json.loads(payload)
-                    except ValueError:
-                        body = None
+        if data and data.strip() != b"[DONE]":
+            try:
+                body = json.loads(data)
+            except (ValueError, RecursionError):
+                body = None
         if not isinstance(body, dict):
             return True
         error = body.get("error")

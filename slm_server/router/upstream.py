@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from slm_server.config import ModelSpec
-from slm_server.errors import BackendProtocolError, BackendTimeout, BackendUnavailable
+from slm_server.errors import (
+    AnswerTooLarge,
+    BackendProtocolError,
+    BackendTimeout,
+    BackendUnavailable,
+)
 from slm_server.http1 import (
     ConnectError,
     ConnectTimeout,
@@ -27,6 +32,7 @@ from slm_server.http1 import (
     ReadTimeout,
     Response,
 )
+from slm_server.router.sse import DONE, SseSplitter, data_object
 
 # An opened backend response: ``status_code``, ``headers`` (case-insensitive ``get``),
 # ``aclose()``; its body is read through :class:`Upstream`.
@@ -122,14 +128,28 @@ class Upstream:
         except HttpError as exc:
             raise translate(exc, spec) from exc
 
-    async def read(self, spec: ModelSpec, response: UpstreamResponse) -> bytes:
-        """The whole body of an opened response; always closes it."""
+    async def read(self, spec: ModelSpec, response: UpstreamResponse, max_bytes: int) -> bytes:
+        """The whole body of an opened response, at most ``max_bytes`` (else
+        :class:`AnswerTooLarge`, refused on its ``Content-Length`` before any of it is
+        read when it states one); always closes it."""
         try:
-            return await response.read()
-        except HttpError as exc:
-            raise translate(exc, spec) from exc
+            return b"".join([part async for part in self.iter_bounded(spec, response, max_bytes)])
         finally:
             response.close()
+
+    async def iter_bounded(
+        self, spec: ModelSpec, response: UpstreamResponse, max_bytes: int
+    ) -> AsyncIterator[bytes]:
+        """:meth:`iter_raw`, ended with :class:`AnswerTooLarge` past ``max_bytes``."""
+        stated = response.headers.get("content-length", "")
+        if stated.isdigit() and int(stated) > max_bytes:
+            raise _too_large(spec, max_bytes)
+        size = 0
+        async for part in self.iter_raw(spec, response):
+            size += len(part)
+            if size > max_bytes:
+                raise _too_large(spec, max_bytes)
+            yield part
 
     async def iter_raw(self, spec: ModelSpec, response: UpstreamResponse) -> AsyncIterator[bytes]:
         """The body of an opened response, piece by piece as it arrives."""
@@ -141,22 +161,20 @@ class Upstream:
             raise translate(exc, spec) from exc
 
     async def iter_sse(
-        self, spec: ModelSpec, response: UpstreamResponse
+        self, spec: ModelSpec, response: UpstreamResponse, max_event_bytes: int
     ) -> AsyncIterator[dict[str, Any]]:
-        """The JSON objects of an opened SSE response's ``data:`` lines, until ``[DONE]``."""
-        pending = b""
+        """The JSON objects of an opened SSE response's events, until ``[DONE]``."""
+        splitter = SseSplitter(max_event_bytes)
         async for chunk in self.iter_raw(spec, response):
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()  # the start of a line still to come
-            for line in lines:
-                event = _sse_data(spec, line)
-                if event is _DONE:
+            for event in splitter.feed(chunk):
+                value = _event_object(spec, event)
+                if value is DONE:
                     return
-                if event is not None:
-                    yield event
-        event = _sse_data(spec, pending)
-        if event is not None and event is not _DONE:
-            yield event
+                if value is not None:
+                    yield value
+        value = _event_object(spec, splitter.flush())
+        if value is not None and value is not DONE:
+            yield value
 
     async def probe(self, spec: ModelSpec) -> Probe:
         """``GET /health`` on the backend with a short timeout."""
@@ -179,23 +197,19 @@ class Upstream:
         return Probe("unhealthy", text[:200] or None, http_status=response.status_code)
 
 
-_DONE: dict[str, Any] = {}
+def _too_large(spec: ModelSpec, max_bytes: int) -> AnswerTooLarge:
+    return AnswerTooLarge(
+        f"The backend for '{spec.entry.id}' sent an answer larger than {max_bytes} bytes "
+        "(SLM_MAX_ANSWER_MB); ask for less, or stream it"
+    )
 
 
-def _sse_data(spec: ModelSpec, line: bytes) -> dict[str, Any] | None:
-    """The object on an SSE ``data:`` line, ``_DONE`` for ``[DONE]``, else None."""
-    if not line.startswith(b"data:"):
-        return None
-    data = line[5:].strip()
-    if data == b"[DONE]":
-        return _DONE
+def _event_object(spec: ModelSpec, event: bytes) -> dict[str, Any] | None:
+    """:func:`data_object` with the backend named in its error."""
     try:
-        event = json.loads(data)
-    except ValueError:
-        raise BackendProtocolError(
-            f"The backend for '{spec.entry.id}' sent a stream line that is not JSON"
-        ) from None
-    return event if isinstance(event, dict) else None
+        return data_object(event)
+    except BackendProtocolError as exc:
+        raise BackendProtocolError(f"The backend for '{spec.entry.id}': {exc}") from None
 
 
 def json_headers(extra: Mapping[str, str] | None = None) -> dict[str, Any]:

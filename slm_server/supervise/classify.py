@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
+from slm_server.errors import AnswerTooLarge, BackendTimeout, BackendUnavailable, GatewayError
 
 HEALTH_STATUSES = frozenset({400, 404, 422})
 FAILURE_4XX = {408: "timeout", 425: "saturated", 429: "saturated"}
@@ -109,7 +109,10 @@ def nothing_yet_seconds(stall_seconds: float, deadline_seconds: float) -> float:
 
 
 def outcome_of(error: GatewayError) -> Outcome:
-    """The watchdog's verdict on a transport failure talking to a backend."""
+    """The watchdog's verdict on a transport failure talking to a backend. An answer
+    past the router's own size limits says nothing of the backend's health."""
+    if isinstance(error, AnswerTooLarge):
+        return Outcome(Verdict.IGNORE)
     if isinstance(error, BackendTimeout):
         return TIMED_OUT
     if isinstance(error, BackendUnavailable):

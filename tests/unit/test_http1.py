@@ -668,7 +668,7 @@ def test_upstream_reads_sse_lines_split_across_pieces(run: Any) -> None:
             spec = spec_at(server.port)
             upstream = Upstream((spec,), 1.0, 0.5)
             response: Response = await upstream.open(spec, "/v1/x", b"{}", {})
-            got = [event async for event in upstream.iter_sse(spec, response)]
+            got = [event async for event in upstream.iter_sse(spec, response, 1 << 20)]
             assert got == events
             await response.aclose()
             await upstream.aclose()

@@ -23,9 +23,9 @@ from slm_server.errors import BackendProtocolError, InvalidRequest
 from slm_server.router.responses import (
     ResponseStreamTranslator,
     chat_to_response,
-    parse_sse_data,
     responses_to_chat,
 )
+from slm_server.router.sse import DONE, SseSplitter, data_object
 
 EVENTS: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 MODEL = "smollm2-135m-instruct"
@@ -713,23 +713,6 @@ class TestStream:
         assert Response.model_validate(events[-1]["response"]).output == []
 
 
-class TestParseSseData:
-    @pytest.mark.parametrize(
-        "line", [b"", b"\n", b": keep-alive", b"event: message", b"data: [DONE]", b"data:"]
-    )
-    def test_lines_without_a_chunk(self, line: bytes) -> None:
-        assert parse_sse_data(line) is None
-
-    def test_data_line(self) -> None:
-        assert parse_sse_data(b'data: {"a": 1}\n') == {"a": 1}
-        assert parse_sse_data(b'data:{"a":1}') == {"a": 1}
-
-    @pytest.mark.parametrize("line", [b"data: {nope", b"data: [1, 2]"])
-    def test_malformed_data(self, line: bytes) -> None:
-        with pytest.raises(BackendProtocolError):
-            parse_sse_data(line)
-
-
 BONJOUR_CHUNKS = [
     chunk({"role": "assistant", "content": None}),
     chunk({"content": "Bon"}),
@@ -750,11 +733,11 @@ def fake_gateway(chat_answer: dict[str, Any], chunks: list[dict[str, Any]]) -> o
             return httpx.Response(200, json=chat_to_response(chat_answer, body))
         translator = ResponseStreamTranslator(body)
         raw = translator.start()
-        for line in b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks).split(
-            b"\n"
-        ):
-            parsed = parse_sse_data(line)
-            if parsed is not None:
+        splitter = SseSplitter(1 << 20)
+        stream = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+        for event in splitter.feed(stream):
+            parsed = data_object(event)
+            if parsed is not None and parsed is not DONE:
                 raw += translator.feed(parsed)
         raw += translator.finish()
         return httpx.Response(
