@@ -40,6 +40,10 @@ UpstreamResponse = Response
 
 RETRY_AFTER_SECONDS = 5.0
 # Hop-by-hop and framing headers are the transport's business, never forwarded.
+# Never passed upstream: hop-by-hop headers (RFC 9110 §7.6.1, plus Expect, which the
+# router answers itself), what the router sets for its own connection (Host,
+# Content-Length), and the client's credentials. Any header the client's Connection
+# header names, and every Proxy-* header, is dropped too.
 _DROPPED_HEADERS = frozenset(
     {
         "host",
@@ -50,8 +54,7 @@ _DROPPED_HEADERS = frozenset(
         "te",
         "trailer",
         "upgrade",
-        "proxy-authorization",
-        "proxy-connection",
+        "expect",
         "authorization",
         "accept-encoding",
     }
@@ -60,7 +63,19 @@ _DROPPED_HEADERS = frozenset(
 
 def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The client's headers worth passing upstream."""
-    return {k: v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
+    named = {
+        token.strip().lower()
+        for key, value in headers.items()
+        if key.lower() == "connection"
+        for token in value.split(",")
+    }
+    return {
+        key: value
+        for key, value in headers.items()
+        if (lower := key.lower()) not in _DROPPED_HEADERS
+        and lower not in named
+        and not lower.startswith("proxy-")
+    }
 
 
 def translate(exc: HttpError, spec: ModelSpec) -> Exception:

@@ -4,6 +4,7 @@ routing, streaming as it arrives, disconnects, and every error status."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -339,3 +340,48 @@ def test_router_health(http: httpx.Client) -> None:
     response = http.get("/health")
     assert response.status_code == 200
     assert response.json()["status"] == "ok"
+
+
+def test_hop_by_hop_headers_are_never_forwarded(router: str, fakes: dict[str, FakeBackend]) -> None:
+    """RFC 9110 §7.6.1: the headers the client's Connection names, Keep-Alive, TE,
+    Trailer, Upgrade, Proxy-*, and Expect stay with the router (sent on a raw socket, so
+    nothing in between rewrites them)."""
+    body = json.dumps({"model": "beta", "messages": HELLO}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\n"
+        "Host: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close, X-Secret-Hop\r\n"
+        "X-Secret-Hop: 1\r\n"
+        "Keep-Alive: timeout=5\r\n"
+        "TE: trailers\r\n"
+        "Trailer: X-Checksum\r\n"
+        "Proxy-Authorization: Basic eDp5\r\n"
+        "Proxy-Secret: 2\r\n"
+        "X-Kept: 3\r\n"
+        "\r\n"
+    )
+    host, port = router.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        reply = b""
+        while b"\r\n\r\n" not in reply and (chunk := sock.recv(65536)):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    [record] = fakes["beta"].requests()
+    sent = {name.lower() for name in record["headers"]}
+    assert sent.isdisjoint(
+        {"x-secret-hop", "keep-alive", "te", "trailer", "proxy-authorization", "proxy-secret"}
+    ), sent
+    assert record["headers"]["x-kept"] == "3"
+
+
+def test_expect_is_answered_by_the_router_and_not_forwarded(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    headers = {"Expect": "100-continue"}
+    response = http.post(CHAT, json={"model": "beta", "messages": HELLO}, headers=headers)
+    assert response.status_code == 200
+    [record] = fakes["beta"].requests()
+    assert "expect" not in {name.lower() for name in record["headers"]}
