@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 
 from slm_server.config import ModelSpec
 from slm_server.errors import (
+    BackendProtocolError,
     BackendTimeout,
     BackendUnavailable,
     GatewayError,
@@ -50,6 +51,7 @@ from slm_server.router.upstream import (
     Upstream,
     UpstreamResponse,
     backend_error_body,
+    content_encoding,
     forward_headers,
 )
 from slm_server.settings import Settings
@@ -393,10 +395,29 @@ class Proxy:
             finally:
                 slot.release()
 
+        encoding = content_encoding(upstream)
+        if encoding is not None and translate is not None:
+            timer.cancel()
+            await close()
+            raise BackendProtocolError(
+                f"The backend for '{spec.entry.id}' sent a {encoding}-encoded answer, "
+                "which the router cannot translate to the Responses API",
+                code="upstream_encoded",
+            )
         if exchange.stream and streams and translate is None:
             chunks = self._watched(
                 spec, self.upstream.iter_raw(spec, upstream), timer, exchange, noted
             )
+            if encoding is not None:  # the bytes as they came: the client decodes them
+                return StreamRelay(
+                    chunks,
+                    close,
+                    media_type=content_type,
+                    headers={"content-encoding": encoding},
+                    deadline=loop_deadline,
+                    drain=self.drain,
+                    on_cut=on_cut,
+                )
             tap = SseTap(exchange, drop_usage_chunk=hidden_usage, max_event_bytes=self.max_event)
             return StreamRelay(
                 self._tapped(chunks, tap),
@@ -429,6 +450,13 @@ class Proxy:
                 content = await self._guard(request, reading, remaining, spec, progress)
         finally:
             await close()
+        if encoding is not None:  # passed on with the encoding it needs to be read
+            return Response(
+                content,
+                status_code=upstream.status_code,
+                media_type=content_type,
+                headers={"content-encoding": encoding},
+            )
         if upstream.status_code >= 400:
             return Response(
                 backend_error_body(upstream.status_code, content),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -46,6 +46,7 @@ class StreamRelay:
         *,
         status_code: int = 200,
         media_type: str = "text/event-stream",
+        headers: Mapping[str, str] | None = None,
         error_event: Callable[[GatewayError], bytes] | None = None,
         deadline: float = math.inf,
         drain: Drain | None = None,
@@ -55,6 +56,7 @@ class StreamRelay:
         self.close = close
         self.status_code = status_code
         self.media_type = media_type
+        self.headers = dict(headers or {})
         self.error_event = error_event or (lambda error: error.sse_event())
         self.deadline = deadline
         self.drain = drain
@@ -127,6 +129,7 @@ class StreamRelay:
     def _start(self) -> Message:
         headers = [(b"content-type", self.media_type.encode())]
         headers += [(k.encode(), v.encode()) for k, v in STREAM_HEADERS.items()]
+        headers += [(k.encode(), v.encode("latin-1")) for k, v in self.headers.items()]
         return {"type": "http.response.start", "status": self.status_code, "headers": headers}
 
     async def _relay(self, send: Send) -> None:

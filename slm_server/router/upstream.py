@@ -78,6 +78,12 @@ def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def content_encoding(response: UpstreamResponse) -> str | None:
+    """The answer's ``Content-Encoding`` (gzip, br...), None when it is not encoded."""
+    value = response.headers.get("content-encoding", "").strip()
+    return value if value and value.lower() != "identity" else None
+
+
 def translate(exc: HttpError, spec: ModelSpec) -> Exception:
     """The gateway error for a transport failure talking to ``spec``'s backend."""
     where = f"backend for '{spec.entry.id}' ({spec.entry.base_url})"

@@ -5,6 +5,7 @@ memory stays bounded, and it answers ``/health`` throughout."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -278,4 +279,40 @@ def test_deep_json_in_a_stream_event_is_relayed(raw: Raw) -> None:
     with httpx.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=30) as response:
         lines = [line for line in response.iter_lines() if line.startswith("data:")]
     assert lines == [f"data: {DELTA}", f"data: {DEEP}", "data: [DONE]"]
+    assert raw.healthy_within()
+
+
+def gzipped_reply(body: bytes, content_type: str) -> dict[str, str]:
+    packed = gzip.compress(body)
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Encoding: gzip\r\n"
+        f"Content-Length: {len(packed)}\r\n\r\n"
+    )
+    return {"send": head + packed.decode("latin-1")}
+
+
+def test_a_gzip_answer_keeps_its_content_encoding(raw: Raw) -> None:
+    answer = {"id": "c1", "object": "chat.completion", "choices": []}
+    raw.script(gzipped_reply(json.dumps(answer).encode(), "application/json"))
+    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO})
+    assert response.status_code == 200
+    assert response.headers["content-encoding"] == "gzip"
+    assert response.json() == answer  # httpx decoded it: the bytes and the header agree
+
+
+def test_a_gzip_stream_keeps_its_content_encoding(raw: Raw) -> None:
+    events = f"data: {DELTA}\n\ndata: [DONE]\n\n".encode()
+    raw.script(gzipped_reply(events, "text/event-stream"))
+    body = {"model": MODEL, "messages": HELLO, "stream": True}
+    with httpx.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=30) as response:
+        assert response.headers["content-encoding"] == "gzip"
+        assert response.read() == events
+
+
+def test_a_gzip_answer_the_router_must_translate_is_a_clean_502(raw: Raw) -> None:
+    missing = [{"send": "HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}"}]
+    raw.script(gzipped_reply(b"{}", "application/json"), by_path={"/v1/responses": missing})
+    response = httpx.post(f"{raw.url}/v1/responses", json={"model": MODEL, "input": "hi"})
+    assert response.status_code == 502
+    assert error_of(response)["code"] == "upstream_encoded"
     assert raw.healthy_within()
