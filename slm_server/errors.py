@@ -7,6 +7,7 @@
     ├── ModelNotFound             404    invalid_request_error   model_not_found
     ├── AmbiguousModel            409    invalid_request_error   ambiguous_model
     ├── PayloadTooLarge           413    invalid_request_error   request_too_large
+    ├── UnsupportedMediaType      415    invalid_request_error   unsupported_media_type
     ├── Overloaded                429    rate_limit_error        queue_full
     ├── ClientDisconnected        499    client_closed_request   client_disconnected
     ├── BackendUnavailable        503    backend_unavailable     backend_unreachable / <given>
@@ -92,6 +93,12 @@ class PayloadTooLarge(GatewayError):
     status = 413
     error_type = "invalid_request_error"
     default_code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    error_type = "invalid_request_error"
+    default_code = "unsupported_media_type"
 
 
 class Overloaded(GatewayError):

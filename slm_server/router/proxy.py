@@ -35,6 +35,7 @@ from slm_server.router.requests import (
     apply_defaults,
     ask_for_usage,
     check_fields,
+    check_json_type,
     model_field,
     parse_body,
     request_timeout,
@@ -124,6 +125,8 @@ class Proxy:
                 code="shutting_down",
                 retry_after=RETRY_AFTER_SECONDS,
             )
+        if endpoint not in FORM_ENDPOINTS:
+            check_json_type(request.headers.get("content-type"))
         raw = await self._body(request)
         if endpoint in FORM_ENDPOINTS:
             # Only read for its routing fields: the form goes upstream byte for byte.

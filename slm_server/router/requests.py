@@ -7,12 +7,30 @@ import math
 from typing import Any
 
 from slm_server.config import ModelEntry
-from slm_server.errors import InvalidRequest
+from slm_server.errors import InvalidRequest, UnsupportedMediaType
 from slm_server.router import strict_json
 
 CHAT_TEMPLATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/responses"})
 SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def check_json_type(content_type: str | None) -> None:
+    """415 unless the request says its body is JSON (``application/json`` or any
+    ``application/*+json``, with or without parameters), or says nothing. A browser
+    page on any site may POST ``text/plain`` (or a form) to 127.0.0.1 without asking
+    first; no client of a JSON API sends those."""
+    if content_type is None:
+        return
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        return
+    shown = media[:100] or "an empty one"
+    raise UnsupportedMediaType(
+        f"This endpoint takes a JSON body: send Content-Type: application/json (not {shown})"
+    )
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 
 from slm_server.config import ModelEntry
-from slm_server.errors import InvalidRequest
+from slm_server.errors import InvalidRequest, UnsupportedMediaType
 from slm_server.router.requests import (
     apply_defaults,
     check_fields,
+    check_json_type,
     is_stream,
     model_field,
     parse_body,
@@ -236,3 +237,25 @@ def test_rerank_top_n_in_range_passes(top_n: int) -> None:
 def test_top_n_is_only_checked_on_rerank() -> None:
     check_fields({"model": "m", "top_n": -1}, "/v1/embeddings")
     check_fields({"model": "m"}, "/v1/rerank")
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "application/json", "application/json; charset=utf-8", "APPLICATION/JSON",
+     "application/vnd.api+json"],
+)  # fmt: skip
+def test_json_content_types_pass(content_type: str | None) -> None:
+    check_json_type(content_type)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded",
+     "multipart/form-data; boundary=x", "", "application/jsonx", "text/json"],
+)  # fmt: skip
+def test_other_content_types_are_415(content_type: str) -> None:
+    with pytest.raises(UnsupportedMediaType) as refused:
+        check_json_type(content_type)
+    assert refused.value.status == 415
+    assert refused.value.code == "unsupported_media_type"
+    assert "application/json" in refused.value.message
