@@ -6,11 +6,19 @@ dies or hangs, with the watchdog thresholds the integration tests use.
   with the watchdog's ``backend_exited`` and ``restart_succeeded`` events on the way.
 * ``stop``: ``SIGSTOP`` of the backend while two clients keep streaming through the
   router; measured from the signal to ``restart_succeeded`` (the router's first-byte
-  stall timer trips, the supervisor replaces the frozen process) and to the first
-  successful request after it.
+  stall timer trips, the supervisor confirms the process is stopped and replaces it)
+  and to the first successful request after it.
+* ``stalled``: a backend whose ``/health`` keeps answering 200 while every completion
+  stalls, with two clients streaming; measured from the moment it stalls to
+  ``restart_confirmed`` (the one-token canary got no answer within its share of
+  ``SLM_WATCHDOG_CONFIRM_SECONDS``), ``restart_succeeded`` and the first success. The
+  real llama-server cannot be made to do this on demand, so this kind runs the
+  scriptable fake llama-server (``tests/fakes/fake-llama-server``), a real process on a
+  real port; its start-up takes well under a second, so the load time is not SmolLM2's.
 
-Each trial runs on a fresh launcher and router serving SmolLM2 135M (the ``standard``
-entry of ``config/models.yaml.example``); trials of the two kinds alternate.
+Each trial runs on a fresh launcher and router, serving SmolLM2 135M (the ``standard``
+entry of ``config/models.yaml.example``) for ``kill`` and ``stop``; trials of the three
+kinds alternate. Confirmation is on, as always, with its default budget.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -30,8 +39,9 @@ import httpx
 
 from benchmarks.report import DASH, Check, show, spread, table
 from benchmarks.servers import Launched, free_port, launcher, router_for
+from slm_server.settings import WatchdogSettings
 from tests.integration.real_stack import example_registry, llama_server_bin
-from tests.integration.watched import FAST_WATCHDOG
+from tests.integration.watched import FAKE_LLAMA_SERVER, FAST_WATCHDOG, fake_entry
 from tests.processes import pid_alive, poll
 
 ROLE = "standard"
@@ -109,6 +119,7 @@ def kill_trial(workdir: Path, index: int) -> dict[str, Any]:
         os.kill(pid, signal.SIGKILL)
         first_ok, statuses = _first_success(router.url, model, started)
         exited = _event_after(launched, "backend_exited", wall, pid=pid)
+        assert not launched.events("restart_confirmed"), "an exit needs no confirmation"
         begun = _event_after(launched, "restart_started", wall, old_pid=pid)
         restarted = _event_after(launched, "restart_succeeded", wall, old_pid=pid)
     return {
@@ -136,20 +147,13 @@ def stop_trial(workdir: Path, index: int) -> dict[str, Any]:
         wall, started = time.time(), time.perf_counter()
         os.kill(pid, signal.SIGSTOP)
         stop_clients = threading.Event()
-
-        def client() -> None:
-            with httpx.Client(trust_env=False) as http:
-                while not stop_clients.is_set():
-                    _chat(http, router.url, model, stream=True)
-
-        clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
+        clients = _streaming_clients(router.url, model, stop_clients)
         try:
-            for thread in clients:
-                thread.start()
             restarted = _event_after(launched, "restart_succeeded", wall, old_pid=pid)
             stop_clients.set()
             first_ok, statuses = _first_success(router.url, model, started)
             requested = _event_after(launched, "restart_requested", wall)
+            confirmed = _event_after(launched, "restart_confirmed", wall)
             begun = _event_after(launched, "restart_started", wall, old_pid=pid)
         finally:
             stop_clients.set()
@@ -161,6 +165,68 @@ def stop_trial(workdir: Path, index: int) -> dict[str, Any]:
         "kind": "stop",
         "trial": index,
         "restart_requested_s": _wall(requested["ts"]) - wall,
+        "restart_confirmed_s": _wall(confirmed["ts"]) - wall,
+        "confirm_rule": confirmed.get("rule"),
+        "restart_started_s": _wall(begun["ts"]) - wall,
+        "restart_succeeded_s": _wall(restarted["ts"]) - wall,
+        "first_success_s": first_ok,
+        "restart_reason": restarted.get("reason"),
+        "statuses_before_success": {str(k): v for k, v in statuses.items()},
+    }
+
+
+def _streaming_clients(url: str, model: str, stop: threading.Event) -> list[threading.Thread]:
+    def client() -> None:
+        with httpx.Client(trust_env=False) as http:
+            while not stop.is_set():
+                _chat(http, url, model, stream=True)
+
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
+    for thread in clients:
+        thread.start()
+    return clients
+
+
+def stalled_trial(workdir: Path, index: int) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    entry = fake_entry(workdir, ROLE, default_timeout=3)
+    model = str(entry["id"])
+    env = {
+        **FAST_WATCHDOG,
+        "SLM_LLAMA_SERVER_BIN": str(FAKE_LLAMA_SERVER),
+        "FAKE_BACKEND_PYTHON": sys.executable,
+    }
+    with (
+        launcher(workdir, {ROLE: entry}, env) as launched,
+        router_for(workdir, launched.env) as router,
+    ):
+        _first_success(router.url, model, time.perf_counter())
+        started_at = float(launched.states()[ROLE]["started_at"])
+        grace = float(FAST_WATCHDOG["SLM_WATCHDOG_STARTUP_GRACE_SECONDS"])
+        poll(lambda: time.time() > started_at + grace + 0.1, 10, "the startup grace to pass")
+        pid = int(launched.states()[ROLE]["pid"])
+        control = f"http://127.0.0.1:{entry['port']}/_control"
+        wall, started = time.time(), time.perf_counter()
+        httpx.post(control, json={"stall": True}, timeout=5, trust_env=False).raise_for_status()
+        stop_clients = threading.Event()
+        clients = _streaming_clients(router.url, model, stop_clients)
+        try:
+            restarted = _event_after(launched, "restart_succeeded", wall, old_pid=pid)
+            stop_clients.set()
+            first_ok, statuses = _first_success(router.url, model, started)
+            requested = _event_after(launched, "restart_requested", wall)
+            confirmed = _event_after(launched, "restart_confirmed", wall)
+            begun = _event_after(launched, "restart_started", wall, old_pid=pid)
+        finally:
+            stop_clients.set()
+            for thread in clients:
+                thread.join(15)
+    return {
+        "kind": "stalled",
+        "trial": index,
+        "restart_requested_s": _wall(requested["ts"]) - wall,
+        "restart_confirmed_s": _wall(confirmed["ts"]) - wall,
+        "confirm_rule": confirmed.get("rule"),
         "restart_started_s": _wall(begun["ts"]) - wall,
         "restart_succeeded_s": _wall(restarted["ts"]) - wall,
         "first_success_s": first_ok,
@@ -172,12 +238,17 @@ def stop_trial(workdir: Path, index: int) -> dict[str, Any]:
 def run_trials(plan: Plan, workdir: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
     trials = []
     for index in range(1, plan.trials + 1):
-        for kind, trial in (("kill", kill_trial), ("stop", stop_trial)):
+        for kind, trial in (
+            ("kill", kill_trial),
+            ("stop", stop_trial),
+            ("stalled", stalled_trial),
+        ):
             result = trial(workdir / f"{kind}-{index}", index)
             restarted, first = result["restart_succeeded_s"], result["first_success_s"]
             say(
                 f"  {kind} #{index}: restart_succeeded after {restarted:.2f} s, "
-                f"first success after {first:.2f} s (reason {result['restart_reason']})"
+                f"first success after {first:.2f} s (reason {result['restart_reason']}, "
+                f"confirmed by {result.get('confirm_rule', 'none: an exit')})"
             )
             trials.append(result)
     return trials
@@ -190,6 +261,10 @@ def _stat(trials: list[dict[str, Any]], kind: str, key: str) -> dict[str, Any]:
 # The integration tests' own bounds (tests/integration/test_watchdog_real.py).
 TEST_RESTART_SECONDS = 60.0
 TEST_FIRST_SUCCESS_SECONDS = 30.0
+# A stalled backend: the stall threshold, the whole default confirmation budget (the
+# canary's wait is a share of it), and a few seconds to stop and start the fake.
+CONFIRM_SECONDS = WatchdogSettings.from_env(FAST_WATCHDOG, Path("logs")).confirm_seconds
+STALLED_RESTART_SECONDS = float(FAST_WATCHDOG["SLM_WATCHDOG_STALL_SECONDS"]) + CONFIRM_SECONDS + 5.0
 
 
 def checks(trials: list[dict[str, Any]]) -> list[Check]:
@@ -206,6 +281,12 @@ def checks(trials: list[dict[str, Any]]) -> list[Check]:
             "s",
             _stat(trials, "stop", "restart_succeeded_s"),
         ),
+        Check(
+            "/health OK, completions stalled → restart_succeeded",
+            STALLED_RESTART_SECONDS,
+            "s",
+            _stat(trials, "stalled", "restart_succeeded_s"),
+        ),
     ]
 
 
@@ -220,8 +301,29 @@ def tables(trials: list[dict[str, Any]]) -> str:
             "restart_requested (stall)",
             show(_stat(trials, "stop", "restart_requested_s")),
         ],
+        ["SIGSTOP", "restart_confirmed", show(_stat(trials, "stop", "restart_confirmed_s"))],
         ["SIGSTOP", "restart_started", show(_stat(trials, "stop", "restart_started_s"))],
         ["SIGSTOP", "restart_succeeded", show(_stat(trials, "stop", "restart_succeeded_s"))],
         ["SIGSTOP", "first successful request", show(_stat(trials, "stop", "first_success_s"))],
+        [
+            "stalled (fake)",
+            "restart_requested (stall)",
+            show(_stat(trials, "stalled", "restart_requested_s")),
+        ],
+        [
+            "stalled (fake)",
+            "restart_confirmed",
+            show(_stat(trials, "stalled", "restart_confirmed_s")),
+        ],
+        [
+            "stalled (fake)",
+            "restart_succeeded",
+            show(_stat(trials, "stalled", "restart_succeeded_s")),
+        ],
+        [
+            "stalled (fake)",
+            "first successful request",
+            show(_stat(trials, "stalled", "first_success_s")),
+        ],
     ]
     return table(["fault", "seconds from the signal to", f"median [min{DASH}max]"], rows)

@@ -118,8 +118,8 @@ def run_recovery(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = recovery.Plan(trials=1 if quick else max(rounds, 5))
     trials = recovery.run_trials(plan, workdir, say)
     return Outcome(
-        "Recovery: kill -9 and SIGSTOP of llama-server (SmolLM2 135M)",
-        asdict(plan) | {"watchdog": FAST_WATCHDOG},
+        "Recovery: kill -9 and SIGSTOP of llama-server (SmolLM2 135M), and a stalled backend",
+        asdict(plan) | {"watchdog": FAST_WATCHDOG, "confirm_seconds": recovery.CONFIRM_SECONDS},
         trials,
         recovery.checks(trials),
         recovery.tables(trials),
