@@ -6,6 +6,7 @@
     ├── Unauthorized              401    invalid_request_error   invalid_api_key
     ├── ModelNotFound             404    invalid_request_error   model_not_found
     ├── AmbiguousModel            409    invalid_request_error   ambiguous_model
+    ├── MisdirectedRequest        421    invalid_request_error   host_not_allowed
     ├── PayloadTooLarge           413    invalid_request_error   request_too_large
     ├── UnsupportedMediaType      415    invalid_request_error   unsupported_media_type
     ├── Overloaded                429    rate_limit_error        queue_full
@@ -119,6 +120,12 @@ class ModelNotFound(GatewayError):
     status = 404
     error_type = "invalid_request_error"
     default_code = "model_not_found"
+
+
+class MisdirectedRequest(GatewayError):
+    status = 421
+    error_type = "invalid_request_error"
+    default_code = "host_not_allowed"
 
 
 class AmbiguousModel(GatewayError):

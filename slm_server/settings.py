@@ -189,6 +189,7 @@ class ServingSettings:
     max_body_bytes: int
     api_keys: tuple[str, ...]
     drain_timeout_seconds: float
+    allowed_hosts: tuple[str, ...] = ()
     max_answer_bytes: int = 128 * 1024 * 1024
     max_sse_event_bytes: int = 4 * 1024 * 1024
 
@@ -212,6 +213,9 @@ class ServingSettings:
             max_body_bytes=_mib(env, "SLM_MAX_BODY_MB", 32.0),
             api_keys=tuple(dict.fromkeys(keys)),
             drain_timeout_seconds=_float(env, "SLM_DRAIN_TIMEOUT_SECONDS", 30.0),
+            allowed_hosts=tuple(
+                h.strip() for h in env.get("SLM_ALLOWED_HOSTS", "").split(",") if h.strip()
+            ),
             max_answer_bytes=_mib(env, "SLM_MAX_ANSWER_MB", 128.0),
             max_sse_event_bytes=_mib(env, "SLM_MAX_SSE_EVENT_MB", 4.0),
         )

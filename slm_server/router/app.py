@@ -23,6 +23,7 @@ from slm_server.router.auth import ApiKeys
 from slm_server.router.backend_state import StateView
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import exchange_of
+from slm_server.router.hosts import HostCheck
 from slm_server.router.info import Info, error_response
 from slm_server.router.middleware import RequestObserver
 from slm_server.router.proxy import Proxy
@@ -137,6 +138,7 @@ def create_app(
         lifespan=lifespan,
         middleware=[
             Middleware(RequestObserver, telemetry=telemetry, metrics=metrics),
+            Middleware(HostCheck, names=(*settings.serving.allowed_hosts, settings.router_host)),
             Middleware(ApiKeys, keys=settings.serving.api_keys),
         ],
         exception_handlers={

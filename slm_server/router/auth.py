@@ -5,12 +5,11 @@ open. Keys are compared in constant time and never logged."""
 from __future__ import annotations
 
 import hmac
-import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.errors import Unauthorized
-from slm_server.router.exchange import exchange_of
+from slm_server.router.reject import reject
 
 
 class ApiKeys:
@@ -41,12 +40,4 @@ class ApiKeys:
             "Missing or invalid API key: send 'Authorization: Bearer <key>' with a key "
             "from SLM_API_KEYS or SLM_API_KEYS_FILE"
         )
-        exchange_of(scope).error_type = error.code
-        body = json.dumps(error.body()).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        headers += [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
-        await send({"type": "http.response.start", "status": error.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await reject(scope, send, error)

@@ -385,3 +385,21 @@ def test_expect_is_answered_by_the_router_and_not_forwarded(
     assert response.status_code == 200
     [record] = fakes["beta"].requests()
     assert "expect" not in {name.lower() for name in record["headers"]}
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/health", "/metrics", "/v1/models/alpha"])
+def test_a_rebound_name_is_refused_everywhere(http: httpx.Client, path: str) -> None:
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1."""
+    response = http.get(path, headers={"Host": "evil.example:8000"})
+    assert response.status_code == 421
+    assert error_of(response)["code"] == "host_not_allowed"
+    assert http.get(path, headers={"Host": "localhost:8000"}).status_code == 200
+
+
+def test_a_rebound_name_never_reaches_a_backend(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    body = {"model": "beta", "messages": HELLO}
+    response = http.post(CHAT, json=body, headers={"Host": "evil.example"})
+    assert response.status_code == 421
+    assert fakes["beta"].requests() == []

@@ -1,0 +1,66 @@
+"""The ``Host`` allow-list, against DNS rebinding: a page on ``evil.example`` whose name
+is made to resolve to 127.0.0.1 can reach the router from the user's browser, but its
+requests still say ``Host: evil.example``. Allowed: any IP address (a page cannot
+rebind an address), ``localhost`` and ``*.localhost``, the router's configured host,
+and the names in ``SLM_ALLOWED_HOSTS`` (``*`` there turns the check off). A request
+without ``Host`` (HTTP/1.0) passes. Others get 421 before anything else is read."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from slm_server.errors import MisdirectedRequest
+from slm_server.router.reject import reject
+
+MAX_SHOWN = 100
+
+
+def host_name(header: str) -> str:
+    """The name (or address) in a ``Host`` value: port, brackets, trailing dot and
+    case removed."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[1:end] if end > 0 else host
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+class HostCheck:
+    """Pure-ASGI middleware: 421 ``host_not_allowed`` for a ``Host`` not allowed."""
+
+    def __init__(self, app: ASGIApp, names: Iterable[str]) -> None:
+        self.app = app
+        listed = {host_name(name) for name in names if name.strip()}
+        self.allow_all = "*" in listed
+        self.names = frozenset(listed - {"*"})
+
+    def allowed(self, header: str | None) -> bool:
+        if self.allow_all or header is None:
+            return True
+        name = host_name(header)
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return name == "localhost" or name.endswith(".localhost") or name in self.names
+        return True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = next((v for k, v in scope["headers"] if k == b"host"), None)
+        header = None if raw is None else raw.decode("latin-1")
+        if self.allowed(header):
+            await self.app(scope, receive, send)
+            return
+        shown = (header or "")[:MAX_SHOWN].encode("unicode_escape").decode("ascii")
+        error = MisdirectedRequest(
+            f"The Host '{shown}' is not one this router serves: use 127.0.0.1 or "
+            "localhost, or list the name in SLM_ALLOWED_HOSTS"
+        )
+        await reject(scope, send, error)
