@@ -41,6 +41,17 @@ QUIET_PATHS: Final = frozenset({"/health", "/metrics"})
 MAX_SHOWN: Final = 128
 
 
+def shown(text: str) -> str:
+    """``text`` as an access line may show it: as it is when short and printable, else
+    its first ``MAX_SHOWN`` characters with every non-printable one escaped."""
+    if len(text) <= MAX_SHOWN and text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+        for c in text[:MAX_SHOWN]
+    )
+
+
 def request_id_from(value: bytes | None) -> str:
     """The client's request id when it is acceptable, else a fresh one."""
     if value is not None and VALID_REQUEST_ID.fullmatch(value):
@@ -124,8 +135,9 @@ class RequestObserver:
         if not access_log.isEnabledFor(level):
             return
         model = exchange.spec.entry.id if exchange.spec is not None else exchange.model
-        if model is not None and not (len(model) <= MAX_SHOWN and model.isprintable()):
-            model = repr(model[:MAX_SHOWN])  # never let a client's string forge a line
+        # Never let a client's string (a path with %0d%0a, a model id) forge a line.
+        model = None if model is None else shown(model)
+        path = shown(exchange.path)
         duration_ms = round(exchange.duration * 1000, 1)
         # The record is made here rather than by ``access_log.log``, which would first
         # walk the stack for a caller no formatter shows.
@@ -137,7 +149,7 @@ class RequestObserver:
             "%s %s %s %.1fms model=%s",
             (
                 exchange.method,
-                exchange.path,
+                path,
                 exchange.status if exchange.status is not None else "-",
                 duration_ms,
                 model or "-",
@@ -145,7 +157,7 @@ class RequestObserver:
             None,
             extra={
                 "method": exchange.method,
-                "path": exchange.path,
+                "path": path,
                 "model": model,
                 "status": exchange.status,
                 "duration_ms": duration_ms,

@@ -27,7 +27,7 @@ from slm_server.metrics import Metrics
 from slm_server.registry import Registry
 from slm_server.router.backend_state import StateView
 from slm_server.router.exchange import exchange_of
-from slm_server.router.middleware import RequestObserver, request_id_from
+from slm_server.router.middleware import MAX_SHOWN, RequestObserver, request_id_from, shown
 from slm_server.settings import TelemetrySettings
 from slm_server.telemetry import Telemetry
 
@@ -177,6 +177,30 @@ def test_an_unprintable_model_cannot_forge_a_log_line(
     rig.call("POST", "/v1/chat/completions", content=b'{"model": "a\\nINFO fake line"}')
     messages = [r.getMessage() for r in ours(logs) if r.name == "slm_server.access"]
     assert all("\n" not in m for m in messages)
+
+
+def test_a_path_with_crlf_cannot_forge_a_log_line(rig: Rig, logs: pytest.LogCaptureFixture) -> None:
+    rig.call("GET", "/v1/x%0d%0aINFO%20slm_server.access%20GET%20/forged%20200")
+    [access] = [r for r in ours(logs) if r.name == "slm_server.access"]
+    message = access.getMessage()
+    assert "\r" not in message and "\n" not in message
+    assert "/v1/x\\r\\nINFO slm_server.access GET /forged 200" in message
+    assert "\n" not in str(getattr(access, "path", ""))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/v1/models", "/v1/models"),
+        ("/a\r\nb", "/a\\r\\nb"),
+        ("m\x00\x1b[31m", "m\\x00\\x1b[31m"),
+        ("x" * 500, "x" * MAX_SHOWN),
+        ("caf\u00e9 \u65e5", "caf\u00e9 \u65e5"),
+        ("\u2028", "\\u2028"),
+    ],
+)
+def test_shown(text: str, expected: str) -> None:
+    assert shown(text) == expected
 
 
 @given(st.binary(max_size=200))
