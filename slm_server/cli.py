@@ -71,6 +71,7 @@ def cmd_router(settings: Settings) -> int:
     import uvicorn
 
     from slm_server.router.app import create_app
+    from slm_server.router.door import door_protocol
     from slm_server.router.drain import Drain, DrainingServer
 
     _setup_logging("router", settings)
@@ -91,7 +92,8 @@ def cmd_router(settings: Settings) -> int:
         access_log=False,
         # Longer than clients' own keep-alive expiry (httpx: 5 s), so the router never
         # closes an idle connection just as a client reuses it.
-        timeout_keep_alive=75,
+        timeout_keep_alive=math.ceil(settings.serving.door.idle_timeout_seconds),
+        http=door_protocol(settings.serving.door),
         # uvicorn's own limit comes after ours, so our streams end with a clean error.
         timeout_graceful_shutdown=math.ceil(settings.serving.drain_timeout_seconds) + 5,
     )

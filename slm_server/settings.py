@@ -71,6 +71,11 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
     return value
 
 
+def _kib(env: Mapping[str, str], name: str, default: float) -> int:
+    """A size in KiB (fractions allowed), as bytes."""
+    return int(_float(env, name, default, minimum=0.001) * 1024)
+
+
 def _mib(env: Mapping[str, str], name: str, default: float) -> int:
     """A size in MiB (fractions allowed), as bytes."""
     return int(_float(env, name, default, minimum=0.001) * 1024 * 1024)
@@ -183,6 +188,18 @@ class TelemetrySettings:
 
 
 @dataclass(frozen=True)
+class DoorLimits:
+    """What a client may send before the router reads a body (``SLM_MAX_URL_KB`` and
+    friends); enforced by :mod:`slm_server.router.door`."""
+
+    max_url_bytes: int = 8 * 1024
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
+    header_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 75.0
+
+
+@dataclass(frozen=True)
 class ServingSettings:
     """The router's serving policy: body size, API keys, drain (``SLM_*``)."""
 
@@ -190,6 +207,7 @@ class ServingSettings:
     api_keys: tuple[str, ...]
     drain_timeout_seconds: float
     allowed_hosts: tuple[str, ...] = ()
+    door: DoorLimits = DoorLimits()
     max_answer_bytes: int = 128 * 1024 * 1024
     max_sse_event_bytes: int = 4 * 1024 * 1024
 
@@ -213,6 +231,15 @@ class ServingSettings:
             max_body_bytes=_mib(env, "SLM_MAX_BODY_MB", 32.0),
             api_keys=tuple(dict.fromkeys(keys)),
             drain_timeout_seconds=_float(env, "SLM_DRAIN_TIMEOUT_SECONDS", 30.0),
+            door=DoorLimits(
+                max_url_bytes=_kib(env, "SLM_MAX_URL_KB", 8.0),
+                max_header_bytes=_kib(env, "SLM_MAX_HEADERS_KB", 32.0),
+                max_headers=_int(env, "SLM_MAX_HEADERS", 100, minimum=1),
+                header_timeout_seconds=_float(
+                    env, "SLM_HEADER_TIMEOUT_SECONDS", 10.0, minimum=0.001
+                ),
+                idle_timeout_seconds=_float(env, "SLM_IDLE_TIMEOUT_SECONDS", 75.0, minimum=0.001),
+            ),
             allowed_hosts=tuple(
                 h.strip() for h in env.get("SLM_ALLOWED_HOSTS", "").split(",") if h.strip()
             ),
