@@ -314,7 +314,11 @@ def test_requests_refused_before_routing_get_a_span(
     response = httpx.post(
         f"{router[0]}{CHAT}",
         content=content,
-        headers={"traceparent": header, "x-request-id": request_id, "content-type": "json"},
+        headers={
+            "traceparent": header,
+            "x-request-id": request_id,
+            "content-type": "application/json",
+        },
     )
     assert response.status_code == status
     span = receiver.span_for(request_id)
