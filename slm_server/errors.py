@@ -11,6 +11,7 @@
     ├── UnsupportedMediaType      415    invalid_request_error   unsupported_media_type
     ├── Overloaded                429    rate_limit_error        queue_full
     ├── ClientDisconnected        499    client_closed_request   client_disconnected
+    ├── BodiesOverBudget          503    overloaded_error        bodies_over_budget
     ├── BackendUnavailable        503    backend_unavailable     backend_unreachable / <given>
     ├── BackendTimeout            504    timeout_error           backend_timeout
     └── BackendProtocolError      502    backend_error           bad_backend_response / <given>
@@ -106,6 +107,14 @@ class Overloaded(GatewayError):
     status = 429
     error_type = "rate_limit_error"
     default_code = "queue_full"
+
+
+class BodiesOverBudget(GatewayError):
+    """The router holds as many request bodies as its budget allows."""
+
+    status = 503
+    error_type = "overloaded_error"
+    default_code = "bodies_over_budget"
 
 
 class ClientDisconnected(GatewayError):

@@ -208,6 +208,7 @@ class ServingSettings:
     drain_timeout_seconds: float
     allowed_hosts: tuple[str, ...] = ()
     door: DoorLimits = DoorLimits()
+    max_bodies_in_flight_bytes: int = 256 * 1024 * 1024
     max_answer_bytes: int = 128 * 1024 * 1024
     max_sse_event_bytes: int = 4 * 1024 * 1024
 
@@ -243,6 +244,7 @@ class ServingSettings:
             allowed_hosts=tuple(
                 h.strip() for h in env.get("SLM_ALLOWED_HOSTS", "").split(",") if h.strip()
             ),
+            max_bodies_in_flight_bytes=_mib(env, "SLM_MAX_BODIES_IN_FLIGHT_MB", 256.0),
             max_answer_bytes=_mib(env, "SLM_MAX_ANSWER_MB", 128.0),
             max_sse_event_bytes=_mib(env, "SLM_MAX_SSE_EVENT_MB", 4.0),
         )

@@ -4,6 +4,7 @@ and answer — whole, or relayed chunk by chunk."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -26,6 +27,7 @@ from slm_server.registry import Registry
 from slm_server.router.admission import Gate, Slot
 from slm_server.router.answer import answer_fields
 from slm_server.router.backend_state import StateView
+from slm_server.router.budget import BodyBudget, Held
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import Exchange, exchange_of
 from slm_server.router.forms import FORM_ENDPOINTS, read_form_fields
@@ -60,6 +62,9 @@ from slm_server.supervise.classify import HEALTHY, classify_status, outcome_of
 from slm_server.supervise.tripwire import Progress, StallTimer, Tripwire
 
 RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
+# Bodies larger than this are parsed and re-serialised in a thread: 30 MiB of JSON
+# takes the better part of a second, which would stall every other request.
+OFF_LOOP_BYTES = 1024 * 1024
 _T = TypeVar("_T")
 
 
@@ -90,6 +95,7 @@ class Proxy:
         }
         self.max_body = settings.serving.max_body_bytes
         self.max_answer = settings.serving.max_answer_bytes
+        self.bodies = BodyBudget(settings.serving.max_bodies_in_flight_bytes)
         self.max_event = settings.serving.max_sse_event_bytes
         self.waits = Waits()
 
@@ -98,26 +104,32 @@ class Proxy:
             return python_request_defaults(spec.entry)
         return {}
 
-    async def _body(self, request: Request) -> bytes:
-        """The request body, refused with 413 past ``SLM_MAX_BODY_MB``."""
+    async def _body(self, request: Request, held: Held) -> bytes:
+        """The request body, refused with 413 past ``SLM_MAX_BODY_MB`` and with 503 past
+        the budget for bodies in flight; both on ``Content-Length`` before reading."""
         limit = self.max_body
         declared = request.headers.get("content-length")
         too_large = PayloadTooLarge(
             f"The request body is larger than the router's limit of {limit} bytes (SLM_MAX_BODY_MB)"
         )
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        stated = int(declared) if declared is not None and declared.isdigit() else None
+        if stated is not None and stated > limit:
             raise too_large
+        if stated is not None:
+            held.take(stated)
         parts: list[bytes] = []
         size = 0
         async for part in request.stream():
             size += len(part)
             if size > limit:
                 raise too_large
+            if stated is None or size > stated:
+                held.take(len(part))
             parts.append(part)
         return b"".join(parts)
 
     async def _prepare(
-        self, request: Request, endpoint: str, exchange: Exchange
+        self, request: Request, endpoint: str, exchange: Exchange, held: Held
     ) -> tuple[ModelSpec, dict[str, Any], bytes, bool]:
         if self.drain.draining:
             raise BackendUnavailable(
@@ -127,11 +139,13 @@ class Proxy:
             )
         if endpoint not in FORM_ENDPOINTS:
             check_json_type(request.headers.get("content-type"))
-        raw = await self._body(request)
+        raw = await self._body(request, held)
         if endpoint in FORM_ENDPOINTS:
             # Only read for its routing fields: the form goes upstream byte for byte.
             content_type = request.headers.get("content-type")
             payload = await read_form_fields(raw, content_type)
+        elif len(raw) > OFF_LOOP_BYTES:  # a large body is parsed off the event loop
+            payload = await asyncio.to_thread(parse_body, raw)
         else:
             payload = parse_body(raw)
         exchange.note_request(payload)
@@ -141,7 +155,8 @@ class Proxy:
         changed = apply_defaults(payload, spec.entry, endpoint, self.sampling_defaults(spec))
         hidden_usage = ask_for_usage(payload, endpoint)
         if changed or hidden_usage:
-            raw = dumps_body(payload)
+            large = len(raw) > OFF_LOOP_BYTES
+            raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
         return spec, payload, raw, hidden_usage
 
     def _refuse_if_down(self, spec: ModelSpec) -> None:
@@ -488,8 +503,15 @@ class Proxy:
 
     async def _serve(self, request: Request, endpoint: str) -> Response | ASGIApp:
         """Prepare, admit and proxy one request to ``endpoint``."""
+        held = self.bodies.hold()
+        try:
+            return await self._serve_held(request, endpoint, held)
+        finally:
+            held.release()
+
+    async def _serve_held(self, request: Request, endpoint: str, held: Held) -> Response | ASGIApp:
         exchange = exchange_of(request.scope)
-        spec, payload, raw, hidden_usage = await self._prepare(request, endpoint, exchange)
+        spec, payload, raw, hidden_usage = await self._prepare(request, endpoint, exchange, held)
         self._refuse_if_down(spec)
         timeout, shortened = request_timeout(
             spec.entry.default_timeout, request.headers.get("x-request-timeout")
