@@ -45,6 +45,10 @@ IDLE_EXPIRY: Final = 2.0
 HIGH_WATER: Final = 256 * 1024
 # Bodies up to this size go out in one write together with the request head.
 _JOIN_BELOW: Final = 64 * 1024
+# A response head (status line and headers) larger than this, or with more headers, is
+# a protocol error: counted as its bytes arrive, so an endless head costs no more.
+MAX_HEAD_BYTES: Final = 64 * 1024
+MAX_HEADERS: Final = 256
 # Timers may fire this early; a wait this close to its deadline has timed out.
 _TIMER_SLACK: Final = 0.001
 # What no header name may contain.
@@ -97,12 +101,11 @@ class Headers:
 
     @classmethod
     def parse(cls, raw: list[tuple[bytes, bytes]]) -> Headers:
-        items: dict[str, str] = {}
+        """Linear in the headers, however many repeat one name."""
+        values: dict[str, list[str]] = {}
         for name, value in raw:
-            key = name.decode("latin-1").lower()
-            text = value.decode("latin-1")
-            items[key] = f"{items[key]}, {text}" if key in items else text
-        return cls(items)
+            values.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+        return cls({key: ", ".join(texts) for key, texts in values.items()})
 
     @overload
     def get(self, name: str) -> str | None: ...
@@ -154,6 +157,7 @@ class _Connection(asyncio.Protocol):
         self.received = False
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
         self.headers = Headers({})
         self.headers_done = False
         self.interim = False
@@ -261,6 +265,8 @@ class _Connection(asyncio.Protocol):
             self.fail(ProtocolError("the backend sent bytes after its response"))
             return
         self.received = True
+        if not self.headers_done:
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -272,6 +278,9 @@ class _Connection(asyncio.Protocol):
                 return
             shown = cause if isinstance(cause, ProtocolError) else exc
             self.fail(ProtocolError(f"malformed response: {shown}"))
+            return
+        if not self.headers_done and self.head_bytes > MAX_HEAD_BYTES:
+            self.fail(ProtocolError(f"a response head larger than {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost follows
@@ -309,6 +318,8 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.raw_headers.append((name, value))
+        if len(self.raw_headers) > MAX_HEADERS:
+            raise ProtocolError(f"more than {MAX_HEADERS} response headers")
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()

@@ -316,3 +316,28 @@ def test_a_gzip_answer_the_router_must_translate_is_a_clean_502(raw: Raw) -> Non
     assert response.status_code == 502
     assert error_of(response)["code"] == "upstream_encoded"
     assert raw.healthy_within()
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param(
+            [{"send": "HTTP/1.1 200 OK\r\n"}, {"repeat": "X-Dup: 1\r\n", "times": 10_000}],
+            id="ten-thousand-copies-of-one-header",
+        ),
+        pytest.param(
+            [{"send": "HTTP/1.1 200 OK\r\nX-Endless: "}, {"repeat": "e", "times": 100_000_000}],
+            id="endless-header-section",
+        ),
+    ],
+)
+def test_a_monstrous_response_head_is_a_quick_502(raw: Raw, steps: list[dict[str, Any]]) -> None:
+    before = raw.rss_mb()
+    raw.script(*steps)
+    started = time.monotonic()
+    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=30)
+    assert time.monotonic() - started < 5
+    assert response.status_code == 502
+    assert "response head" in error_of(response)["message"]
+    assert raw.healthy_within()
+    assert raw.rss_mb() - before < 40, (before, raw.rss_mb())

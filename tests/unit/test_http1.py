@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from slm_server.http1 import (
     HIGH_WATER,
     ConnectError,
     ConnectionClosed,
+    Headers,
     InvalidStatus,
     Pool,
     ProtocolError,
@@ -701,5 +703,40 @@ def test_a_status_outside_100_to_599_is_invalid(run: Any, status: int) -> None:
                 assert translated.value.code == "upstream_invalid"
                 assert f"status {status}" in str(translated.value)
             await upstream.aclose()
+
+    run(scenario())
+
+
+def test_ten_thousand_copies_of_one_header_parse_in_linear_time() -> None:
+    raw = [(b"X-Dup", b"v" * 10)] * 200_000
+    started = time.process_time()
+    headers = Headers.parse(raw)
+    assert time.process_time() - started < 2.0
+    assert headers["x-dup"].count(", ") == 199_999
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(300)) + b"\r\n",
+            id="too-many-headers",
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\r\nX-Endless: " + b"e" * 2_000_000, id="endless-header"),
+    ],
+)
+def test_a_response_head_past_the_limits_is_a_protocol_error(run: Any, head: bytes) -> None:
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        peer.send(head)
+        await peer.wait_eof()
+
+    async def scenario() -> None:
+        async with Server(handler) as server:
+            pool = pool_for(server)
+            with pytest.raises(ProtocolError) as raised:
+                await read_whole(pool)
+            assert "response head" in str(raised.value) or "response headers" in str(raised.value)
+            assert pool.connections == 0
 
     run(scenario())
