@@ -207,6 +207,7 @@ class ServingSettings:
     api_keys: tuple[str, ...]
     drain_timeout_seconds: float
     allowed_hosts: tuple[str, ...] = ()
+    metrics_need_key: bool = True
     door: DoorLimits = DoorLimits()
     max_bodies_in_flight_bytes: int = 256 * 1024 * 1024
     max_answer_bytes: int = 128 * 1024 * 1024
@@ -241,6 +242,7 @@ class ServingSettings:
                 ),
                 idle_timeout_seconds=_float(env, "SLM_IDLE_TIMEOUT_SECONDS", 75.0, minimum=0.001),
             ),
+            metrics_need_key=_bool(env, "SLM_METRICS_NEED_KEY", True),
             allowed_hosts=tuple(
                 h.strip() for h in env.get("SLM_ALLOWED_HOSTS", "").split(",") if h.strip()
             ),

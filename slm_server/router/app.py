@@ -139,7 +139,11 @@ def create_app(
         middleware=[
             Middleware(RequestObserver, telemetry=telemetry, metrics=metrics),
             Middleware(HostCheck, names=(*settings.serving.allowed_hosts, settings.router_host)),
-            Middleware(ApiKeys, keys=settings.serving.api_keys),
+            Middleware(
+                ApiKeys,
+                keys=settings.serving.api_keys,
+                metrics_need_key=settings.serving.metrics_need_key,
+            ),
         ],
         exception_handlers={
             GatewayError: _gateway_error,

@@ -1,6 +1,7 @@
 """Optional API keys (``SLM_API_KEYS`` / ``SLM_API_KEYS_FILE``): when any is set, every
-``/v1/*`` route needs ``Authorization: Bearer <key>``; ``/health`` and ``/metrics`` stay
-open. Keys are compared in constant time and never logged."""
+``/v1/*`` route needs ``Authorization: Bearer <key>``, and so does ``/metrics`` (it names
+every model) unless ``SLM_METRICS_NEED_KEY=false``; ``/health`` stays open. Keys are
+compared in constant time and never logged."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ from slm_server.router.reject import reject
 class ApiKeys:
     """Pure-ASGI middleware refusing ``/v1/*`` requests without a valid key (401)."""
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], metrics_need_key: bool = True) -> None:
         self.app = app
         self.keys = tuple(key.encode() for key in keys)
+        self.metrics_need_key = metrics_need_key
+
+    def guarded(self, path: str) -> bool:
+        return path.startswith("/v1/") or (self.metrics_need_key and path == "/metrics")
 
     def allowed(self, header: bytes | None) -> bool:
         if header is None or header[:7].lower() != b"bearer ":
@@ -29,7 +34,7 @@ class ApiKeys:
         return matched
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.keys or scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if not self.keys or scope["type"] != "http" or not self.guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)

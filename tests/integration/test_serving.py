@@ -207,7 +207,9 @@ def test_api_keys_guard_every_v1_route(tmp_path: Path, fake: FakeBackend) -> Non
             for method, path in (
                 ("POST", CHAT),
                 ("GET", "/v1/models"),
+                ("GET", "/v1/models/m"),
                 ("GET", "/v1/backends/health"),
+                ("GET", "/metrics"),  # it names every model
             ):
                 response = http.request(method, path, json=body, headers=headers)
                 assert response.status_code == 401, (headers, path)
@@ -220,10 +222,18 @@ def test_api_keys_guard_every_v1_route(tmp_path: Path, fake: FakeBackend) -> Non
             == 200
         )
         assert http.get("/health").status_code == 200
+        assert http.get("/metrics", headers=good).status_code == 200
         output = router.text()
     assert "sk-first-key-123" not in output
     assert "sk-second-key-456" not in output
     assert all("authorization" not in r["headers"] for r in fake.requests())
+
+
+def test_metrics_can_be_left_open_with_api_keys(tmp_path: Path, fake: FakeBackend) -> None:
+    env = {"env_slm_api_keys": "sk-first-key-123", "env_slm_metrics_need_key": "false"}
+    with gateway(tmp_path, fake, **env) as (_router, http):
+        assert http.get("/metrics").status_code == 200
+        assert http.get("/v1/models").status_code == 401
 
 
 def test_sigterm_lets_in_flight_streams_finish(tmp_path: Path, fake: FakeBackend) -> None:
