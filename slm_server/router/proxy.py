@@ -62,6 +62,12 @@ from slm_server.supervise.classify import HEALTHY, classify_status, outcome_of
 from slm_server.supervise.tripwire import Progress, StallTimer, Tripwire
 
 RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
+# Backends whose own /v1/responses is asked first. llama-server's (at the pinned
+# release, and llama-cpp-python has none) is not OpenAI-shaped: its events lack
+# sequence_number and most output/content indexes, response.created lacks created_at,
+# model and tools, a cut answer says completed; the openai SDK's responses.stream()
+# fails on it. For llama.cpp backends the router translates to chat completions itself.
+OWN_RESPONSES_BACKENDS = frozenset({"mlx"})
 # Bodies larger than this are parsed and re-serialised in a thread: 30 MiB of JSON
 # takes the better part of a second, which would stall every other request.
 OFF_LOOP_BYTES = 1024 * 1024
@@ -563,24 +569,26 @@ class Proxy:
         shortened: bool,
         slot: Slot,
     ) -> Response | ASGIApp:
-        """The backend's own ``/v1/responses``; on 404/422, the request converted to
-        chat completions and the answer converted back."""
-        remaining = timeout - (time.monotonic() - started)
-        progress = None if shortened else Progress(time.perf_counter())
-        probe, timer = await self._guard(
-            request,
-            self._open(spec, "/v1/responses", raw, headers, exchange),
-            remaining,
-            spec,
-            progress,
-        )
-        if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
-            loop_deadline = running_loop().time() + (timeout - (time.monotonic() - started))
-            return await self._reply(
-                request, spec, exchange, probe, timer, False, loop_deadline, progress, slot
+        """The backend's own ``/v1/responses`` where it is OpenAI-shaped (see
+        ``OWN_RESPONSES_BACKENDS``), unless it answers 404/422; otherwise the request
+        converted to chat completions and the answer converted back."""
+        if spec.entry.backend in OWN_RESPONSES_BACKENDS:
+            remaining = timeout - (time.monotonic() - started)
+            progress = None if shortened else Progress(time.perf_counter())
+            probe, timer = await self._guard(
+                request,
+                self._open(spec, "/v1/responses", raw, headers, exchange),
+                remaining,
+                spec,
+                progress,
             )
-        timer.cancel()
-        await probe.aclose()
+            if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
+                loop_deadline = running_loop().time() + (timeout - (time.monotonic() - started))
+                return await self._reply(
+                    request, spec, exchange, probe, timer, False, loop_deadline, progress, slot
+                )
+            timer.cancel()
+            await probe.aclose()
         chat = responses_to_chat(payload)
         apply_defaults(chat, spec.entry, "/v1/chat/completions", self.sampling_defaults(spec))
         return await self._exchange(

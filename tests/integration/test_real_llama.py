@@ -3,9 +3,11 @@ router: every endpoint, the official client, and greedy output identical to dire
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -13,6 +15,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.real_stack import Stack, running_gateway
+from tests.openai_shapes import strict_events, strict_response
 from tests.processes import poll
 
 pytestmark = pytest.mark.real_model
@@ -149,3 +152,62 @@ def test_a_client_leaving_mid_stream_stops_generation(gateway: tuple[Stack, str]
     assert time.monotonic() - left < 2
     health = httpx.get(f"{url}/v1/backends/health", timeout=5).json()["standard"]
     assert health["in_flight"] == 0
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(line[5:])
+        for line in text.splitlines()
+        if line.startswith("data:") and line.strip() != "data: [DONE]"
+    ]
+
+
+@pytest.mark.parametrize("max_output_tokens", [4, 256])
+def test_responses_are_strictly_openai_shaped(
+    gateway: tuple[Stack, str], max_output_tokens: int
+) -> None:
+    """On llama.cpp the router translates (llama-server's own /v1/responses is not
+    OpenAI-shaped): every answer and event validates strictly; a cut answer is
+    ``incomplete`` with its reason, and its stream ends in ``response.incomplete``."""
+    _stack, url = gateway
+    body = {
+        "model": CHAT_MODEL,
+        "input": "Count to twenty.",
+        "max_output_tokens": max_output_tokens,
+    }
+    raw = httpx.post(f"{url}/v1/responses", json=body, timeout=60).json()
+    response = strict_response(raw)
+    streamed = httpx.post(f"{url}/v1/responses", json={**body, "stream": True}, timeout=60)
+    events = strict_events(sse_events(streamed.text))
+    final = events[-1]
+    assert final.type in ("response.completed", "response.incomplete")
+    if max_output_tokens == 4:
+        assert response.status == "incomplete"
+        assert response.incomplete_details is not None
+        assert response.incomplete_details.reason == "max_output_tokens"
+        assert final.type == "response.incomplete"
+    assert response.output_text.strip()
+
+
+def test_the_sdk_responses_stream_helper_on_the_real_llama_server(client: openai.OpenAI) -> None:
+    with client.responses.stream(model=CHAT_MODEL, input="Say hi.", max_output_tokens=16) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert deltas
+    assert final.output_text == "".join(deltas)
+    assert final.status in ("completed", "incomplete")
+
+
+def test_llama_server_s_own_responses_api_is_not_openai_shaped(
+    gateway: tuple[Stack, str],
+) -> None:
+    """Why the router translates for llama.cpp: asked directly, the pinned llama-server's
+    /v1/responses stream fails the same strict checks. Should a new pin pass them, this
+    test fails, and the router could pass the backend's own answer through again."""
+    stack, _url = gateway
+    direct = f"http://127.0.0.1:{stack.ports['standard']}/v1/responses"
+    body = {"model": CHAT_MODEL, "input": "Say hi.", "max_output_tokens": 8, "stream": True}
+    reply = httpx.post(direct, json=body, timeout=60)
+    assert reply.status_code == 200
+    with pytest.raises((AssertionError, ValueError)):
+        strict_events(sse_events(reply.text))

@@ -16,9 +16,10 @@ import openai
 import pytest
 
 from tests.fakes.control import FakeBackend
+from tests.openai_shapes import strict_events, strict_response
 from tests.processes import free_port, registry_env, running_router
 
-FAKE_ROLES = ("alpha", "beta", "slow", "embed", "rerank", "sick", "stuck")
+FAKE_ROLES = ("alpha", "beta", "slow", "embed", "rerank", "sick", "stuck", "mlxish")
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -59,6 +60,7 @@ def router(
         "ghost": entry("ghost", free_port()),
         "off": entry("off", free_port(), enabled=False),
         "slashed": entry("org/slashed-model", free_port()),
+        "mlxish": entry("mlxish", fakes["mlxish"].port, backend="mlx", model_path="org/model"),
         "twin_a": entry("twin", free_port()),
         "twin_b": entry("twin", free_port()),
     }
@@ -258,17 +260,31 @@ def test_responses_fall_back_to_chat_when_the_backend_lacks_them(
     assert text
     assert events[-1].type == "response.completed"
     paths = [r["path"] for r in fakes["beta"].requests()]
-    assert paths == ["/v1/responses", CHAT, "/v1/responses", CHAT]
+    assert paths == [CHAT, CHAT], "llama.cpp's own /v1/responses is never asked"
 
 
-def test_responses_use_the_backend_s_own_api_when_it_has_one(
+def test_llama_cpp_backends_are_translated_even_when_they_have_their_own(
     http: httpx.Client, fakes: dict[str, FakeBackend]
 ) -> None:
     fakes["beta"].script(responses=True)
     response = http.post("/v1/responses", json={"model": "beta", "input": "hi"})
     assert response.status_code == 200
     assert response.json()["object"] == "response"
-    assert [r["path"] for r in fakes["beta"].requests()] == ["/v1/responses"]
+    assert [r["path"] for r in fakes["beta"].requests()] == [CHAT]
+
+
+def test_responses_use_an_mlx_backend_s_own_api_when_it_has_one(
+    http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    fakes["mlxish"].script(responses=True)
+    response = http.post("/v1/responses", json={"model": "mlxish", "input": "hi"})
+    assert response.status_code == 200
+    assert response.json()["object"] == "response"
+    assert [r["path"] for r in fakes["mlxish"].requests()] == ["/v1/responses"]
+    fakes["mlxish"].script()  # 404 now: translated
+    response = http.post("/v1/responses", json={"model": "mlxish", "input": "hi"})
+    assert response.status_code == 200
+    assert [r["path"] for r in fakes["mlxish"].requests()][-2:] == ["/v1/responses", CHAT]
 
 
 def test_models_lists_enabled_entries_with_their_settings(http: httpx.Client) -> None:
@@ -403,3 +419,22 @@ def test_a_rebound_name_never_reaches_a_backend(
     response = http.post(CHAT, json=body, headers={"Host": "evil.example"})
     assert response.status_code == 421
     assert fakes["beta"].requests() == []
+
+
+def test_responses_are_strictly_openai_shaped_on_the_fake(
+    router: str, http: httpx.Client, fakes: dict[str, FakeBackend]
+) -> None:
+    fakes["beta"].script(chunks=5)
+    body = {"model": "beta", "input": "hello there"}
+    strict_response(http.post("/v1/responses", json=body).json())
+    streamed = http.post("/v1/responses", json={**body, "stream": True})
+    lines = [line[5:] for line in streamed.text.splitlines() if line.startswith("data:")]
+    events = strict_events([json.loads(line) for line in lines])
+    assert events[-1].type == "response.completed"
+    with (
+        openai.OpenAI(base_url=f"{router}/v1", api_key="x", max_retries=0) as client,
+        client.responses.stream(model="beta", input="hello there") as stream,
+    ):
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.output_text == "".join(deltas) == "tok " * 5

@@ -1,0 +1,42 @@
+"""Strict checks of Responses API answers against the openai package's own types: every
+field of the right type with no coercion (pydantic strict mode), no field the type does
+not know, and for a stream, events numbered 0, 1, 2... by ``sequence_number``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import BaseModel, TypeAdapter
+
+EVENTS: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
+
+
+def _no_unknown_fields(model: BaseModel, where: str) -> None:
+    extra = model.model_extra or {}
+    assert not extra, f"{where}: fields the openai types do not know: {sorted(extra)}"
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list) else [value]
+        for index, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                _no_unknown_fields(item, f"{where}.{name}[{index}]")
+
+
+def strict_response(raw: dict[str, Any]) -> Response:
+    """``raw`` as a :class:`Response`, validated strictly."""
+    response = Response.model_validate(raw, strict=True)
+    _no_unknown_fields(response, "response")
+    return response
+
+
+def strict_events(raw: list[dict[str, Any]]) -> list[ResponseStreamEvent]:
+    """A whole stream's events, each validated strictly, numbered from 0 without gaps,
+    the last one terminal."""
+    events = [EVENTS.validate_python(event, strict=True) for event in raw]
+    for index, event in enumerate(events):
+        _no_unknown_fields(event, f"event {index} ({event.type})")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created"
+    assert events[-1].type in ("response.completed", "response.incomplete", "response.failed")
+    return events
