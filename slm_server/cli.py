@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from slm_server import logging_setup
 from slm_server.config import ConfigError, inspect_registry, load_registry, read_registry_text
 from slm_server.launch.plan import Toolchain, plan_registry
-from slm_server.launch.records import BackendState, pid_alive, read_state, read_state_file
+from slm_server.records import BackendState, pid_alive, read_state, read_state_file
 from slm_server.settings import Settings, SettingsError, load_environment
 
 

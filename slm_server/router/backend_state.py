@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from slm_server.launch.records import BackendState, StateFile, pid_alive, read_state_file
+from slm_server.records import BackendState, StateFile, pid_alive, read_state_file
 
 # How long a launcher whose pid and create time matched is trusted on its pid alone.
 REVERIFY_SECONDS = 1.0

@@ -29,7 +29,7 @@ from typing import Any
 from slm_server.config import ModelSpec, RegistryFile
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
-from slm_server.launch.records import (
+from slm_server.records import (
     BackendState,
     PidRecord,
     process_create_time,

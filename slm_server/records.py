@@ -3,7 +3,9 @@
 Both are JSON, replaced atomically (temp file + rename) so a reader never sees half a
 file. The pidfile lists every process this launcher started, with its create time, so
 a later start can stop leftovers that are verifiably ours. The state file publishes
-each backend's state for ``python -m slm_server status`` and ``start.sh``.
+each backend's state for ``python -m slm_server status``, ``start.sh`` and the router.
+This module is the contract between the launcher, which writes them, and their
+readers: it belongs to neither side.
 """
 
 from __future__ import annotations
