@@ -104,6 +104,12 @@ class BackendState:
     last_exit: str | None = None
     last_restart_reason: str | None = None
     restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    # What the launcher planned, for the router: the server it runs ("llama-server",
+    # "llama_cpp.server", "mlx-openai-server", "mlx-rerank"), the path that answers
+    # once it is ready, and the request fields the router fills in when absent.
+    kind: str | None = None
+    health_path: str = "/health"
+    request_defaults: dict[str, Any] = field(default_factory=dict)
 
 
 def write_state(

@@ -4,14 +4,22 @@ backend, or the problems that stop it from starting. Pure apart from looking at 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from slm_server.config import NATIVE_ONLY_FIELDS, ModelSpec, Problem, RegistryFile
-from slm_server.launch.llama_argv import ModelFiles, native_argv, python_argv
+from slm_server.launch.llama_argv import (
+    ModelFiles,
+    native_argv,
+    python_argv,
+    python_request_defaults,
+)
 from slm_server.launch.mlx_argv import mlx_argv, mlx_rerank_argv, unsupported_choices
 from slm_server.launch.mlx_options import read_mlx_options
 from slm_server.launch.runtime import LlamaRuntime, RuntimeNotFound, find_llama_runtime
@@ -37,6 +45,11 @@ class LaunchPlan:
     log_path: Path
     base_url: str
     health_path: str = "/health"
+    # Published in the state file for the router: which server this is, and the
+    # request fields the router fills in for it (the Python fallback's sampling
+    # defaults, which it cannot take as flags).
+    kind: str = ""
+    request_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def health_url(self) -> str:
@@ -146,9 +159,14 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
     except ModelPathError as exc:
         problem = Problem(source, spec.label, exc.field, exc.message)
         raise PlanError([problem], missing=exc.missing) from None
+    defaults: dict[str, Any] = {}
     if entry.backend == "llamacpp":
         argv = _llama_argv(spec, model, tools, source)
+        native = tools.llama is not None and tools.llama.is_native
+        kind = "llama-server" if native else "llama_cpp.server"
+        defaults = {} if native else python_request_defaults(entry)
     elif entry.backend == "mlx":
+        kind = "mlx-openai-server"
         if tools.mlx_server is None:
             raise PlanError(
                 [
@@ -167,6 +185,7 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
                 raise PlanError([Problem(source, spec.label, f, m) for f, m in refused])
         argv = mlx_argv(tools.mlx_server, entry, model, options)
     else:
+        kind = "mlx-rerank"
         argv = mlx_rerank_argv(sys.executable, entry, model)
     return LaunchPlan(
         role=spec.role,
@@ -179,6 +198,8 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
         log_path=log_path(log_dir, spec),
         base_url=entry.base_url,
         health_path=health_path(spec, tools),
+        kind=kind,
+        request_defaults=defaults,
     )
 
 

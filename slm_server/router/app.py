@@ -14,9 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from slm_server.config import RegistryFile
+from slm_server.config import ModelSpec, RegistryFile
 from slm_server.errors import GatewayError
-from slm_server.launch.plan import Toolchain, health_path
 from slm_server.metrics import Metrics
 from slm_server.registry import Registry
 from slm_server.router.auth import ApiKeys
@@ -88,20 +87,24 @@ def create_app(
     shutdown state the server shares with it (``app.state.drain``)."""
     drain = drain or Drain(settings.serving.drain_timeout_seconds)
     registry = Registry(registry_file.models)
-    tools = Toolchain.discover(settings.llama_server_bin)
-    python_llama = tools.llama is not None and not tools.llama.is_native
+    events = EventLog(settings.watchdog.log_path)
+    states = StateView(settings.state_path)
+
+    def health_path(spec: ModelSpec) -> str:
+        """The launcher's published health path (llama_cpp.server has no /health)."""
+        planned = states.planned(spec.role, spec.entry.port)
+        return planned.health_path if planned is not None else "/health"
+
     upstream = Upstream(
         registry.enabled,
         settings.connect_timeout_seconds,
         settings.health_probe_timeout_seconds,
-        {spec.role: health_path(spec, tools) for spec in registry.enabled},
+        health_path,
     )
-    events = EventLog(settings.watchdog.log_path)
-    states = StateView(settings.state_path)
     telemetry = Telemetry(settings.telemetry)
     metrics = Metrics(registry, states)
     tripwire = Tripwire(settings.watchdog, events, on_failure=metrics.count_failure)
-    proxy = Proxy(settings, registry, upstream, python_llama, tripwire, states, drain)
+    proxy = Proxy(settings, registry, upstream, tripwire, states, drain)
     info = Info(registry, upstream, tripwire, states, proxy.gates)
 
     @asynccontextmanager

@@ -44,6 +44,12 @@ class StateView:
         self._refresh()
         return self._states.get((role, port))
 
+    def planned(self, role: str, port: int) -> BackendState | None:
+        """What a running launcher published for this backend (its kind, health path
+        and request defaults); None without one."""
+        state = self.get(role, port)
+        return state if state is not None and self.launcher_alive() else None
+
     def launcher_alive(self) -> bool:
         """Whether the process that published the states still runs (a dead launcher's
         file describes nothing, nor does one whose pid another process now has)."""

@@ -22,7 +22,6 @@ from slm_server.errors import (
     GatewayError,
     PayloadTooLarge,
 )
-from slm_server.launch.llama_argv import python_request_defaults
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate, Slot
 from slm_server.router.answer import answer_fields
@@ -83,7 +82,6 @@ class Proxy:
         settings: Settings,
         registry: Registry,
         upstream: Upstream,
-        python_llama: bool,
         tripwire: Tripwire,
         states: StateView,
         drain: Drain,
@@ -91,7 +89,6 @@ class Proxy:
         self.settings = settings
         self.registry = registry
         self.upstream = upstream
-        self.python_llama = python_llama
         self.tripwire = tripwire
         self.states = states
         self.drain = drain
@@ -106,9 +103,10 @@ class Proxy:
         self.waits = Waits()
 
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
-        if spec.entry.backend == "llamacpp" and self.python_llama:
-            return python_request_defaults(spec.entry)
-        return {}
+        """The request fields the launcher published for this backend (the Python
+        fallback's sampling defaults); none without a running launcher."""
+        planned = self.states.planned(spec.role, spec.entry.port)
+        return dict(planned.request_defaults) if planned is not None else {}
 
     async def _body(self, request: Request, held: Held) -> bytes:
         """The request body, refused with 413 past ``SLM_MAX_BODY_MB`` and with 503 past

@@ -12,7 +12,7 @@ exceptions are translated here, at this single boundary, into the gateway's erro
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,10 +119,10 @@ class Upstream:
         models: tuple[ModelSpec, ...],
         connect_timeout: float,
         probe_timeout: float,
-        health_paths: Mapping[str, str] | None = None,
+        health_path: Callable[[ModelSpec], str] | None = None,
     ) -> None:
         self.probe_timeout = probe_timeout
-        self.health_paths = dict(health_paths or {})
+        self.health_path = health_path or (lambda _spec: "/health")
         # Idle connections are dropped well before a backend's own keep-alive timeout
         # (llama-server and uvicorn: 5 s), so a request never lands on a connection
         # the backend is closing; one that does anyway is sent once more.
@@ -200,7 +200,7 @@ class Upstream:
     async def probe(self, spec: ModelSpec) -> Probe:
         """``GET /health`` on the backend with a short timeout."""
         pool = self._pools[spec.role]
-        path = self.health_paths.get(spec.role, "/health")
+        path = self.health_path(spec)
         try:
             response = await pool.request("GET", path, timeout=self.probe_timeout)
             content = await response.read()

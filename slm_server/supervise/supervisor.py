@@ -88,6 +88,9 @@ class Backend:
             last_exit=life.last_exit,
             last_restart_reason=life.last_restart_reason,
             restarts_by_reason=dict(life.restarts_by_reason),
+            kind=self.plan.kind if self.plan is not None else None,
+            health_path=self.plan.health_path if self.plan is not None else "/health",
+            request_defaults=dict(self.plan.request_defaults) if self.plan is not None else {},
         )
 
 

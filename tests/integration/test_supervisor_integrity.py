@@ -121,3 +121,17 @@ def test_a_restart_request_stamped_in_the_future_is_discarded(tmp_path: Path) ->
         assert discarded["reason"] == "stamped in the future"
         assert stack.events("restart_started") == []
         assert stack.pid("chat") == pid
+
+
+def test_the_state_file_publishes_what_was_planned_for_the_router(tmp_path: Path) -> None:
+    models = {"chat": fake_entry(tmp_path, "chat", temp=0.5)}
+    with watched(tmp_path, models) as stack:
+        state = stack.state("chat")
+        # The fake runs as the native llama-server: /health, no request defaults.
+        assert (state["kind"], state["health_path"], state["request_defaults"]) == (
+            "llama-server",
+            "/health",
+            {},
+        )
+        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["chat"]
+        assert health["status"] == "healthy"

@@ -96,6 +96,13 @@ def test_python_fallback_plan(model: Path, log_dir: Path) -> None:
     assert "--model_alias" in p.argv
     assert "--temp" not in p.argv
     assert "--alias" not in p.argv
+    # What it cannot take as a flag the router fills into requests: published for it.
+    assert (p.kind, p.request_defaults) == ("llama_cpp.server", {"temperature": 0.5})
+
+
+def test_a_native_plan_publishes_no_request_defaults(model: Path, log_dir: Path) -> None:
+    p = plan(spec(model_path=str(model), temp=0.5), tools(), log_dir)
+    assert (p.kind, p.health_path, p.request_defaults) == ("llama-server", "/health", {})
 
 
 def test_directory_model_path_resolved_in_argv(model: Path, log_dir: Path) -> None:
