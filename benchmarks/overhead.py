@@ -19,6 +19,9 @@ RSS of the gateway and of the backend (:mod:`benchmarks.meter`).
   (the router, telemetry off) and ``slm_server_otel`` (telemetry on, no collector
   listening): added latency, added time to first chunk and per chunk, router CPU per
   request and per chunk, chunks per second through one router process, RSS.
+* ``defaults`` compares ``slm_server`` with ``slm_server_default``, the defaults a user
+  gets: spans exported to a local collector that answers 200
+  (:mod:`benchmarks.otlp_sink`), metrics, the INFO access log.
 * ``peer`` adds LiteLLM's proxy (one worker) on the same fakes: throughput ratios.
 """
 
@@ -92,12 +95,16 @@ STARTERS: dict[str, Starter] = {
     "direct": _direct,
     "slm_server": lambda workdir, backends: slm_router(workdir, backends, telemetry=False),
     "slm_server_otel": lambda workdir, backends: slm_router(workdir, backends, telemetry=True),
+    "slm_server_default": lambda workdir, backends: slm_router(
+        workdir, backends, telemetry=True, collector=True
+    ),
     "litellm": litellm_proxy,
 }
 LABELS = {
     "direct": "direct",
     "slm_server": "slm_server",
     "slm_server_otel": "slm_server, telemetry on",
+    "slm_server_default": "slm_server, defaults (spans to a collector)",
     "litellm": "LiteLLM proxy",
 }
 
@@ -256,6 +263,43 @@ def overhead_checks(rounds: Rounds, target: str) -> list[Check]:
             )
         )
     return found
+
+
+def default_checks(rounds: Rounds) -> list[Check]:
+    """The cost of the defaults against the lean configuration (issue 12, item 7)."""
+    default, lean = LABELS["slm_server_default"], LABELS["slm_server"]
+    return [
+        Check(
+            f"{default}: CPU per whole answer, c=1",
+            350.0,
+            "µs",
+            rounds.stat("slm_server_default", "whole-c1", "server.cpu_us_per_request"),
+        ),
+        Check(
+            f"{default}: added p50 latency, whole answers, c=1",
+            0.35,
+            "ms",
+            rounds.added("slm_server_default", "whole-c1", "latency_ms.p50"),
+        ),
+        Check(
+            f"{lean}: CPU per whole answer, c=1",
+            250.0,
+            "µs",
+            rounds.stat("slm_server", "whole-c1", "server.cpu_us_per_request"),
+        ),
+        Check(
+            f"{default}: CPU per streamed chunk, c=8",
+            15.0,
+            "µs",
+            rounds.stat("slm_server_default", "stream-c8", "server.cpu_us_per_chunk"),
+        ),
+        Check(
+            f"{lean}: CPU per streamed chunk, c=8",
+            15.0,
+            "µs",
+            rounds.stat("slm_server", "stream-c8", "server.cpu_us_per_chunk"),
+        ),
+    ]
 
 
 def peer_checks(rounds: Rounds) -> list[Check]:

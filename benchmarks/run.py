@@ -1,6 +1,7 @@
 """Run benchmark scenarios on fresh servers and write their results.
 
     uv run python -m benchmarks.run overhead peer        # fake backend, ~5 + ~7 minutes
+    uv run python -m benchmarks.run defaults             # lean and default configuration
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run overhead --quick     # a short run to try things out
 
@@ -75,6 +76,27 @@ def run_overhead(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_defaults(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = _fake_plan(("direct", "slm_server", "slm_server_default"), quick, rounds)
+    runs = overhead.run_rounds(plan, workdir, say)
+    found = overhead.Rounds(runs)
+    markdown = "\n\n".join(
+        [
+            overhead.overhead_tables(found, plan.targets),
+            "CPU used by each process, in cores (CPU seconds per wall second):",
+            overhead.headroom_table(found, plan.targets),
+        ]
+    )
+    return Outcome(
+        "Defaults: slm_server lean (telemetry off) and with the defaults (spans to a collector)",
+        asdict(plan),
+        runs,
+        overhead.default_checks(found),
+        markdown,
+        overhead.csv_rows(runs),
+    )
+
+
 def run_peer(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = _fake_plan(("direct", "slm_server", "litellm"), quick, rounds)
     runs = overhead.run_rounds(plan, workdir, say)
@@ -129,6 +151,7 @@ def run_recovery(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
 
 SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "overhead": run_overhead,
+    "defaults": run_defaults,
     "peer": run_peer,
     "real": run_real,
     "recovery": run_recovery,

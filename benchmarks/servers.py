@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -131,9 +132,9 @@ def bench_entry(model: str, port: int) -> dict[str, Any]:
     }
 
 
-def router_env(workdir: Path, telemetry: bool) -> dict[str, str]:
-    """The router's environment; with ``telemetry``, OTLP export goes to a port where
-    no collector listens."""
+def router_env(workdir: Path, telemetry: bool, collector: str | None = None) -> dict[str, str]:
+    """The router's environment; with ``telemetry``, OTLP export goes to ``collector``,
+    else to a port where no collector listens."""
     env = {
         "SLM_CONFIG": str(workdir / "models.yaml"),
         "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
@@ -142,20 +143,51 @@ def router_env(workdir: Path, telemetry: bool) -> dict[str, str]:
         "SLM_ENV_FILE": str(workdir / "no.env"),
     }
     if telemetry:
-        env["SLM_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
+        env["SLM_OTLP_ENDPOINT"] = collector or f"http://127.0.0.1:{free_port()}"
     return env
 
 
 @contextlib.contextmanager
+def otlp_sink(workdir: Path) -> Iterator[str]:
+    """:mod:`benchmarks.otlp_sink` on a free port, answering 200; yields its URL."""
+    port = free_port()
+    log = (workdir / "otlp-sink.out").open("wb")
+    sink = subprocess.Popen(  # noqa: S603 - fixed arguments
+        [sys.executable, "-m", "benchmarks.otlp_sink", "--port", str(port)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        poll(lambda: port_open(port), 15, "the OTLP sink to listen")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        sink.terminate()
+        sink.wait(10)
+        log.close()
+
+
+def port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False
+
+
+@contextlib.contextmanager
 def slm_router(
-    workdir: Path, backends: Sequence[Server], telemetry: bool = False
+    workdir: Path, backends: Sequence[Server], telemetry: bool = False, collector: bool = False
 ) -> Iterator[Server]:
     """``python -m slm_server router`` in front of ``backends``, each registered under
-    its ``model``."""
+    its ``model``; with ``collector``, spans go to a local OTLP sink answering 200 (the
+    defaults a user gets: telemetry exporting, metrics, the INFO access log)."""
     workdir.mkdir(parents=True, exist_ok=True)
     registry = {"models": {b.model: bench_entry(b.model, b.port) for b in backends}}
     (workdir / "models.yaml").write_text(yaml.safe_dump(registry, sort_keys=False))
-    with running_router(router_env(workdir, telemetry), workdir) as (router, url):
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(otlp_sink(workdir)) if collector else None
+        env = router_env(workdir, telemetry, sink)
+        router, url = stack.enter_context(running_router(env, workdir))
         yield Server("slm_server", router.pid, url, "")
 
 
