@@ -94,6 +94,9 @@ def cmd_router(settings: Settings) -> int:
         # closes an idle connection just as a client reuses it.
         timeout_keep_alive=math.ceil(settings.serving.door.idle_timeout_seconds),
         http=door_protocol(settings.serving.door),
+        # No proxy in front: X-Forwarded-* from a local client is not to be believed
+        # (and checking it costs every request).
+        proxy_headers=False,
         # uvicorn's own limit comes after ours, so our streams end with a clean error.
         timeout_graceful_shutdown=math.ceil(settings.serving.drain_timeout_seconds) + 5,
     )

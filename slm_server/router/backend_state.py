@@ -1,7 +1,8 @@
 """The supervisor's published backend states, as the router sees them.
 
-The state file is re-read only when its modification time changes, so looking a
-backend up on every request costs one ``stat``.
+The state file is re-read only when its modification time changes, and its ``stat``
+is taken at most every ``STAT_EVERY_SECONDS``, so looking a backend up (several times
+per request) costs next to nothing; a change is seen within that time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from slm_server.records import BackendState, StateFile, pid_alive, read_state_fi
 
 # How long a launcher whose pid and create time matched is trusted on its pid alone.
 REVERIFY_SECONDS = 1.0
+STAT_EVERY_SECONDS = 0.02
 
 
 class StateView:
@@ -25,8 +27,13 @@ class StateView:
         self._states: dict[tuple[str, int], BackendState] = {}
         self._file = StateFile()
         self._verified_until = 0.0
+        self._stat_after = 0.0
 
     def _refresh(self) -> None:
+        now = time.monotonic()
+        if now < self._stat_after:
+            return
+        self._stat_after = now + STAT_EVERY_SECONDS
         try:
             info = os.stat(self.path)
         except OSError:

@@ -16,6 +16,7 @@ from slm_server.errors import MisdirectedRequest
 from slm_server.router.reject import reject
 
 MAX_SHOWN = 100
+SEEN_MAX = 64
 
 
 def host_name(header: str) -> str:
@@ -38,10 +39,20 @@ class HostCheck:
         listed = {host_name(name) for name in names if name.strip()}
         self.allow_all = "*" in listed
         self.names = frozenset(listed - {"*"})
+        self._seen: dict[str, bool] = {}  # Host value -> allowed, for the usual few
 
     def allowed(self, header: str | None) -> bool:
         if self.allow_all or header is None:
             return True
+        known = self._seen.get(header)
+        if known is None:
+            known = self._judge(header)
+            if len(self._seen) >= SEEN_MAX:
+                self._seen.clear()  # bounded, whatever Host values clients invent
+            self._seen[header] = known
+        return known
+
+    def _judge(self, header: str) -> bool:
         name = host_name(header)
         try:
             ipaddress.ip_address(name)
