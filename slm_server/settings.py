@@ -197,6 +197,7 @@ class DoorLimits:
     max_headers: int = 100
     header_timeout_seconds: float = 10.0
     idle_timeout_seconds: float = 75.0
+    body_stall_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ class ServingSettings:
                     env, "SLM_HEADER_TIMEOUT_SECONDS", 10.0, minimum=0.001
                 ),
                 idle_timeout_seconds=_float(env, "SLM_IDLE_TIMEOUT_SECONDS", 75.0, minimum=0.001),
+                body_stall_seconds=_float(env, "SLM_BODY_STALL_SECONDS", 10.0, minimum=0.001),
             ),
             metrics_need_key=_bool(env, "SLM_METRICS_NEED_KEY", True),
             allowed_hosts=tuple(

@@ -11,7 +11,9 @@ uvicorn's httptools protocol with them enforced:
   headers → 431, closed; the bytes of an unfinished head are counted as they arrive,
   so memory is bounded whatever one header's length;
 * a head not complete within ``header_timeout_seconds`` of its first byte → 408,
-  closed;
+  closed; a request body with no byte for ``body_stall_seconds`` → 408 (or, when the
+  response has begun, just closed), so a body declared and never sent cannot hold the
+  budget for bodies in flight;
 * a connection with no request in progress for ``idle_timeout_seconds`` (a new one
   included) → closed.
 
@@ -62,101 +64,186 @@ def refusal_bytes(refusal: DoorRefusal) -> bytes:
     )
 
 
+# Bytes fed to the parser at a time outside a Content-Length body, so what a head (or a
+# chunked body's trailer) has cost is known to within this much, pipelined or not.
+SLICE = 4096
+
+
 class _Door(HttpToolsProtocol):
-    """uvicorn's httptools protocol with :class:`DoorLimits` (set by :func:`door_protocol`)."""
+    """uvicorn's httptools protocol with :class:`DoorLimits` (set by :func:`door_protocol`).
+
+    The parser's own callbacks say where the connection is: ``idle`` between messages,
+    ``head`` from a message's first byte to the end of its headers (the header timer
+    runs, its bytes are counted), ``body`` until the message is complete (the body stall
+    timer runs; a chunked body's bytes beyond what it delivers, its framing and trailer,
+    are counted). The idle timer runs only while no message is being read and no
+    response is being sent, pipelined ones included."""
 
     limits: DoorLimits = DoorLimits()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._in_head = False
+        self._phase = "idle"
         self._head_bytes = 0
         self._url_bytes = 0
         self._header_count = 0
         self._header_bytes = 0
+        self._chunked = False
+        self._body_fed = 0
+        self._body_delivered = 0
         self._refusal: DoorRefusal | None = None
-        self._door_timer: asyncio.TimerHandle | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     # -- timers ---------------------------------------------------------------
 
-    def _arm(self, seconds: float, refusal: DoorRefusal | None) -> None:
-        self._disarm()
-        self._door_timer = self.loop.call_later(seconds, self._expire, refusal)
+    def _cancel(self, timer: asyncio.TimerHandle | None) -> None:
+        if timer is not None:
+            timer.cancel()
 
-    def _disarm(self) -> None:
-        if self._door_timer is not None:
-            self._door_timer.cancel()
-            self._door_timer = None
+    def _cancel_all(self) -> None:
+        for timer in (self._head_timer, self._body_timer, self._idle_timer):
+            self._cancel(timer)
+        self._head_timer = self._body_timer = self._idle_timer = None
 
-    def _expire(self, refusal: DoorRefusal | None) -> None:
-        self._door_timer = None
+    def _arm_idle(self) -> None:
+        self._cancel(self._idle_timer)
+        self._idle_timer = None
+        if self._phase == "idle" and not self.pipeline and self._responded():
+            seconds = self.limits.idle_timeout_seconds
+            self._idle_timer = self.loop.call_later(seconds, self._close_idle)
+
+    def _responded(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _close_idle(self) -> None:
+        self._idle_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        timeout = self.limits.header_timeout_seconds
+        self._answer_and_close(
+            DoorRefusal(
+                408, f"The request's headers did not arrive within {timeout:g}s", "header_timeout"
+            )
+        )
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        stall = self.limits.body_stall_seconds
+        self._answer_and_close(
+            DoorRefusal(408, f"No byte of the request body for {stall:g}s", "body_timeout")
+        )
+
+    def _answer_and_close(self, refusal: DoorRefusal) -> None:
+        """Answer ``refusal`` unless a response is already under way, and close."""
         if self.transport.is_closing():
             return
-        if refusal is not None:
+        self._refusal = refusal
+        # The head being read has a cycle of its own only once it is complete: until
+        # then ``cycle`` is the previous request's, whose response must have ended.
+        if self._phase == "head":
+            answer = self._responded()
+        else:
+            answer = self.cycle is None or not self.cycle.response_started
+        if answer:
             self.transport.write(refusal_bytes(refusal))
+        self._cancel_all()
         self.transport.close()
-
-    def _idle(self) -> bool:
-        return self.cycle is None or self.cycle.response_complete
 
     # -- the protocol -----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm(self.limits.idle_timeout_seconds, None)
+        self._arm_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._cancel_all()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refusal is not None or self.transport.is_closing():
+        if self._refusal is not None or self.transport.is_closing() or not data:
             return
-        if not self._in_head and self._idle():
-            self._in_head = True
-            self._head_bytes = 0
-            timeout = self.limits.header_timeout_seconds
-            late = DoorRefusal(
-                408, f"The request's headers did not arrive within {timeout:g}s", "header_timeout"
-            )
-            self._arm(timeout, late)
-        if self._in_head:
-            self._head_bytes += len(data)
+        self._cancel(self._idle_timer)
+        self._idle_timer = None
         self._unset_keepalive_if_required()
+        if self._phase == "body":
+            self._restart_body_timer()
+        pos = 0
+        while pos < len(data) and self._refusal is None:
+            whole = self._phase == "body" and not self._chunked
+            piece = data[pos:] if whole else data[pos : pos + SLICE]
+            pos += len(piece)
+            phase = self._phase
+            if not self._feed(piece):
+                return
+            self._count(phase, piece)
+        if self._refusal is not None and not self.transport.is_closing():
+            self._answer_and_close(self._refusal)
+
+    def _feed(self, piece: bytes) -> bool:
+        """Give ``piece`` to the parser; False when the connection was dealt with."""
         try:
-            self.parser.feed_data(data)
+            self.parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+            return False
         except httptools.HttpParserError:
             if self._refusal is None:  # not ours: malformed, as uvicorn answers it
                 msg = "Invalid HTTP request received."
                 self.logger.warning(msg)
                 self.send_400_response(msg)
-                return
-        # Still no end of the head: every byte so far was head. Bounded here, not by
-        # whatever the parser would buffer of one endless header.
-        head_limit = self.limits.max_url_bytes + self.limits.max_header_bytes
-        if self._refusal is None and self._in_head and self._head_bytes > head_limit:
-            self._refusal = self._too_many_header_bytes()
+                return False
+        return True
+
+    def _count(self, phase_before: str, piece: bytes) -> None:
+        """Charge ``piece`` to the head or the chunked body it was fed in (the phase it
+        began in, or the one it ended in: a piece that starts a head counts whole)."""
         if self._refusal is not None:
-            self._disarm()
-            self.transport.write(refusal_bytes(self._refusal))
-            self.transport.close()
+            return
+        if self._phase == "head" or phase_before == "head":
+            self._head_bytes += len(piece)
+            if self._phase == "head":
+                limit = self.limits.max_url_bytes + self.limits.max_header_bytes
+                if self._head_bytes > limit:
+                    self._refusal = self._too_many_header_bytes()
+        elif self._phase == "body" and self._chunked:
+            self._body_fed += len(piece)
+            framing = self._body_fed - self._body_delivered
+            allowed = self.limits.max_header_bytes + self._body_delivered // 4 + SLICE
+            if framing > allowed:
+                self._refusal = DoorRefusal(
+                    431,
+                    "The request's chunked body carries more than "
+                    f"{self.limits.max_header_bytes} bytes of framing and trailer",
+                    "trailer_too_large",
+                )
+
+    def _restart_body_timer(self) -> None:
+        self._cancel(self._body_timer)
+        self._body_timer = self.loop.call_later(self.limits.body_stall_seconds, self._body_late)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and not self._in_head:
-            self._arm(self.limits.idle_timeout_seconds, None)
+        if not self.transport.is_closing():
+            self._arm_idle()
 
     # -- parser callbacks -------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._phase = "head"
+        self._head_bytes = 0
         self._url_bytes = 0
         self._header_count = 0
         self._header_bytes = 0
+        self._cancel(self._head_timer)
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_seconds, self._head_late)
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
@@ -184,12 +271,30 @@ class _Door(HttpToolsProtocol):
                     "too_many_headers",
                 )
             )
-        super().on_header(name, value)
+        if self._phase == "head":  # trailers are counted as body framing instead
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._disarm()
+        self._phase = "body"
+        self._cancel(self._head_timer)
+        self._head_timer = None
+        self._chunked = any(
+            n == b"transfer-encoding" and b"chunked" in v.lower() for n, v in self.headers
+        )
+        self._body_fed = self._body_delivered = 0
+        self._restart_body_timer()
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_delivered += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._phase = "idle"
+        self._cancel(self._body_timer)
+        self._body_timer = None
+        super().on_message_complete()
+        self._arm_idle()
 
     def _too_many_header_bytes(self) -> DoorRefusal:
         return DoorRefusal(
