@@ -38,13 +38,35 @@ class SseSplitter:
         self._line_empty = True  # nothing yet on the current line
         self._after_cr = False  # the last byte was CR: an LF next belongs to it
         self._cr_ended_event = False  # ... and that CR ended an event
+        self._cr_event_size = 0  # the size of the event it ended
+        self._failed: AnswerTooLarge | None = None  # to raise on the next call
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        """The events ``chunk`` completes. An event past the limit raises
+        :class:`AnswerTooLarge` — at once, or, when events before it in the same chunk
+        were complete, on the next call (they are returned first)."""
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+        if not chunk:
+            return []
         events: list[bytes] = []
+        try:
+            self._split(chunk, events)
+        except AnswerTooLarge as error:
+            self._parts.clear()
+            self._size = 0
+            if not events:
+                raise
+            self._failed = error
+        return events
+
+    def _split(self, chunk: bytes, events: list[bytes]) -> None:
         start = 0  # where the part of ``chunk`` not yet in an event begins
         pos = 1 if self._after_cr and chunk[:1] == b"\n" else 0
         if pos and self._cr_ended_event:
             # The LF of a CRLF whose CR ended the last event: passed on by itself.
+            self._check(self._cr_event_size + 1)
             events.append(b"\n")
             start = 1
         self._after_cr = self._cr_ended_event = False
@@ -54,10 +76,12 @@ class SseSplitter:
                 self._line_empty = False
             line_start = match.end()
             if self._line_empty:  # a blank line: the event is complete
-                self._check(self._size + match.end() - start)
+                size = self._size + match.end() - start
+                self._check(size)
                 events.append(b"".join((*self._parts, chunk[start : match.end()])))
                 self._parts.clear()
                 self._size = 0
+                self._cr_event_size = size
                 start = match.end()
             self._line_empty = True
         if line_start < len(chunk):
@@ -69,10 +93,13 @@ class SseSplitter:
             self._check(self._size + len(chunk) - start)
             self._parts.append(chunk[start:])
             self._size += len(chunk) - start
-        return events
 
     def flush(self) -> bytes:
-        """Whatever trailing bytes never formed a whole event."""
+        """Whatever trailing bytes never formed a whole event (raises a refusal
+        :meth:`feed` still owes)."""
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
         rest = b"".join(self._parts)
         self._parts.clear()
         self._size = 0
@@ -81,8 +108,6 @@ class SseSplitter:
 
     def _check(self, size: int) -> None:
         if size > self.max_event_bytes:
-            self._parts.clear()
-            self._size = 0
             raise AnswerTooLarge(
                 f"The backend sent a stream event larger than {self.max_event_bytes} bytes",
                 code="sse_event_too_large",

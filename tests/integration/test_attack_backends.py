@@ -109,11 +109,6 @@ def test_an_oversized_event_alone_ends_the_stream_in_band(raw: Raw) -> None:
     assert b"sse_event_too_large" in body
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SseSplitter.feed raises on the oversized event and loses the complete event "
-    "cut from the same read: the client never gets it",
-)
 def test_a_good_event_in_the_same_read_as_an_oversized_one_still_reaches_the_client(
     raw: Raw,
 ) -> None:

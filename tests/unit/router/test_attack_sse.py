@@ -80,11 +80,6 @@ def test_every_event_ends_with_its_blank_line_at_any_single_cut() -> None:
                 assert event in lone or ended, (stream, cut, event)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an empty read between a CR and its LF resets _after_cr (sse.py feed), so the "
-    "LF is taken for a blank line and the event is cut in two",
-)
 def test_empty_reads_between_any_cuts_change_nothing() -> None:
     for stream in STREAMS:
         expected = reference(stream)
@@ -94,7 +89,6 @@ def test_empty_reads_between_any_cuts_change_nothing() -> None:
             assert data_of(events) == expected, (stream, cut, events)
 
 
-@pytest.mark.xfail(strict=True, reason="the same bug, smallest case")
 def test_an_empty_read_between_cr_and_lf_minimal() -> None:
     splitter = SseSplitter(1024)
     assert splitter.feed(b"data: a\r") == []
@@ -137,11 +131,6 @@ def test_an_event_exactly_at_the_limit_passes_one_byte_more_does_not(
         feed_all(splitter, reads)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the size check counts a CRLF-ended event without its final LF when the LF "
-    "comes in the next read: an event of max+1 bytes passes",
-)
 def test_a_crlf_event_one_over_the_limit_split_before_its_last_lf_is_refused() -> None:
     limit = 64
     over = b"data: " + b"x" * (limit - 9) + b"\r\n\r\n"
@@ -151,11 +140,6 @@ def test_a_crlf_event_one_over_the_limit_split_before_its_last_lf_is_refused() -
         feed_all(splitter, [over[:-1], over[-1:]])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="feed raises for an oversized event and drops the complete events it had "
-    "already cut from the same read (sse.py feed builds them in a local list)",
-)
 def test_complete_events_ahead_of_an_oversized_one_in_the_same_read_are_kept() -> None:
     splitter = SseSplitter(100)
     small = b"data: a\n\n"
