@@ -275,6 +275,13 @@ class _Door(HttpToolsProtocol):
             super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        url = self.url.lower()
+        if url.startswith((b"http://", b"https://")):
+            # An absolute-form target (RFC 9112 3.2.2): its authority is the request's
+            # host, whatever Host says, so that is what the Host check must see.
+            authority = self.url.split(b"/", 3)[2]
+            self.headers[:] = [(n, v) for n, v in self.headers if n != b"host"]
+            self.headers.append((b"host", authority))
         self._phase = "body"
         self._cancel(self._head_timer)
         self._head_timer = None

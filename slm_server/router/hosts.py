@@ -3,7 +3,9 @@ is made to resolve to 127.0.0.1 can reach the router from the user's browser, bu
 requests still say ``Host: evil.example``. Allowed: any IP address (a page cannot
 rebind an address), ``localhost`` and ``*.localhost``, the router's configured host,
 and the names in ``SLM_ALLOWED_HOSTS`` (``*`` there turns the check off). A request
-without ``Host`` (HTTP/1.0) passes. Others get 421 before anything else is read."""
+without ``Host`` (HTTP/1.0) passes; one with two is a 400. Others get 421 before
+anything else is read. (An absolute-form target's authority replaces ``Host`` at the
+door, :mod:`slm_server.router.door`.)"""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from slm_server.errors import MisdirectedRequest
+from slm_server.errors import InvalidRequest, MisdirectedRequest
 from slm_server.router.reject import reject
 
 MAX_SHOWN = 100
@@ -64,8 +66,15 @@ class HostCheck:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw = next((v for k, v in scope["headers"] if k == b"host"), None)
-        header = None if raw is None else raw.decode("latin-1")
+        hosts = [v for k, v in scope["headers"] if k == b"host"]
+        if len(hosts) > 1:  # RFC 9112 3.2: which one would the backend believe?
+            await reject(
+                scope,
+                send,
+                InvalidRequest("The request has more than one Host header", code="duplicate_host"),
+            )
+            return
+        header = hosts[0].decode("latin-1") if hosts else None
         if self.allowed(header):
             await self.app(scope, receive, send)
             return

@@ -16,18 +16,17 @@ USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def check_json_type(content_type: str | None) -> None:
-    """415 unless the request says its body is JSON (``application/json`` or any
-    ``application/*+json``, with or without parameters), or says nothing. A browser
-    page on any site may POST ``text/plain`` (or a form) to 127.0.0.1 without asking
-    first; no client of a JSON API sends those."""
-    if content_type is None:
-        return
-    media = content_type.split(";", 1)[0].strip().lower()
+    """415 unless the request says its body is JSON: ``application/json`` or any
+    ``application/*+json``, with or without parameters. A browser page on any site may
+    POST ``text/plain``, a form, or a body with no type at all (a ``Blob`` in a
+    ``no-cors`` fetch) to 127.0.0.1 without asking first; a JSON type it cannot send
+    without a preflight, and every client of a JSON API sends one."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == "application/json" or (
         media.startswith("application/") and media.endswith("+json")
     ):
         return
-    shown = media[:100] or "an empty one"
+    shown = media[:100] or "none"
     raise UnsupportedMediaType(
         f"This endpoint takes a JSON body: send Content-Type: application/json (not {shown})"
     )

@@ -108,7 +108,9 @@ def test_client_garbage_is_refused_and_never_counts_against_the_backend(tmp_path
             assert stack.state("standard")["state"] == "ready"
 
             valid = json.dumps({"model": MODEL, "messages": json.loads(HELLO)}).encode()
-            response = client.post("/v1/chat/completions", content=valid)
+            response = client.post(
+                "/v1/chat/completions", content=valid, headers={"content-type": "application/json"}
+            )
             assert response.status_code == 200
             [record] = fake_requests(stack)
             assert record["body"] == json.loads(valid)
