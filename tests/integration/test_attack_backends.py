@@ -6,17 +6,14 @@ an answer over the cap without Content-Length."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.processes import ROOT, free_port, http_ok, poll, registry_env, running_router
+from tests.integration.raw_stack import Raw, raw_stack
+from tests.processes import http_ok
 
 MODEL = "raw-attack"
 CHAT = "/v1/chat/completions"
@@ -26,6 +23,7 @@ SSE_HEAD = (
 )
 EVENT_LIMIT = 8 * 1024  # SLM_MAX_SSE_EVENT_MB below, in bytes (0.0078125 MiB)
 ANSWER_LIMIT = 64 * 1024
+MIB = 1024 * 1024
 
 
 def delta(text: str) -> str:
@@ -39,54 +37,12 @@ def delta(text: str) -> str:
     return f"data: {json.dumps(chunk)}\n\n"
 
 
-@dataclass
-class Raw:
-    script_path: Path
-    url: str
-
-    def script(self, *steps: dict[str, Any]) -> None:
-        staged = self.script_path.with_suffix(".tmp")
-        staged.write_text(json.dumps({"steps": list(steps)}))
-        staged.replace(self.script_path)
-
-
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Raw]:
     tmp = tmp_path_factory.mktemp("raw-attack")
-    port = free_port()
-    script = tmp / "script.json"
-    with (tmp / "raw.out").open("wb") as log:
-        backend = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "tests.fakes.raw_backend"),
-                *("--port", str(port), "--script", str(script)),
-            ],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            poll(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 15, "the raw backend")
-            entry = {
-                "id": MODEL,
-                "backend": "llamacpp",
-                "port": port,
-                "model_path": "models/none.gguf",
-                "default_timeout": 10,
-                "quantization": "Q4_0",
-            }
-            env = registry_env(
-                tmp,
-                {MODEL: entry},
-                SLM_MAX_SSE_EVENT_MB=str(EVENT_LIMIT / (1024 * 1024)),
-                SLM_MAX_ANSWER_MB=str(ANSWER_LIMIT / (1024 * 1024)),
-            )
-            with running_router(env, tmp) as (_, url):
-                yield Raw(script, url)
-        finally:
-            backend.terminate()
-            backend.wait(10)
+    limits = {"answer_limit_mb": ANSWER_LIMIT / MIB, "event_limit_mb": EVENT_LIMIT / MIB}
+    with raw_stack(tmp, MODEL, **limits) as stack:
+        yield stack
 
 
 def stream(raw: Raw) -> bytes:

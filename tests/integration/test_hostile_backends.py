@@ -7,21 +7,15 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 
-from tests.processes import ROOT, free_port, http_ok, poll, registry_env, running_router
+from tests.integration.raw_stack import Raw, raw_stack
 
 MODEL = "raw"
 CHAT = "/v1/chat/completions"
@@ -37,70 +31,11 @@ ANSWER_LIMIT_MB = 1
 EVENT_LIMIT_MB = 1
 
 
-@dataclass
-class Raw:
-    """The raw backend process, the router in front of it, and the router's pid."""
-
-    script_path: Path
-    url: str
-    router_pid: int
-
-    def script(
-        self, *steps: dict[str, Any], by_path: dict[str, list[dict[str, Any]]] | None = None
-    ) -> None:
-        staged = self.script_path.with_suffix(".tmp")
-        staged.write_text(json.dumps({"steps": list(steps), "by_path": by_path or {}}))
-        staged.replace(self.script_path)
-
-    def rss_mb(self) -> float:
-        return float(psutil.Process(self.router_pid).memory_info().rss) / 1e6
-
-    def healthy_within(self, seconds: float = 1.0) -> bool:
-        started = time.monotonic()
-        ok = http_ok(f"{self.url}/health")
-        return ok and time.monotonic() - started < seconds
-
-
-@contextmanager
-def raw_stack(tmp: Path) -> Iterator[Raw]:
-    port = free_port()
-    script = tmp / "script.json"
-    log = (tmp / "raw.out").open("wb")
-    command = [sys.executable, "-m", "tests.fakes.raw_backend"]
-    backend = subprocess.Popen(
-        [*command, "--port", str(port), "--script", str(script)],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        poll(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 15, "the raw backend")
-        entry = {
-            "id": MODEL,
-            "backend": "llamacpp",
-            "port": port,
-            "model_path": "models/none.gguf",
-            "default_timeout": 10,
-            "quantization": "Q4_0",
-        }
-        env = registry_env(
-            tmp,
-            {"raw": entry},
-            SLM_MAX_ANSWER_MB=str(ANSWER_LIMIT_MB),
-            SLM_MAX_SSE_EVENT_MB=str(EVENT_LIMIT_MB),
-        )
-        with running_router(env, tmp) as (router, url):
-            yield Raw(script, url, router.pid)
-    finally:
-        backend.terminate()
-        backend.wait(10)
-        log.close()
-
-
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Raw]:
-    with raw_stack(tmp_path_factory.mktemp("raw")) as stack:
+    tmp = tmp_path_factory.mktemp("raw")
+    limits = {"answer_limit_mb": ANSWER_LIMIT_MB, "event_limit_mb": EVENT_LIMIT_MB}
+    with raw_stack(tmp, MODEL, **limits) as stack:
         yield stack
 
 

@@ -1,0 +1,83 @@
+"""A raw-socket backend (:mod:`tests.fakes.raw_backend`) with the real router in front
+of it, for tests of hostile backends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.processes import ROOT, free_port, http_ok, poll, registry_env, running_router
+
+
+@dataclass
+class Raw:
+    """The raw backend process, the router in front of it, and the router's pid."""
+
+    script_path: Path
+    url: str
+    router_pid: int
+
+    def script(
+        self, *steps: dict[str, Any], by_path: dict[str, list[dict[str, Any]]] | None = None
+    ) -> None:
+        staged = self.script_path.with_suffix(".tmp")
+        staged.write_text(json.dumps({"steps": list(steps), "by_path": by_path or {}}))
+        staged.replace(self.script_path)
+
+    def rss_mb(self) -> float:
+        return float(psutil.Process(self.router_pid).memory_info().rss) / 1e6
+
+    def healthy_within(self, seconds: float = 1.0) -> bool:
+        started = time.monotonic()
+        ok = http_ok(f"{self.url}/health")
+        return ok and time.monotonic() - started < seconds
+
+
+@contextmanager
+def raw_stack(
+    tmp: Path, model: str, *, answer_limit_mb: float, event_limit_mb: float
+) -> Iterator[Raw]:
+    """The raw backend serving ``model`` and a router in front of it, with these limits
+    (SLM_MAX_ANSWER_MB, SLM_MAX_SSE_EVENT_MB)."""
+    port = free_port()
+    script = tmp / "script.json"
+    log = (tmp / "raw.out").open("wb")
+    command = [sys.executable, "-m", "tests.fakes.raw_backend"]
+    backend = subprocess.Popen(
+        [*command, "--port", str(port), "--script", str(script)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        poll(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 15, "the raw backend")
+        entry = {
+            "id": model,
+            "backend": "llamacpp",
+            "port": port,
+            "model_path": "models/none.gguf",
+            "default_timeout": 10,
+            "quantization": "Q4_0",
+        }
+        env = registry_env(
+            tmp,
+            {"raw": entry},
+            SLM_MAX_ANSWER_MB=str(answer_limit_mb),
+            SLM_MAX_SSE_EVENT_MB=str(event_limit_mb),
+        )
+        with running_router(env, tmp) as (router, url):
+            yield Raw(script, url, router.pid)
+    finally:
+        backend.terminate()
+        backend.wait(10)
+        log.close()
