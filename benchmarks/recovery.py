@@ -134,10 +134,19 @@ def kill_trial(workdir: Path, index: int) -> dict[str, Any]:
     }
 
 
-def stop_trial(workdir: Path, index: int) -> dict[str, Any]:
-    models = smollm_models()
-    model = models[ROLE]["id"]
-    env = {**FAST_WATCHDOG, "SLM_LLAMA_SERVER_BIN": llama_server_bin()}
+def _wedged_trial(
+    kind: str,
+    index: int,
+    workdir: Path,
+    models: dict[str, dict[str, Any]],
+    env: dict[str, str],
+    wedge: Callable[[int], None],
+    unwedge: Callable[[int], None],
+) -> dict[str, Any]:
+    """Past the startup grace, ``wedge`` the backend (given its pid) while two clients
+    stream through the router; time the watchdog's events from that moment until the
+    first success after the restart. ``unwedge`` runs on the old pid afterwards."""
+    model = str(models[ROLE]["id"])
     with launcher(workdir, models, env) as launched, router_for(workdir, launched.env) as router:
         _first_success(router.url, model, time.perf_counter())
         started_at = float(launched.states()[ROLE]["started_at"])
@@ -145,7 +154,7 @@ def stop_trial(workdir: Path, index: int) -> dict[str, Any]:
         poll(lambda: time.time() > started_at + grace + 0.1, 10, "the startup grace to pass")
         pid = int(launched.states()[ROLE]["pid"])
         wall, started = time.time(), time.perf_counter()
-        os.kill(pid, signal.SIGSTOP)
+        wedge(pid)
         stop_clients = threading.Event()
         clients = _streaming_clients(router.url, model, stop_clients)
         try:
@@ -157,12 +166,11 @@ def stop_trial(workdir: Path, index: int) -> dict[str, Any]:
             begun = _event_after(launched, "restart_started", wall, old_pid=pid)
         finally:
             stop_clients.set()
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGCONT)
+            unwedge(pid)
             for thread in clients:
                 thread.join(15)
     return {
-        "kind": "stop",
+        "kind": kind,
         "trial": index,
         "restart_requested_s": _wall(requested["ts"]) - wall,
         "restart_confirmed_s": _wall(confirmed["ts"]) - wall,
@@ -187,52 +195,33 @@ def _streaming_clients(url: str, model: str, stop: threading.Event) -> list[thre
     return clients
 
 
+def stop_trial(workdir: Path, index: int) -> dict[str, Any]:
+    def resume(pid: int) -> None:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGCONT)
+
+    env = {**FAST_WATCHDOG, "SLM_LLAMA_SERVER_BIN": llama_server_bin()}
+
+    def stop(pid: int) -> None:
+        os.kill(pid, signal.SIGSTOP)
+
+    return _wedged_trial("stop", index, workdir, smollm_models(), env, stop, resume)
+
+
 def stalled_trial(workdir: Path, index: int) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     entry = fake_entry(workdir, ROLE, default_timeout=3)
-    model = str(entry["id"])
     env = {
         **FAST_WATCHDOG,
         "SLM_LLAMA_SERVER_BIN": str(FAKE_LLAMA_SERVER),
         "FAKE_BACKEND_PYTHON": sys.executable,
     }
-    with (
-        launcher(workdir, {ROLE: entry}, env) as launched,
-        router_for(workdir, launched.env) as router,
-    ):
-        _first_success(router.url, model, time.perf_counter())
-        started_at = float(launched.states()[ROLE]["started_at"])
-        grace = float(FAST_WATCHDOG["SLM_WATCHDOG_STARTUP_GRACE_SECONDS"])
-        poll(lambda: time.time() > started_at + grace + 0.1, 10, "the startup grace to pass")
-        pid = int(launched.states()[ROLE]["pid"])
+
+    def stall(_pid: int) -> None:
         control = f"http://127.0.0.1:{entry['port']}/_control"
-        wall, started = time.time(), time.perf_counter()
         httpx.post(control, json={"stall": True}, timeout=5, trust_env=False).raise_for_status()
-        stop_clients = threading.Event()
-        clients = _streaming_clients(router.url, model, stop_clients)
-        try:
-            restarted = _event_after(launched, "restart_succeeded", wall, old_pid=pid)
-            stop_clients.set()
-            first_ok, statuses = _first_success(router.url, model, started)
-            requested = _event_after(launched, "restart_requested", wall)
-            confirmed = _event_after(launched, "restart_confirmed", wall)
-            begun = _event_after(launched, "restart_started", wall, old_pid=pid)
-        finally:
-            stop_clients.set()
-            for thread in clients:
-                thread.join(15)
-    return {
-        "kind": "stalled",
-        "trial": index,
-        "restart_requested_s": _wall(requested["ts"]) - wall,
-        "restart_confirmed_s": _wall(confirmed["ts"]) - wall,
-        "confirm_rule": confirmed.get("rule"),
-        "restart_started_s": _wall(begun["ts"]) - wall,
-        "restart_succeeded_s": _wall(restarted["ts"]) - wall,
-        "first_success_s": first_ok,
-        "restart_reason": restarted.get("reason"),
-        "statuses_before_success": {str(k): v for k, v in statuses.items()},
-    }
+
+    return _wedged_trial("stalled", index, workdir, {ROLE: entry}, env, stall, lambda _pid: None)
 
 
 def run_trials(plan: Plan, workdir: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
