@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 class GatewayError(Exception):
     """Base of every error the router answers with; carries its own HTTP rendering."""
 
-    status: ClassVar[int] = 500
+    status: int = 500  # a class's own; an instance may carry another (see HttpStatusError)
     error_type: ClassVar[str] = "server_error"
     default_code: ClassVar[str] = "internal_error"
 
@@ -70,6 +70,17 @@ class GatewayError(Exception):
     def sse_event(self) -> bytes:
         """The in-band rendering, for a stream whose headers were already sent."""
         return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
+
+
+class HttpStatusError(GatewayError):
+    """A refusal with a status of its own (Starlette's 404/405 for unknown routes and
+    methods, the door's 408/414/431): ``invalid_request_error``, never retried."""
+
+    error_type = "invalid_request_error"
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message, code=code)
+        self.status = status
 
 
 class InvalidRequest(GatewayError):

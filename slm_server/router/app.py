@@ -11,11 +11,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from slm_server.config import ModelSpec, RegistryFile
-from slm_server.errors import GatewayError
+from slm_server.errors import GatewayError, HttpStatusError
 from slm_server.metrics import Metrics
 from slm_server.registry import Registry
 from slm_server.router.auth import ApiKeys
@@ -51,33 +51,18 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
-async def _http_error(_request: Request, exc: Exception) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    kind = "not_found" if exc.status_code == 404 else "method_not_allowed"
-    if exc.status_code not in (404, 405):
-        kind = "http_error"
-    body = {
-        "error": {
-            "message": str(exc.detail),
-            "type": "invalid_request_error",
-            "code": kind,
-            "param": None,
-        }
-    }
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    error = HttpStatusError(exc.status_code, str(exc.detail), code)
+    response = error_response(error)
+    response.headers.update(exc.headers or {})
+    return response
 
 
 async def _unexpected_error(_request: Request, exc: Exception) -> Response:
     log.exception("unexpected error while handling a request", exc_info=exc)
-    body = {
-        "error": {
-            "message": "The router failed unexpectedly; see its log for details",
-            "type": "server_error",
-            "code": "internal_error",
-            "param": None,
-        }
-    }
-    return JSONResponse(body, status_code=500)
+    return error_response(GatewayError("The router failed unexpectedly; see its log for details"))
 
 
 def create_app(

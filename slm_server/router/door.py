@@ -32,30 +32,18 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from slm_server.errors import GatewayError
+from slm_server.errors import HttpStatusError
 from slm_server.settings import DoorLimits
-
-
-class DoorRefusal(GatewayError):
-    """What the door answers (``status`` 408, 414 or 431), always closing the
-    connection."""
-
-    error_type = "invalid_request_error"
-
-    def __init__(self, status: int, message: str, code: str) -> None:
-        super().__init__(message, code=code)
-        self.door_status = status
-
 
 REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 
 
-def refusal_bytes(refusal: DoorRefusal) -> bytes:
+def refusal_bytes(refusal: HttpStatusError) -> bytes:
     body = json.dumps(refusal.body()).encode()
-    reason = REASONS.get(refusal.door_status, b"Bad Request")
+    reason = REASONS.get(refusal.status, b"Bad Request")
     return b"".join(
         [
-            b"HTTP/1.1 %d %s\r\n" % (refusal.door_status, reason),
+            b"HTTP/1.1 %d %s\r\n" % (refusal.status, reason),
             b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body),
             b"connection: close\r\n\r\n",
@@ -91,7 +79,7 @@ class _Door(HttpToolsProtocol):
         self._chunked = False
         self._body_fed = 0
         self._body_delivered = 0
-        self._refusal: DoorRefusal | None = None
+        self._refusal: HttpStatusError | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -126,7 +114,7 @@ class _Door(HttpToolsProtocol):
         self._head_timer = None
         timeout = self.limits.header_timeout_seconds
         self._answer_and_close(
-            DoorRefusal(
+            HttpStatusError(
                 408, f"The request's headers did not arrive within {timeout:g}s", "header_timeout"
             )
         )
@@ -135,10 +123,10 @@ class _Door(HttpToolsProtocol):
         self._body_timer = None
         stall = self.limits.body_stall_seconds
         self._answer_and_close(
-            DoorRefusal(408, f"No byte of the request body for {stall:g}s", "body_timeout")
+            HttpStatusError(408, f"No byte of the request body for {stall:g}s", "body_timeout")
         )
 
-    def _answer_and_close(self, refusal: DoorRefusal) -> None:
+    def _answer_and_close(self, refusal: HttpStatusError) -> None:
         """Answer ``refusal`` unless a response is already under way, and close."""
         if self.transport.is_closing():
             return
@@ -218,7 +206,7 @@ class _Door(HttpToolsProtocol):
             framing = self._body_fed - self._body_delivered
             allowed = self.limits.max_header_bytes + self._body_delivered // 4 + SLICE
             if framing > allowed:
-                self._refusal = DoorRefusal(
+                self._refusal = HttpStatusError(
                     431,
                     "The request's chunked body carries more than "
                     f"{self.limits.max_header_bytes} bytes of framing and trailer",
@@ -250,7 +238,7 @@ class _Door(HttpToolsProtocol):
         self._url_bytes += len(url)
         if self._url_bytes > self.limits.max_url_bytes:
             self._refuse(
-                DoorRefusal(
+                HttpStatusError(
                     414,
                     f"The request line is longer than {self.limits.max_url_bytes} bytes",
                     "url_too_long",
@@ -265,7 +253,7 @@ class _Door(HttpToolsProtocol):
             self._refuse(self._too_many_header_bytes())
         if self._header_count > self.limits.max_headers:
             self._refuse(
-                DoorRefusal(
+                HttpStatusError(
                     431,
                     f"The request has more than {self.limits.max_headers} headers",
                     "too_many_headers",
@@ -303,14 +291,14 @@ class _Door(HttpToolsProtocol):
         super().on_message_complete()
         self._arm_idle()
 
-    def _too_many_header_bytes(self) -> DoorRefusal:
-        return DoorRefusal(
+    def _too_many_header_bytes(self) -> HttpStatusError:
+        return HttpStatusError(
             431,
             f"The request's headers are larger than {self.limits.max_header_bytes} bytes",
             "headers_too_large",
         )
 
-    def _refuse(self, refusal: DoorRefusal) -> None:
+    def _refuse(self, refusal: HttpStatusError) -> None:
         """Stop parsing: raising inside a callback makes httptools give up on the data."""
         self._refusal = refusal
         raise httptools.HttpParserError(refusal.message)
