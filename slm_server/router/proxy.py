@@ -240,16 +240,13 @@ class Proxy:
     async def _gather(
         self, spec: ModelSpec, upstream: UpstreamResponse, progress: Progress
     ) -> bytes:
-        """The whole body, piece by piece as it arrives."""
+        """The whole body, piece by piece as it arrives (the caller closes ``upstream``)."""
         parts: list[bytes] = []
         progress.waiting(time.perf_counter())
-        try:
-            async for part in self.upstream.iter_bounded(spec, upstream, self.max_answer):
-                progress.arrived()
-                parts.append(part)
-                progress.waiting(time.perf_counter())
-        finally:
-            upstream.close()
+        async for part in self.upstream.iter_bounded(spec, upstream, self.max_answer):
+            progress.arrived()
+            parts.append(part)
+            progress.waiting(time.perf_counter())
         return b"".join(parts)
 
     async def _watched(
