@@ -70,14 +70,14 @@ def cmd_backends(settings: Settings) -> int:
 def cmd_router(settings: Settings) -> int:
     import uvicorn
 
-    from slm_server.router.app import create_app
+    from slm_server.router.app import production_app
     from slm_server.router.door import door_protocol
     from slm_server.router.drain import Drain, DrainingServer
 
     _setup_logging("router", settings)
     registry = load_registry(settings.config_path)
     drain = Drain(settings.serving.drain_timeout_seconds)
-    app = create_app(settings, registry, drain)
+    app = production_app(settings, registry, drain)
     logging.getLogger("slm_server.router").info(
         "routing %d model(s) on http://%s:%d",
         len(registry.enabled),

@@ -26,7 +26,7 @@ from starlette.responses import Response
 
 from slm_server.config import ModelSpec
 from slm_server.registry import Registry
-from slm_server.router.backend_state import StateView
+from slm_server.router.backend_state import StateSource
 from slm_server.router.exchange import Exchange
 from slm_server.supervise.classify import FailureClass, Outcome
 from slm_server.supervise.states import State
@@ -119,7 +119,7 @@ def outcome_of(exchange: Exchange) -> str:
 class Metrics:
     """The metrics of one router app; ``observe`` each finished exchange."""
 
-    def __init__(self, registry: Registry, states: StateView) -> None:
+    def __init__(self, registry: Registry, states: StateSource) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.live: dict[int, Exchange] = {}  # by id(): an Exchange is not hashable
         # Labelled children by label values: ``labels()`` costs more than a lookup.
@@ -243,7 +243,7 @@ class LiveState(Collector):
     """Gauges computed at scrape time: requests in flight, each backend's state as the
     supervisor published it, and its restarts by reason."""
 
-    def __init__(self, registry: Registry, states: StateView, live: dict[int, Exchange]) -> None:
+    def __init__(self, registry: Registry, states: StateSource, live: dict[int, Exchange]) -> None:
         self.models = registry.models
         self.enabled_ids = tuple(dict.fromkeys(s.entry.id for s in registry.enabled))
         self.states = states

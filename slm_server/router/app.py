@@ -1,11 +1,18 @@
-"""The router application: ``create_app`` wires settings, registry and upstream clients."""
+"""The router application.
+
+``create_app`` builds the router from its dependencies (:class:`Dependencies`: the
+upstream transport, the source of backend states, the watchdog's event sink, the
+admission gates, telemetry, metrics and the drain); ``production_app`` is the one place
+that makes the real ones from the settings. Tests hand ``create_app`` fakes.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -18,17 +25,18 @@ from slm_server.config import ModelSpec, RegistryFile
 from slm_server.errors import GatewayError, HttpStatusError
 from slm_server.metrics import Metrics
 from slm_server.registry import Registry
+from slm_server.router.admission import Gate
 from slm_server.router.auth import ApiKeys
-from slm_server.router.backend_state import StateView
+from slm_server.router.backend_state import StateSource, StateView
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import exchange_of
 from slm_server.router.hosts import HostCheck
 from slm_server.router.info import Info, error_response
 from slm_server.router.middleware import RequestObserver
 from slm_server.router.proxy import Proxy
-from slm_server.router.upstream import Upstream
+from slm_server.router.upstream import Transport, Upstream
 from slm_server.settings import Settings
-from slm_server.supervise.events import EventLog
+from slm_server.supervise.events import EventLog, EventSink
 from slm_server.supervise.tripwire import Tripwire
 from slm_server.telemetry import Telemetry
 
@@ -65,14 +73,32 @@ async def _unexpected_error(_request: Request, exc: Exception) -> Response:
     return error_response(GatewayError("The router failed unexpectedly; see its log for details"))
 
 
-def create_app(
-    settings: Settings, registry_file: RegistryFile, drain: Drain | None = None
-) -> Starlette:
-    """The router, serving the enabled models of ``registry_file``; ``drain`` is the
-    shutdown state the server shares with it (``app.state.drain``)."""
-    drain = drain or Drain(settings.serving.drain_timeout_seconds)
-    registry = Registry(registry_file.models)
-    events = EventLog(settings.watchdog.log_path)
+@dataclass(frozen=True)
+class Dependencies:
+    """Everything the router talks to or shares, made outside it."""
+
+    upstream: Transport
+    states: StateSource
+    events: EventSink
+    gates: Mapping[str, Gate]  # admission, by role
+    telemetry: Telemetry
+    metrics: Metrics
+    drain: Drain
+
+
+def gates_for(registry: Registry) -> dict[str, Gate]:
+    """One admission gate per enabled model, sized by its entry."""
+    return {
+        spec.role: Gate(spec.entry.id, spec.entry.max_concurrency, spec.entry.max_queue)
+        for spec in registry.enabled
+    }
+
+
+def production_dependencies(
+    settings: Settings, registry: Registry, drain: Drain | None = None
+) -> Dependencies:
+    """The real dependencies: pooled HTTP to the backends, the supervisor's state file,
+    the watchdog log, telemetry and metrics as the settings say."""
     states = StateView(settings.state_path)
 
     def health_path(spec: ModelSpec) -> str:
@@ -86,11 +112,39 @@ def create_app(
         settings.health_probe_timeout_seconds,
         health_path,
     )
-    telemetry = Telemetry(settings.telemetry)
-    metrics = Metrics(registry, states)
-    tripwire = Tripwire(settings.watchdog, events, on_failure=metrics.count_failure)
-    proxy = Proxy(settings, registry, upstream, tripwire, states, drain)
-    info = Info(registry, upstream, tripwire, states, proxy.gates)
+    return Dependencies(
+        upstream=upstream,
+        states=states,
+        events=EventLog(settings.watchdog.log_path),
+        gates=gates_for(registry),
+        telemetry=Telemetry(settings.telemetry),
+        metrics=Metrics(registry, states),
+        drain=drain or Drain(settings.serving.drain_timeout_seconds),
+    )
+
+
+def production_app(
+    settings: Settings, registry_file: RegistryFile, drain: Drain | None = None
+) -> Starlette:
+    """The router as ``slm_server router`` serves it; ``drain`` is the shutdown state
+    the server shares with it (``app.state.drain``)."""
+    registry = Registry(registry_file.models)
+    deps = production_dependencies(settings, registry, drain)
+    return create_app(settings, registry_file, deps, registry)
+
+
+def create_app(
+    settings: Settings,
+    registry_file: RegistryFile,
+    deps: Dependencies,
+    registry: Registry | None = None,
+) -> Starlette:
+    """The router serving the enabled models of ``registry_file`` through ``deps``."""
+    registry = registry or Registry(registry_file.models)
+    drain, upstream, telemetry, metrics = deps.drain, deps.upstream, deps.telemetry, deps.metrics
+    tripwire = Tripwire(settings.watchdog, deps.events, on_failure=metrics.count_failure)
+    proxy = Proxy(settings, registry, upstream, tripwire, deps.states, drain, deps.gates)
+    info = Info(registry, upstream, tripwire, deps.states, proxy.gates)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -143,4 +197,4 @@ def create_app(
     return app
 
 
-__all__ = ["create_app"]
+__all__ = ["Dependencies", "create_app", "production_app", "production_dependencies"]

@@ -10,12 +10,30 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Protocol
 
 from slm_server.records import BackendState, StateFile, pid_alive, read_state_file
 
 # How long a launcher whose pid and create time matched is trusted on its pid alone.
 REVERIFY_SECONDS = 1.0
 STAT_EVERY_SECONDS = 0.02
+
+
+class StateSource(Protocol):
+    """The supervisor's published states as the router reads them: :class:`StateView`
+    over the state file in production."""
+
+    def get(self, role: str, port: int) -> BackendState | None:
+        """The published state of the backend with this role and port, if any."""
+        ...
+
+    def planned(self, role: str, port: int) -> BackendState | None:
+        """What a running launcher published for this backend; None without one."""
+        ...
+
+    def launcher_alive(self) -> bool:
+        """Whether the process that published the states still runs."""
+        ...
 
 
 class StateView:

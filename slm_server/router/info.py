@@ -14,8 +14,8 @@ from slm_server.config import ModelSpec
 from slm_server.errors import GatewayError
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate
-from slm_server.router.backend_state import StateView
-from slm_server.router.upstream import Upstream
+from slm_server.router.backend_state import StateSource
+from slm_server.router.upstream import Transport
 from slm_server.supervise.tripwire import Tripwire
 
 
@@ -25,9 +25,9 @@ class Info:
     def __init__(
         self,
         registry: Registry,
-        upstream: Upstream,
+        upstream: Transport,
         tripwire: Tripwire,
-        states: StateView,
+        states: StateSource,
         gates: Mapping[str, Gate],
     ) -> None:
         self.gates = gates

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -25,7 +25,7 @@ from slm_server.errors import (
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate, Slot
 from slm_server.router.answer import answer_fields
-from slm_server.router.backend_state import StateView
+from slm_server.router.backend_state import StateSource
 from slm_server.router.budget import BodyBudget, Held
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import Exchange, exchange_of
@@ -50,11 +50,15 @@ from slm_server.router.sse import SseTap
 from slm_server.router.strict_json import dumps_body
 from slm_server.router.upstream import (
     RETRY_AFTER_SECONDS,
-    Upstream,
+    Transport,
     UpstreamResponse,
     backend_error_body,
     content_encoding,
     forward_headers,
+    iter_bounded,
+    iter_raw,
+    iter_sse,
+    read_all,
 )
 from slm_server.settings import Settings
 from slm_server.supervise.classify import HEALTHY, classify_status, outcome_of
@@ -81,10 +85,11 @@ class Proxy:
         self,
         settings: Settings,
         registry: Registry,
-        upstream: Upstream,
+        upstream: Transport,
         tripwire: Tripwire,
-        states: StateView,
+        states: StateSource,
         drain: Drain,
+        gates: Mapping[str, Gate],
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -92,10 +97,7 @@ class Proxy:
         self.tripwire = tripwire
         self.states = states
         self.drain = drain
-        self.gates = {
-            spec.role: Gate(spec.entry.id, spec.entry.max_concurrency, spec.entry.max_queue)
-            for spec in registry.enabled
-        }
+        self.gates = gates
         self.max_body = settings.serving.max_body_bytes
         self.max_answer = settings.serving.max_answer_bytes
         self.bodies = BodyBudget(settings.serving.max_bodies_in_flight_bytes)
@@ -226,7 +228,7 @@ class Proxy:
         started = time.perf_counter()
         try:
             if progress is None:
-                content = await self.upstream.read(spec, upstream, self.max_answer)
+                content = await read_all(spec, upstream, self.max_answer)
             else:
                 content = await self._gather(spec, upstream, progress)
         except GatewayError as error:
@@ -243,7 +245,7 @@ class Proxy:
         """The whole body, piece by piece as it arrives (the caller closes ``upstream``)."""
         parts: list[bytes] = []
         progress.waiting(time.perf_counter())
-        async for part in self.upstream.iter_bounded(spec, upstream, self.max_answer):
+        async for part in iter_bounded(spec, upstream, self.max_answer):
             progress.arrived()
             parts.append(part)
             progress.waiting(time.perf_counter())
@@ -424,9 +426,7 @@ class Proxy:
                 code="upstream_encoded",
             )
         if exchange.stream and streams and translate is None:
-            chunks = self._watched(
-                spec, self.upstream.iter_raw(spec, upstream), timer, exchange, noted
-            )
+            chunks = self._watched(spec, iter_raw(spec, upstream), timer, exchange, noted)
             if encoding is not None:  # the bytes as they came: the client decodes them
                 return StreamRelay(
                     chunks,
@@ -449,7 +449,7 @@ class Proxy:
         if exchange.stream and streams and translate is not None:
             translator = ResponseStreamTranslator(translate)
             events = self._watched(
-                spec, self.upstream.iter_sse(spec, upstream, self.max_event), timer, exchange, noted
+                spec, iter_sse(spec, upstream, self.max_event), timer, exchange, noted
             )
             return StreamRelay(
                 self._translated(events, translator, exchange),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, overload
 
 from slm_server.config import ModelSpec
 from slm_server.errors import (
@@ -30,13 +30,41 @@ from slm_server.http1 import (
     InvalidStatus,
     Pool,
     ReadTimeout,
-    Response,
 )
 from slm_server.router.sse import DONE, SseSplitter, data_object
 
-# An opened backend response: ``status_code``, ``headers`` (case-insensitive ``get``),
-# ``aclose()``; its body is read through :class:`Upstream`.
-UpstreamResponse = Response
+
+class ResponseHeaders(Protocol):
+    """A response's headers, looked up by lower-case name."""
+
+    @overload
+    def get(self, name: str) -> str | None: ...
+    @overload
+    def get(self, name: str, default: str) -> str: ...
+
+
+class UpstreamResponse(Protocol):
+    """An opened backend response (:class:`slm_server.http1.Response` in production):
+    status and headers, and a body read with :func:`read_all`, :func:`iter_raw`,
+    :func:`iter_bounded` or :func:`iter_sse`."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> ResponseHeaders: ...
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body has arrived, so that reading it never waits."""
+        ...
+
+    async def receive(self) -> bytes:
+        """The next piece of the body, ``b""`` once it is complete; raises
+        :class:`slm_server.http1.HttpError` (or a gateway error) on a broken body."""
+        ...
+
+    def close(self) -> None: ...
+    async def aclose(self) -> None: ...
+
 
 RETRY_AFTER_SECONDS = 5.0
 # Hop-by-hop and framing headers are the transport's business, never forwarded.
@@ -111,6 +139,24 @@ class Probe:
     http_status: int | None = None
 
 
+class Transport(Protocol):
+    """What the router needs from the HTTP client that talks to backends: the
+    production one is :class:`Upstream`; tests hand the router a scripted fake."""
+
+    async def open(
+        self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        """POST ``body`` and return once status and headers arrived; transport
+        failures raised as gateway errors."""
+        ...
+
+    async def probe(self, spec: ModelSpec) -> Probe:
+        """One short health probe of the backend."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class Upstream:
     """Pooled HTTP connections to every enabled backend."""
 
@@ -149,54 +195,6 @@ class Upstream:
         except HttpError as exc:
             raise translate(exc, spec) from exc
 
-    async def read(self, spec: ModelSpec, response: UpstreamResponse, max_bytes: int) -> bytes:
-        """The whole body of an opened response, at most ``max_bytes`` (else
-        :class:`AnswerTooLarge`, refused on its ``Content-Length`` before any of it is
-        read when it states one); always closes it."""
-        try:
-            return b"".join([part async for part in self.iter_bounded(spec, response, max_bytes)])
-        finally:
-            response.close()
-
-    async def iter_bounded(
-        self, spec: ModelSpec, response: UpstreamResponse, max_bytes: int
-    ) -> AsyncIterator[bytes]:
-        """:meth:`iter_raw`, ended with :class:`AnswerTooLarge` past ``max_bytes``."""
-        stated = response.headers.get("content-length", "")
-        if stated.isdigit() and int(stated) > max_bytes:
-            raise _too_large(spec, max_bytes)
-        size = 0
-        async for part in self.iter_raw(spec, response):
-            size += len(part)
-            if size > max_bytes:
-                raise _too_large(spec, max_bytes)
-            yield part
-
-    async def iter_raw(self, spec: ModelSpec, response: UpstreamResponse) -> AsyncIterator[bytes]:
-        """The body of an opened response, piece by piece as it arrives."""
-        receive = response.receive
-        try:
-            while chunk := await receive():
-                yield chunk
-        except HttpError as exc:
-            raise translate(exc, spec) from exc
-
-    async def iter_sse(
-        self, spec: ModelSpec, response: UpstreamResponse, max_event_bytes: int
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The JSON objects of an opened SSE response's events, until ``[DONE]``."""
-        splitter = SseSplitter(max_event_bytes)
-        async for chunk in self.iter_raw(spec, response):
-            for event in splitter.feed(chunk):
-                value = _event_object(spec, event)
-                if value is DONE:
-                    return
-                if value is not None:
-                    yield value
-        value = _event_object(spec, splitter.flush())
-        if value is not None and value is not DONE:
-            yield value
-
     async def probe(self, spec: ModelSpec) -> Probe:
         """``GET /health`` on the backend with a short timeout."""
         pool = self._pools[spec.role]
@@ -216,6 +214,58 @@ class Upstream:
             return Probe("healthy", http_status=200)
         text = content.decode("utf-8", "replace")
         return Probe("unhealthy", text[:200] or None, http_status=response.status_code)
+
+
+async def read_all(spec: ModelSpec, response: UpstreamResponse, max_bytes: int) -> bytes:
+    """The whole body of an opened response, at most ``max_bytes`` (else
+    :class:`AnswerTooLarge`, refused on its ``Content-Length`` before any of it is
+    read when it states one); always closes it."""
+    try:
+        return b"".join([part async for part in iter_bounded(spec, response, max_bytes)])
+    finally:
+        response.close()
+
+
+async def iter_bounded(
+    spec: ModelSpec, response: UpstreamResponse, max_bytes: int
+) -> AsyncIterator[bytes]:
+    """:func:`iter_raw`, ended with :class:`AnswerTooLarge` past ``max_bytes``."""
+    stated = response.headers.get("content-length", "")
+    if stated.isdigit() and int(stated) > max_bytes:
+        raise _too_large(spec, max_bytes)
+    size = 0
+    async for part in iter_raw(spec, response):
+        size += len(part)
+        if size > max_bytes:
+            raise _too_large(spec, max_bytes)
+        yield part
+
+
+async def iter_raw(spec: ModelSpec, response: UpstreamResponse) -> AsyncIterator[bytes]:
+    """The body of an opened response, piece by piece as it arrives."""
+    receive = response.receive
+    try:
+        while chunk := await receive():
+            yield chunk
+    except HttpError as exc:
+        raise translate(exc, spec) from exc
+
+
+async def iter_sse(
+    spec: ModelSpec, response: UpstreamResponse, max_event_bytes: int
+) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an opened SSE response's events, until ``[DONE]``."""
+    splitter = SseSplitter(max_event_bytes)
+    async for chunk in iter_raw(spec, response):
+        for event in splitter.feed(chunk):
+            value = _event_object(spec, event)
+            if value is DONE:
+                return
+            if value is not None:
+                yield value
+    value = _event_object(spec, splitter.flush())
+    if value is not None and value is not DONE:
+        yield value
 
 
 def _too_large(spec: ModelSpec, max_bytes: int) -> AnswerTooLarge:

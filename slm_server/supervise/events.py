@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("slm_server.watchdog")
 
@@ -53,6 +53,14 @@ EVENTS = frozenset(
 def utc_timestamp(wall: float) -> str:
     moment = datetime.datetime.fromtimestamp(wall, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class EventSink(Protocol):
+    """Where watchdog events go: :class:`EventLog` in production."""
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Record one event (``None`` fields left out) and return it as recorded."""
+        ...
 
 
 class EventLog:

@@ -21,7 +21,7 @@ from slm_server.supervise.classify import (
     deadline_outcome,
     nothing_yet_seconds,
 )
-from slm_server.supervise.events import EventLog
+from slm_server.supervise.events import EventSink
 from slm_server.supervise.requests import RestartRequest, write_request
 from slm_server.supervise.streaks import Streaks, Trip
 
@@ -80,7 +80,7 @@ class Tripwire:
     def __init__(
         self,
         settings: WatchdogSettings,
-        events: EventLog,
+        events: EventSink,
         wall: Callable[[], float] = time.time,
         on_failure: Callable[[ModelSpec, Outcome], None] | None = None,
     ) -> None:

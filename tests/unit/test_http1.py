@@ -29,9 +29,8 @@ from slm_server.http1 import (
     Pool,
     ProtocolError,
     ReadTimeout,
-    Response,
 )
-from slm_server.router.upstream import Upstream
+from slm_server.router.upstream import Upstream, iter_sse
 
 T = TypeVar("T")
 # One read of the socket, at most, on either loop.
@@ -669,8 +668,8 @@ def test_upstream_reads_sse_lines_split_across_pieces(run: Any) -> None:
         async with Server(handler) as server:
             spec = spec_at(server.port)
             upstream = Upstream((spec,), 1.0, 0.5)
-            response: Response = await upstream.open(spec, "/v1/x", b"{}", {})
-            got = [event async for event in upstream.iter_sse(spec, response, 1 << 20)]
+            response = await upstream.open(spec, "/v1/x", b"{}", {})
+            got = [event async for event in iter_sse(spec, response, 1 << 20)]
             assert got == events
             await response.aclose()
             await upstream.aclose()
