@@ -88,8 +88,8 @@ class Waits:
     def __init__(self) -> None:
         self._waiting: dict[asyncio.Task[Any], list[str]] = {}
 
-    async def run(self, client: ClientWatch, work: Awaitable[_T], timeout: float) -> _T:
-        """Await ``work``; raises ``TimeoutError`` past ``timeout``,
+    async def run(self, client: ClientWatch, work: Awaitable[_T], until: float) -> _T:
+        """Await ``work``; raises ``TimeoutError`` at loop time ``until``,
         :class:`ClientDisconnected` when the client leaves first, and
         :class:`BackendUnavailable` (``shutting_down``) when the drain period ends."""
         loop = running_loop()
@@ -110,7 +110,7 @@ class Waits:
             if close is not None:
                 close()  # a coroutine never started
             raise ClientDisconnected("The client went away before the answer")
-        timer = loop.call_at(loop.time() + timeout, timed_out)
+        timer = loop.call_at(until, timed_out)
         self._waiting[task] = why
         try:
             return await work

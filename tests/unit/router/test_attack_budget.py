@@ -1,4 +1,4 @@
-"""Attacks on the body budget at unit level: Proxy._body against chunked bodies, bodies
+"""Attacks on the body budget at unit level: Reception.body against chunked bodies, bodies
 that stop halfway, declared lengths and the budget's exact edge; holdings that must
 all come back whatever ends the request."""
 
@@ -15,7 +15,7 @@ from starlette.types import Message
 
 from slm_server.errors import BodiesOverBudget, PayloadTooLarge
 from slm_server.router.budget import BodyBudget, Held
-from slm_server.router.proxy import Proxy
+from slm_server.router.intake import Reception
 
 MIB = 1024 * 1024
 
@@ -39,8 +39,8 @@ def make_request(parts: list[bytes], declared: int | None, disconnect: bool = Fa
 
 
 def read_body(max_body: int, held: Held, request: Request) -> bytes:
-    proxy = cast(Proxy, SimpleNamespace(max_body=max_body))
-    return asyncio.run(Proxy._body(proxy, request, held))
+    reception = cast(Reception, SimpleNamespace(max_body=max_body))
+    return asyncio.run(Reception.body(reception, request, held))
 
 
 def test_a_chunked_body_is_charged_as_it_arrives_and_refused_at_the_edge() -> None:

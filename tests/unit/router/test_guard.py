@@ -25,6 +25,11 @@ class Client:
         return {"type": "http.disconnect"}
 
 
+def later(seconds: float) -> float:
+    """The loop time ``seconds`` from now (what a wait is bounded by)."""
+    return asyncio.get_running_loop().time() + seconds
+
+
 async def forever() -> None:
     await asyncio.Event().wait()
 
@@ -38,8 +43,8 @@ def test_work_that_finishes_returns_its_result() -> None:
     async def scenario() -> None:
         client = Client()
         watch = ClientWatch(client.receive)
-        assert await Waits().run(watch, answer(), 5.0) == "answer"
-        assert await Waits().run(watch, answer(), 5.0) == "answer"
+        assert await Waits().run(watch, answer(), later(5.0)) == "answer"
+        assert await Waits().run(watch, answer(), later(5.0)) == "answer"
         await asyncio.sleep(0)
         assert client.calls == 1, "one watcher for every wait of the request"
         task = asyncio.current_task()
@@ -51,7 +56,7 @@ def test_work_that_finishes_returns_its_result() -> None:
 def test_the_deadline_is_a_timeout_error() -> None:
     async def scenario() -> None:
         with pytest.raises(TimeoutError):
-            await Waits().run(ClientWatch(Client().receive), forever(), 0.05)
+            await Waits().run(ClientWatch(Client().receive), forever(), later(0.05))
         task = asyncio.current_task()
         assert task is not None and task.cancelling() == 0
 
@@ -64,7 +69,7 @@ def test_a_client_that_leaves_ends_this_wait_and_every_later_one() -> None:
         scope: dict[str, Any] = {}
         watch = client_of(scope, client.receive)
         assert client_of(scope, client.receive) is watch
-        waiting = asyncio.ensure_future(Waits().run(watch, forever(), 5.0))
+        waiting = asyncio.ensure_future(Waits().run(watch, forever(), later(5.0)))
         await asyncio.sleep(0)
         client.left.set()
         with pytest.raises(ClientDisconnected):
@@ -75,7 +80,7 @@ def test_a_client_that_leaves_ends_this_wait_and_every_later_one() -> None:
             started.append(True)
 
         with pytest.raises(ClientDisconnected):
-            await Waits().run(watch, never_started(), 5.0)
+            await Waits().run(watch, never_started(), later(5.0))
         assert not started
 
     asyncio.run(scenario())
@@ -85,7 +90,7 @@ def test_the_end_of_the_drain_ends_every_wait() -> None:
     async def scenario() -> None:
         waits = Waits()
         waiting = [
-            asyncio.ensure_future(waits.run(ClientWatch(Client().receive), forever(), 5.0))
+            asyncio.ensure_future(waits.run(ClientWatch(Client().receive), forever(), later(5.0)))
             for _ in range(2)
         ]
         await asyncio.sleep(0)
@@ -100,7 +105,9 @@ def test_the_end_of_the_drain_ends_every_wait() -> None:
 
 def test_a_cancel_from_outside_stays_a_cancel() -> None:
     async def scenario() -> None:
-        waiting = asyncio.ensure_future(Waits().run(ClientWatch(Client().receive), forever(), 5.0))
+        waiting = asyncio.ensure_future(
+            Waits().run(ClientWatch(Client().receive), forever(), later(5.0))
+        )
         await asyncio.sleep(0)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):

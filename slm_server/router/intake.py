@@ -1,0 +1,143 @@
+"""Taking a request in: its body read within the limits, parsed, routed to a model by
+its ``model`` field, checked and given the model's defaults; and the router's own
+refusals for a backend the supervisor says cannot serve."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from slm_server.config import ModelSpec
+from slm_server.errors import BackendUnavailable, PayloadTooLarge
+from slm_server.registry import Registry
+from slm_server.router.backend_state import StateSource
+from slm_server.router.budget import Held
+from slm_server.router.drain import Drain
+from slm_server.router.exchange import Exchange
+from slm_server.router.forms import FORM_ENDPOINTS, read_form_fields
+from slm_server.router.requests import (
+    apply_defaults,
+    ask_for_usage,
+    check_fields,
+    check_json_type,
+    model_field,
+    parse_body,
+)
+from slm_server.router.strict_json import dumps_body
+from slm_server.router.upstream import RETRY_AFTER_SECONDS
+
+# Bodies larger than this are parsed and re-serialised in a thread: 30 MiB of JSON
+# takes the better part of a second, which would stall every other request.
+OFF_LOOP_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """A request taken in: the model it names, its parsed fields and the bytes to send
+    (re-serialised when defaults were applied), and whether the router asked a stream
+    for usage the client did not."""
+
+    spec: ModelSpec
+    payload: dict[str, Any]
+    raw: bytes
+    hidden_usage: bool
+
+
+class Reception:
+    """Reads, parses and routes requests for one registry."""
+
+    def __init__(
+        self, registry: Registry, states: StateSource, drain: Drain, max_body: int
+    ) -> None:
+        self.registry = registry
+        self.states = states
+        self.drain = drain
+        self.max_body = max_body
+
+    def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
+        """The request fields the launcher published for this backend (the Python
+        fallback's sampling defaults); none without a running launcher."""
+        planned = self.states.planned(spec.role, spec.entry.port)
+        return dict(planned.request_defaults) if planned is not None else {}
+
+    async def body(self, request: Request, held: Held) -> bytes:
+        """The request body, refused with 413 past ``SLM_MAX_BODY_MB`` and with 503 past
+        the budget for bodies in flight; both on ``Content-Length`` before reading."""
+        limit = self.max_body
+        declared = request.headers.get("content-length")
+        too_large = PayloadTooLarge(
+            f"The request body is larger than the router's limit of {limit} bytes (SLM_MAX_BODY_MB)"
+        )
+        stated = int(declared) if declared is not None and declared.isdigit() else None
+        if stated is not None and stated > limit:
+            raise too_large
+        if stated is not None:
+            held.take(stated)
+        parts: list[bytes] = []
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise too_large
+            if stated is None or size > stated:
+                held.take(len(part))
+            parts.append(part)
+        return b"".join(parts)
+
+    async def take(self, request: Request, endpoint: str, exchange: Exchange, held: Held) -> Intake:
+        """The request to ``endpoint`` read, routed, checked and completed."""
+        if self.drain.draining:
+            raise BackendUnavailable(
+                "The router is shutting down and takes no new requests",
+                code="shutting_down",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        if endpoint not in FORM_ENDPOINTS:
+            check_json_type(request.headers.get("content-type"))
+        raw = await self.body(request, held)
+        if endpoint in FORM_ENDPOINTS:
+            # Only read for its routing fields: the form goes upstream byte for byte.
+            content_type = request.headers.get("content-type")
+            payload = await read_form_fields(raw, content_type)
+        elif len(raw) > OFF_LOOP_BYTES:  # a large body is parsed off the event loop
+            payload = await asyncio.to_thread(parse_body, raw)
+        else:
+            payload = parse_body(raw)
+        exchange.note_request(payload)
+        spec = self.registry.route(model_field(payload), endpoint)
+        exchange.spec = spec
+        check_fields(payload, endpoint)
+        changed = apply_defaults(payload, spec.entry, endpoint, self.sampling_defaults(spec))
+        hidden_usage = ask_for_usage(payload, endpoint)
+        if changed or hidden_usage:
+            large = len(raw) > OFF_LOOP_BYTES
+            raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
+        return Intake(spec, payload, raw, hidden_usage)
+
+    def refuse_if_down(self, spec: ModelSpec) -> None:
+        """Answer for the supervisor when it says the backend cannot serve: abandoned
+        or failed (503, with why), or (re)starting (503 with ``Retry-After``). These are
+        the router's own refusals, never counted against the backend."""
+        state = self.states.get(spec.role, spec.entry.port)
+        if state is None or not self.states.launcher_alive():
+            return
+        name = f"The backend for '{spec.entry.id}'"
+        if state.state in ("abandoned", "failed"):
+            verb = "was abandoned by the watchdog" if state.state == "abandoned" else "failed"
+            raise BackendUnavailable(
+                f"{name} {verb}: {state.reason or 'no reason recorded'}",
+                code=f"backend_{state.state}",
+            )
+        if state.state in ("starting", "restarting"):
+            why = f" ({state.reason})" if state.reason else ""
+            raise BackendUnavailable(
+                f"{name} is {state.state}{why}; retry shortly",
+                code=f"backend_{state.state}",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+
+
+__all__ = ["OFF_LOOP_BYTES", "Intake", "Reception"]
