@@ -1,0 +1,331 @@
+"""The router in-process, with no process and no socket: ``create_app`` handed a
+scripted upstream transport, a settable source of backend states and an event sink
+that keeps what it hears, driven by a small ASGI client that can also leave halfway.
+
+A script is an async function of what the router sent (:class:`Sent`) returning a
+:class:`FakeResponse`: status, headers, and body steps — bytes, an exception to raise
+while reading, or an :class:`asyncio.Event` to wait for (a backend that stalls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.types import Message
+
+from slm_server.config import ModelSpec, RegistryFile, parse_registry
+from slm_server.http1 import Headers
+from slm_server.metrics import Metrics
+from slm_server.records import BackendState
+from slm_server.registry import Registry
+from slm_server.router.app import Dependencies, create_app, gates_for
+from slm_server.router.drain import Drain
+from slm_server.router.upstream import Probe, UpstreamResponse
+from slm_server.settings import Settings
+from slm_server.telemetry import Telemetry
+
+Step = bytes | BaseException | asyncio.Event
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request the router sent upstream."""
+
+    spec: ModelSpec
+    path: str
+    body: bytes
+    headers: Mapping[str, str]
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class FakeResponse:
+    """An opened backend response whose body is played from ``steps``."""
+
+    def __init__(
+        self,
+        status: int = 200,
+        headers: Mapping[str, str] | None = None,
+        steps: Iterable[Step] = (),
+    ) -> None:
+        self.status_code = status
+        self.headers = Headers({k.lower(): v for k, v in (headers or {}).items()})
+        self.steps = list(steps)
+        self.closed = asyncio.Event()
+
+    @property
+    def complete(self) -> bool:
+        return all(isinstance(step, bytes) for step in self.steps)
+
+    async def receive(self) -> bytes:
+        while self.steps:
+            step = self.steps.pop(0)
+            if isinstance(step, asyncio.Event):
+                await step.wait()
+            elif isinstance(step, BaseException):
+                raise step
+            elif step:
+                return step
+        return b""
+
+    def close(self) -> None:
+        self.closed.set()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+def whole(body: Any, status: int = 200, content_type: str = "application/json") -> FakeResponse:
+    """A complete answer: ``body`` as JSON unless it is bytes already."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return FakeResponse(status, {"content-type": content_type}, [raw])
+
+
+def sse(*events: Any, done: bool = True, then: Iterable[Step] = ()) -> FakeResponse:
+    """A stream of ``data:`` events (objects as JSON), ``[DONE]`` at the end."""
+    steps: list[Step] = [b"data: " + json.dumps(event).encode() + b"\n\n" for event in events]
+    steps += list(then)
+    if done:
+        steps.append(b"data: [DONE]\n\n")
+    return FakeResponse(200, {"content-type": "text/event-stream"}, steps)
+
+
+Script = Callable[[Sent], Awaitable[FakeResponse]]
+
+
+class FakeTransport:
+    """The upstream transport, answering every request with the script."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.sent: list[Sent] = []
+        self.responses: list[FakeResponse] = []
+        self.closed = False
+
+    async def open(
+        self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        sent = Sent(spec, path, body, dict(headers))
+        self.sent.append(sent)
+        response = await self.script(sent)
+        self.responses.append(response)
+        return response
+
+    async def probe(self, spec: ModelSpec) -> Probe:
+        return Probe("healthy", http_status=200)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class FakeStates:
+    """Backend states as a test sets them; no launcher unless one is said to run."""
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[str, int], BackendState] = {}
+        self.alive = False
+
+    def get(self, role: str, port: int) -> BackendState | None:
+        return self.states.get((role, port))
+
+    def planned(self, role: str, port: int) -> BackendState | None:
+        state = self.get(role, port)
+        return state if state is not None and self.alive else None
+
+    def launcher_alive(self) -> bool:
+        return self.alive
+
+
+@dataclass
+class FakeEvents:
+    """The watchdog's event sink, keeping every event."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"event": event, **{k: v for k, v in fields.items() if v is not None}}
+        self.events.append(record)
+        return record
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == name]
+
+
+REGISTRY = """
+models:
+  chat:
+    id: org/chat-model
+    backend: llamacpp
+    port: 18001
+    model_path: models/chat.gguf
+    default_timeout: {timeout}
+    max_concurrency: {concurrency}
+    max_queue: {queue}
+    quantization: Q4_1
+"""
+
+
+@dataclass
+class Router:
+    """An in-process router and its fakes."""
+
+    app: Starlette
+    transport: FakeTransport
+    states: FakeStates
+    events: FakeEvents
+    deps: Dependencies
+    settings: Settings
+    registry: RegistryFile
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.registry.models[0]
+
+    def gate_active(self) -> int:
+        return self.deps.gates[self.spec.role].active
+
+
+def make_router(
+    tmp_path: Path,
+    script: Script,
+    *,
+    timeout: float = 5.0,
+    concurrency: int = 2,
+    queue: int = 4,
+    env: Mapping[str, str] | None = None,
+) -> Router:
+    """A router for one llama.cpp chat model, answering through ``script``."""
+    environ = {
+        "SLM_ENV_FILE": str(tmp_path / "no.env"),
+        "SLM_BACKEND_LOG_DIR": str(tmp_path / "logs"),
+        "SLM_OTEL_ENABLED": "false",
+        "SLM_WATCHDOG_FAILURE_THRESHOLD": "2",
+        **(env or {}),
+    }
+    settings = Settings.from_env(environ)
+    text = REGISTRY.format(timeout=timeout, concurrency=concurrency, queue=queue)
+    registry_file = parse_registry(text, tmp_path / "models.yaml")
+    registry = Registry(registry_file.models)
+    transport, states, events = FakeTransport(script), FakeStates(), FakeEvents()
+    deps = Dependencies(
+        upstream=transport,
+        states=states,
+        events=events,
+        gates=gates_for(registry),
+        telemetry=Telemetry(settings.telemetry, environ={}),
+        metrics=Metrics(registry, states),
+        drain=Drain(settings.serving.drain_timeout_seconds),
+    )
+    app = create_app(settings, registry_file, deps, registry)
+    return Router(app, transport, states, events, deps, settings, registry_file)
+
+
+@dataclass
+class Answer:
+    """What the client received."""
+
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: list[bytes] = field(default_factory=list)
+    complete: bool = False
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[Any]:
+        """The ``data:`` payloads of an SSE answer (``[DONE]`` as the string)."""
+        found: list[Any] = []
+        for line in self.body.decode().splitlines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                found.append(data if data == "[DONE]" else json.loads(data))
+        return found
+
+
+async def call(
+    app: Starlette,
+    path: str,
+    body: Any,
+    *,
+    headers: Mapping[str, str] | None = None,
+    method: str = "POST",
+    leave: asyncio.Event | None = None,
+    answer: Answer | None = None,
+) -> Answer:
+    """One request through the ASGI app. ``body`` is sent as JSON unless it is bytes;
+    the client disconnects when ``leave`` is set (else only after the answer);
+    ``answer`` is filled as the response arrives, for a test to watch."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent_headers = {
+        "host": "127.0.0.1:8000",
+        "content-type": "application/json",
+        "content-length": str(len(raw)),
+        **(headers or {}),
+    }
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in sent_headers.items()],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    gone = leave or asyncio.Event()
+    delivered = False
+    got = answer or Answer()
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if gone.is_set():
+            return  # as uvicorn does: what is sent to a client that left is dropped
+        if message["type"] == "http.response.start":
+            got.status = message["status"]
+            got.headers = {k.decode(): v.decode() for k, v in message.get("headers", [])}
+        elif message["type"] == "http.response.body":
+            if message.get("body"):
+                got.chunks.append(message["body"])
+            if not message.get("more_body", False):
+                got.complete = True
+
+    try:
+        await app(scope, receive, send)
+    finally:
+        gone.set()  # whatever still watches for the client sees it leave
+    return got
+
+
+__all__ = [
+    "Answer",
+    "FakeResponse",
+    "FakeTransport",
+    "Router",
+    "Sent",
+    "call",
+    "make_router",
+    "sse",
+    "whole",
+]
