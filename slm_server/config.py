@@ -114,6 +114,11 @@ class ModelEntry(BaseModel):
     supports_function_calling: bool = False
     # Request-side, every backend: merged into chat requests that carry none.
     chat_template_kwargs: dict[str, Any] | None = None
+    # Loading, every backend: started at launch and kept (always), or started on the
+    # first request naming it and unloaded when idle or for room (on_demand).
+    load: Literal["always", "on_demand"] = "always"
+    idle_ttl: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, ge=1)
 
     # MLX only.
     enable_auto_tool_choice: bool = False
@@ -277,6 +282,10 @@ def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
                 "config_name",
                 "applies to model_type image-generation or image-edit only",
             )
+        )
+    if "idle_ttl" in set_fields and entry.idle_ttl is not None and entry.load != "on_demand":
+        problems.append(
+            Problem(source, spec.label, "idle_ttl", "applies to load: on_demand only")
         )
     if entry.model_type == "multimodal" and entry.backend == "llamacpp" and not entry.mmproj_path:
         problems.append(

@@ -17,6 +17,15 @@ One backend's restart flow (phases from :mod:`slm_server.supervise.states`)::
     Restarting ──budget spent──▶ ABANDONED
 
 A process exit is never confirmed: it is evidence enough.
+
+A ``load: on_demand`` model begins Unloaded; the router's commands move it::
+
+    Unloaded ──Load──▶ Launching(load) ──spawned──▶ Starting(load) ──/health 200──▶ Ready
+    Starting / Ready / Confirming ──Unload──▶ Unloading ──stopped──▶ Unloaded
+
+A load that fails (no process, or one that exits before /health answers) is a failed
+start: ``load_failed``, then the restart flow and its budget. Loads and unloads spend
+nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from slm_server.supervise.states import (
     Restarting,
     Starting,
     State,
+    Unloaded,
+    Unloading,
     check_transition,
 )
 
@@ -82,6 +93,9 @@ class Lifecycle:
     restarts_by_reason: dict[str, int] = field(default_factory=dict)
     last_exit: str | None = None
     last_restart_reason: str | None = None
+    on_demand: bool = False  # ``load: on_demand``: may be loaded and unloaded
+    measured_mb: int | None = None  # resident footprint measured when it became ready
+    loaded_wall: float | None = None  # wall clock of the last time it became ready
 
     @property
     def state(self) -> State:
@@ -120,8 +134,29 @@ class Exited:
 
 @dataclass(frozen=True)
 class HealthProbed:
+    """A health probe's answer; ``resident_mb``: the process tree's resident memory,
+    measured when the probe succeeded."""
+
     role: str
     ok: bool
+    resident_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class Load:
+    """The router asks for an on-demand model to be loaded."""
+
+    role: str
+
+
+@dataclass(frozen=True)
+class Unload:
+    """The router asks for an on-demand model's process to go: ``reason`` is
+    ``idle_ttl``, ``evicted`` (to make room for ``for_model``) or ``api``."""
+
+    role: str
+    reason: str
+    for_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +193,9 @@ class Stopped:
     survived: bool = False
 
 
-Observation = Launched | Exited | HealthProbed | Tick | Requested | Judged | Stopped
+Observation = (
+    Launched | Exited | HealthProbed | Tick | Requested | Judged | Stopped | Load | Unload
+)
 
 
 # -- actions ----------------------------------------------------------------------------
@@ -264,11 +301,15 @@ class _Decision:
             if serving and observation.pid == life.pid and life.alive:
                 self.exited(life, observation)
         elif isinstance(observation, HealthProbed) and isinstance(phase, Starting):
-            self.probed(life, phase, observation.ok)
+            self.probed(life, phase, observation)
         elif isinstance(observation, Stopped) and observation.pid == life.pid:
             self.stopped(life, observation)
         elif isinstance(observation, Judged) and isinstance(phase, Confirming):
             self.judged(life, phase, observation)
+        elif isinstance(observation, Load) and life.on_demand:
+            self.load(life)
+        elif isinstance(observation, Unload) and life.on_demand:
+            self.unload(life, observation)
 
     # Launching -> Starting when a process was spawned;
     # Launching -> Restarting when it failed for a reason time can fix (watchdog on);
@@ -278,13 +319,15 @@ class _Decision:
         attempt = phase.attempt
         if result.pid is not None:
             life.pid, life.alive, life.started_wall = result.pid, True, self.wall
-            starting = Starting(since=self.now, attempt=attempt)
+            starting = Starting(since=self.now, attempt=attempt, load=phase.load)
             self.move(life, starting, attempt.reason if attempt is not None else None)
             return
         failure = result.failure or "launch failed"
         retryable = result.retryable and self.policy.watchdog_enabled
         if attempt is not None:
             self.emit("restart_failed", **life.ids(), reason=failure, attempt=attempt.number)
+        elif phase.load:
+            self.emit("load_failed", **life.ids(), reason=failure)
         if not retryable:
             self.move(life, Done(State.FAILED), failure)
         elif attempt is not None and life.budget.exhausted(self.now):
@@ -328,20 +371,33 @@ class _Decision:
                 reason=f"{exit.description} while starting",
                 attempt=phase.attempt.number,
             )
+        elif isinstance(phase, Starting) and phase.load:
+            self.emit("load_failed", **life.ids(), reason=f"{exit.description} while loading")
         if not self.policy.watchdog_enabled:
             self.move(life, Done(State.FAILED), exit.description)
             return
         self.restart(life, "exited while starting" if starting else "exited")
 
     # Starting -> Ready on /health 200 (the shell probes only live processes).
-    def probed(self, life: Lifecycle, phase: Starting, ok: bool) -> None:
+    def probed(self, life: Lifecycle, phase: Starting, probe: HealthProbed) -> None:
         elapsed = self.now - phase.since
-        if ok:
+        if probe.ok:
             self.move(life, Ready())
+            life.loaded_wall = self.wall
+            if probe.resident_mb is not None:
+                life.measured_mb = probe.resident_mb
             self.log(
                 logging.INFO,
                 f"{life.role} ({life.model_id}) is ready on port {life.port} after {elapsed:.1f}s",
             )
+            if phase.load and phase.attempt is None:
+                self.emit(
+                    "backend_loaded",
+                    **life.ids(),
+                    pid=life.pid,
+                    seconds=round(elapsed, 3),
+                    memory_measured_mb=probe.resident_mb,
+                )
             if phase.attempt is not None:
                 self.emit(
                     "restart_succeeded",
@@ -374,6 +430,31 @@ class _Decision:
         if isinstance(phase, Restarting) and phase.stopping is not None:
             self.move(life, Launching(phase.stopping), phase.reason)
             self.actions.append(Launch(life.role))
+        elif isinstance(phase, Unloading):
+            self.move(life, Unloaded(), phase.reason)
+            self.emit(
+                "backend_unloaded",
+                **life.ids(),
+                pid=stop.pid,
+                reason=phase.reason,
+                for_model=phase.for_model,
+            )
+
+    # Unloaded -> Launching(load): the router wants it. Loading or ready already: nothing.
+    def load(self, life: Lifecycle) -> None:
+        if isinstance(life.phase, Unloaded):
+            self.move(life, Launching(load=True))
+            self.emit("backend_loading", **life.ids())
+            self.actions.append(Launch(life.role))
+
+    # Starting/Ready/Confirming -> Unloading: stop the process, spending no budget.
+    # Launching (no process yet), restarting or final: nothing to unload.
+    def unload(self, life: Lifecycle, command: Unload) -> None:
+        phase = life.phase
+        loaded = life.state in (State.LOADING, State.READY)
+        if isinstance(phase, Starting | Ready | Confirming) and loaded and life.pid and life.alive:
+            self.move(life, Unloading(command.reason, command.for_model), command.reason)
+            self.actions.append(Stop(life.role, life.pid))
 
     # Confirming -> Restarting when the evidence says the backend cannot serve;
     # Confirming -> Ready otherwise (the trip is logged as not confirmed).

@@ -46,6 +46,10 @@ EVENTS = frozenset(
         "restart_not_confirmed",
         "supervisor_started",
         "supervisor_stopped",
+        "backend_loading",
+        "backend_loaded",
+        "backend_unloaded",
+        "load_failed",
     }
 )
 

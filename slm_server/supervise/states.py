@@ -7,6 +7,14 @@
     FAILED: could not run and will not be retried (watchdog off, or a registry error)
     DISABLED: ``enabled: false`` in the registry; never started
 
+A ``load: on_demand`` model starts UNLOADED and goes through LOADING instead of
+STARTING; the router's unload takes it back::
+
+    UNLOADED ──load──▶ LOADING ──ready──▶ READY ──unload──▶ UNLOADING ──stopped──▶ UNLOADED
+                          │ exit / failed launch                ▲
+                          └──▶ RESTARTING (a failed load, like a failed start)
+    LOADING (spawned) ──unload──────────────────────────────────┘
+
 DEGRADED is not a supervisor state: the router reports it for a READY backend whose
 failure streak is open.
 """
@@ -25,20 +33,45 @@ class State(enum.Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     DISABLED = "disabled"
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    UNLOADING = "unloading"
 
 
-RUNNING = frozenset({State.STARTING, State.READY, State.RESTARTING})
+RUNNING = frozenset(
+    {State.STARTING, State.LOADING, State.READY, State.RESTARTING, State.UNLOADING}
+)
+# Supervised (the supervisor goes on while any backend is in one of these).
+SUPERVISED = RUNNING | {State.UNLOADED}
 FINAL = frozenset({State.ABANDONED, State.FAILED, State.STOPPED, State.DISABLED})
 
 TRANSITIONS: dict[State, frozenset[State]] = {
+    # UNLOADED -> LOADING on the router's load command.
+    State.UNLOADED: frozenset({State.LOADING, State.STOPPED}),
+    # LOADING is STARTING for a load on demand; it may also be unloaded.
+    State.LOADING: frozenset(
+        {
+            State.READY,
+            State.RESTARTING,
+            State.ABANDONED,
+            State.FAILED,
+            State.STOPPED,
+            State.UNLOADING,
+        }
+    ),
+    # UNLOADING -> UNLOADED once the process is gone.
+    State.UNLOADING: frozenset({State.UNLOADED, State.STOPPED}),
     # STARTING -> READY when /health answers 200 and the process lives;
     # STARTING -> RESTARTING when it exits first (or a launch fails);
     # STARTING -> ABANDONED/FAILED when it may not be retried.
     State.STARTING: frozenset(
         {State.READY, State.RESTARTING, State.ABANDONED, State.FAILED, State.STOPPED}
     ),
-    # READY -> RESTARTING on an exit or an accepted restart request.
-    State.READY: frozenset({State.RESTARTING, State.ABANDONED, State.FAILED, State.STOPPED}),
+    # READY -> RESTARTING on an exit or an accepted restart request; -> UNLOADING on
+    # the router's unload (load: on_demand only).
+    State.READY: frozenset(
+        {State.RESTARTING, State.ABANDONED, State.FAILED, State.STOPPED, State.UNLOADING}
+    ),
     # RESTARTING -> STARTING once relaunched; -> ABANDONED when the budget is spent.
     State.RESTARTING: frozenset(
         {State.STARTING, State.RESTARTING, State.ABANDONED, State.FAILED, State.STOPPED}
@@ -79,13 +112,17 @@ class Attempt:
 @dataclass(frozen=True)
 class Launching:
     """A launch (plan, free the port, spawn) is under way: the first (``attempt`` None,
-    published as STARTING) or a restart's (published as RESTARTING until it spawned)."""
+    published as STARTING, or LOADING for a ``load`` on demand) or a restart's
+    (published as RESTARTING until it spawned)."""
 
     attempt: Attempt | None = None
+    load: bool = False
 
     @property
     def state(self) -> State:
-        return State.STARTING if self.attempt is None else State.RESTARTING
+        if self.attempt is not None:
+            return State.RESTARTING
+        return State.LOADING if self.load else State.STARTING
 
 
 @dataclass(frozen=True)
@@ -96,10 +133,11 @@ class Starting:
     since: float
     attempt: Attempt | None = None
     loading_reported: bool = False
+    load: bool = False  # loaded on demand: LOADING, and a failure is a failed load
 
     @property
     def state(self) -> State:
-        return State.STARTING
+        return State.LOADING if self.load and self.attempt is None else State.STARTING
 
 
 @dataclass(frozen=True)
@@ -139,6 +177,28 @@ class Restarting:
 
 
 @dataclass(frozen=True)
+class Unloaded:
+    """A ``load: on_demand`` model with no process: not a failure, waiting to be loaded."""
+
+    @property
+    def state(self) -> State:
+        return State.UNLOADED
+
+
+@dataclass(frozen=True)
+class Unloading:
+    """The router asked for the process to go (``reason``: ``idle_ttl``, ``evicted``
+    to make room for ``for_model``, or ``api``); stopping it."""
+
+    reason: str
+    for_model: str | None = None
+
+    @property
+    def state(self) -> State:
+        return State.UNLOADING
+
+
+@dataclass(frozen=True)
 class Done:
     """A final state (ABANDONED, FAILED, STOPPED, DISABLED) and why."""
 
@@ -149,4 +209,4 @@ class Done:
         return self.final
 
 
-Phase = Launching | Starting | Ready | Confirming | Restarting | Done
+Phase = Launching | Starting | Ready | Confirming | Restarting | Unloaded | Unloading | Done

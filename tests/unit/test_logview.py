@@ -164,6 +164,19 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         "ready_timeout=600s",
     ),
     "supervisor_stopped": ({"pid": 35550, "exit_status": 0}, "supervisor  pid=35550 exit_status=0"),
+    "backend_loading": ({**BACKEND}, NAMED),
+    "backend_loaded": (
+        {**BACKEND, "pid": 41220, "seconds": 1.25, "memory_measured_mb": 812},
+        f"{NAMED}  pid=41220 seconds=1.25 memory_measured=812MB",
+    ),
+    "backend_unloaded": (
+        {**BACKEND, "pid": 41220, "reason": "evicted", "for_model": "qwen3-coder"},
+        f"{NAMED}  pid=41220 reason=evicted for_model=qwen3-coder",
+    ),
+    "load_failed": (
+        {**BACKEND, "reason": "exited with status 1 while loading"},
+        f'{NAMED}  reason="exited with status 1 while loading"',
+    ),
 }
 
 WIDTH = max(len(name) for name in EVENTS)

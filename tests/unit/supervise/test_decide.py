@@ -26,6 +26,7 @@ from slm_server.supervise.decide import (
     Launch,
     Launched,
     Lifecycle,
+    Load,
     Log,
     Observation,
     Policy,
@@ -34,6 +35,7 @@ from slm_server.supervise.decide import (
     Stop,
     Stopped,
     Tick,
+    Unload,
     decide,
 )
 from slm_server.supervise.requests import RestartRequest
@@ -47,6 +49,7 @@ from slm_server.supervise.states import (
     Restarting,
     Starting,
     State,
+    Unloaded,
     check_transition,
 )
 
@@ -1028,3 +1031,113 @@ def test_a_long_tour_only_takes_allowed_transitions() -> None:
         "stall": 1,
         "exited while starting": 1,
     }
+
+
+# -- load: on_demand -------------------------------------------------------------------
+
+
+def state(life: Lifecycle) -> State:
+    """The state, read through a call so that mypy does not narrow it across steps."""
+    return life.state
+
+
+def on_demand(**fields: Any) -> Lifecycle:
+    return lifecycle(phase=Unloaded(), on_demand=True, **fields)
+
+
+def test_an_on_demand_model_loads_on_the_routers_command_spending_nothing() -> None:
+    r = run(on_demand())
+    assert r.step(Tick()) == []  # unloaded: nothing to probe, nothing to start
+    actions = r.step(Load(ROLE))
+    assert actions == [emit("backend_loading", **IDS), Launch(ROLE)]
+    assert state(r.life) is State.LOADING
+    assert r.step(Launched(ROLE, OLD)) == []
+    assert state(r.life) is State.LOADING
+    assert r.step(Tick()) == [Probe(ROLE)]
+    actions = r.step(HealthProbed(ROLE, True, resident_mb=812), 1.5)
+    assert state(r.life) is State.READY
+    assert emit("backend_loaded", **IDS, pid=OLD, seconds=1.5, memory_measured_mb=812) in actions
+    assert r.life.measured_mb == 812
+    assert r.life.loaded_wall == r.wall
+    assert r.life.budget.used == 0
+    assert r.life.restarts == 0
+
+
+def test_a_second_load_while_loading_or_ready_does_nothing() -> None:
+    r = run(on_demand())
+    r.step(Load(ROLE))
+    assert r.step(Load(ROLE)) == []
+    r.step(Launched(ROLE, OLD))
+    assert r.step(Load(ROLE)) == []
+    r.step(HealthProbed(ROLE, True))
+    assert r.step(Load(ROLE)) == []
+    assert state(r.life) is State.READY
+
+
+def test_an_unload_stops_the_process_and_ends_unloaded_spending_nothing() -> None:
+    r = run(on_demand())
+    r.step(Load(ROLE))
+    r.step(Launched(ROLE, OLD))
+    r.step(HealthProbed(ROLE, True))
+    actions = r.step(Unload(ROLE, "evicted", "m2"))
+    assert actions == [Stop(ROLE, OLD)]
+    assert state(r.life) is State.UNLOADING
+    assert r.life.reason == "evicted"
+    # The process going away while it is unloaded is no failure.
+    assert r.step(exited(OLD)) == []
+    actions = r.step(Stopped(ROLE, OLD, -15))
+    assert actions == [emit("backend_unloaded", **IDS, pid=OLD, reason="evicted", for_model="m2")]
+    assert state(r.life) is State.UNLOADED
+    assert r.life.budget.used == 0
+    # And it loads again.
+    assert r.step(Load(ROLE))[-1] == Launch(ROLE)
+    r.step(Launched(ROLE, NEW))
+    r.step(HealthProbed(ROLE, True))
+    assert r.life.pid == NEW
+    assert (State.UNLOADING, State.UNLOADED) in r.seen
+
+
+def test_a_load_still_loading_can_be_unloaded() -> None:
+    r = run(on_demand())
+    r.step(Load(ROLE))
+    assert r.step(Unload(ROLE, "api")) == []  # no process yet: nothing to stop
+    assert state(r.life) is State.LOADING
+    r.step(Launched(ROLE, OLD))
+    assert r.step(Unload(ROLE, "api")) == [Stop(ROLE, OLD)]
+    r.step(Stopped(ROLE, OLD, -15))
+    assert state(r.life) is State.UNLOADED
+
+
+def test_always_models_ignore_load_and_unload() -> None:
+    r = run().serving()
+    assert r.step(Unload(ROLE, "api")) == []
+    assert r.step(Load(ROLE)) == []
+    assert state(r.life) is State.READY
+
+
+def test_a_load_that_exits_is_a_failed_start_and_spends_the_budget() -> None:
+    r = run(on_demand())
+    r.step(Load(ROLE))
+    r.step(Launched(ROLE, OLD))
+    actions = r.step(exited(OLD, 1, "exited with status 1"))
+    names = events(actions)
+    assert "load_failed" in names
+    assert emit("load_failed", **IDS, reason="exited with status 1 while loading") in actions
+    assert names[-1] == "restart_started"
+    assert r.life.budget.used == 1
+    assert state(r.life) is State.RESTARTING
+
+
+def test_a_load_that_cannot_launch_is_a_failed_load() -> None:
+    r = run(on_demand())
+    r.step(Load(ROLE))
+    actions = r.step(Launched(ROLE, None, "port 8501 is taken"))
+    assert emit("load_failed", **IDS, reason="port 8501 is taken") in actions
+    assert state(r.life) is State.RESTARTING
+
+
+def test_a_restart_request_for_an_unloaded_model_is_not_acted_on() -> None:
+    r = run(on_demand())
+    actions = r.step(r.request("5xx"))
+    assert events(actions) == ["backend_not_running"]
+    assert state(r.life) is State.UNLOADED

@@ -9,6 +9,7 @@ import pytest
 from slm_server.supervise.states import (
     FINAL,
     RUNNING,
+    SUPERVISED,
     TRANSITIONS,
     State,
     TransitionError,
@@ -35,6 +36,18 @@ ALLOWED: set[tuple[State, State]] = {
     (S.FAILED, S.STOPPED),
     # stopping twice is a no-op rather than a bug
     (S.STOPPED, S.STOPPED),
+    # load: on_demand
+    (S.UNLOADED, S.LOADING),
+    (S.UNLOADED, S.STOPPED),
+    (S.LOADING, S.READY),
+    (S.LOADING, S.RESTARTING),
+    (S.LOADING, S.ABANDONED),
+    (S.LOADING, S.FAILED),
+    (S.LOADING, S.STOPPED),
+    (S.LOADING, S.UNLOADING),
+    (S.READY, S.UNLOADING),
+    (S.UNLOADING, S.UNLOADED),
+    (S.UNLOADING, S.STOPPED),
 }
 ALL_PAIRS = list(itertools.product(State, State))
 ALLOWED_PAIRS = [pair for pair in ALL_PAIRS if pair in ALLOWED]
@@ -67,9 +80,9 @@ def test_forbidden_transitions(pair: tuple[State, State]) -> None:
 
 
 def test_counts() -> None:
-    assert len(ALLOWED_PAIRS) == len(ALLOWED) == 17
-    assert len(ALLOWED) + len(FORBIDDEN) == len(State) ** 2 == 49
-    assert len(FORBIDDEN) == 32
+    assert len(ALLOWED_PAIRS) == len(ALLOWED) == 28
+    assert len(ALLOWED) + len(FORBIDDEN) == len(State) ** 2 == 100
+    assert len(FORBIDDEN) == 72
 
 
 @pytest.mark.parametrize("state", RUNNING_STATES)
@@ -99,8 +112,13 @@ def test_nothing_enters_disabled() -> None:
         assert S.DISABLED not in TRANSITIONS[state]
 
 
-def test_ready_is_reached_only_from_starting() -> None:
-    assert [s for s in State if S.READY in TRANSITIONS[s]] == [S.STARTING]
+def test_ready_is_reached_only_from_starting_or_loading() -> None:
+    assert [s for s in State if S.READY in TRANSITIONS[s]] == [S.STARTING, S.LOADING]
+
+
+def test_unloaded_is_reached_only_through_unloading() -> None:
+    assert [s for s in State if S.UNLOADED in TRANSITIONS[s]] == [S.UNLOADING]
+    assert [s for s in State if S.LOADING in TRANSITIONS[s]] == [S.UNLOADED]
 
 
 def test_starting_is_reached_only_from_restarting() -> None:
@@ -108,10 +126,12 @@ def test_starting_is_reached_only_from_restarting() -> None:
 
 
 def test_running_and_final_groupings() -> None:
-    assert frozenset({S.STARTING, S.READY, S.RESTARTING}) == RUNNING
+    running = {S.STARTING, S.LOADING, S.READY, S.RESTARTING, S.UNLOADING}
+    assert frozenset(running) == RUNNING
     assert frozenset({S.ABANDONED, S.FAILED, S.STOPPED, S.DISABLED}) == FINAL
     assert RUNNING.isdisjoint(FINAL)
-    assert frozenset(State) == RUNNING | FINAL
+    assert frozenset(State) == RUNNING | FINAL | {S.UNLOADED}
+    assert RUNNING | {S.UNLOADED} == SUPERVISED
 
 
 def test_final_states_never_return_to_running() -> None:
@@ -132,4 +152,7 @@ def test_state_values() -> None:
         "failed",
         "stopped",
         "disabled",
+        "unloaded",
+        "loading",
+        "unloading",
     ]
