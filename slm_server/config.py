@@ -284,9 +284,7 @@ def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
             )
         )
     if "idle_ttl" in set_fields and entry.idle_ttl is not None and entry.load != "on_demand":
-        problems.append(
-            Problem(source, spec.label, "idle_ttl", "applies to load: on_demand only")
-        )
+        problems.append(Problem(source, spec.label, "idle_ttl", "applies to load: on_demand only"))
     if entry.model_type == "multimodal" and entry.backend == "llamacpp" and not entry.mmproj_path:
         problems.append(
             Problem(source, spec.label, "mmproj_path", "required when model_type is multimodal")

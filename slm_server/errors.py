@@ -154,6 +154,14 @@ class AmbiguousModel(GatewayError):
     default_code = "ambiguous_model"
 
 
+class ModelConflict(GatewayError):
+    """The model exists but cannot take this action (disabled, or ``load: always``)."""
+
+    status = 409
+    error_type = "invalid_request_error"
+    default_code = "model_conflict"
+
+
 class BackendUnavailable(GatewayError):
     status = 503
     error_type = "backend_unavailable"

@@ -110,6 +110,14 @@ class BackendState:
     kind: str | None = None
     health_path: str = "/health"
     request_defaults: dict[str, Any] = field(default_factory=dict)
+    # Loading on demand: the entry's ``load``, the footprint estimated before a load
+    # and measured once ready (MiB), the one the router admits by (``memory_mb`` from
+    # the registry, else the measured, else the estimate), and when it became ready.
+    load: str = "always"
+    memory_estimate_mb: int | None = None
+    memory_measured_mb: int | None = None
+    footprint_mb: int | None = None
+    loaded_at: float | None = None
 
 
 def write_state(

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slm_server.memory.physical import default_budget_mb, physical_memory_mb
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -255,6 +257,36 @@ class ServingSettings:
 
 
 @dataclass(frozen=True)
+class MemorySettings:
+    """Loading on demand (``SLM_MEMORY_BUDGET_MB`` and friends): how much memory the
+    models may hold together, how many may be loaded, and the rule against swapping
+    back and forth — a model that served a request within ``hold_seconds`` is not
+    evicted for another, unless that other has waited ``aging_seconds``, when the models
+    in its way stop admitting, finish what they hold, and make room."""
+
+    budget_mb: int
+    max_loaded: int | None = None
+    hold_seconds: float = 2.0
+    aging_seconds: float = 20.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> MemorySettings:
+        raw_budget = env.get("SLM_MEMORY_BUDGET_MB", "").strip()
+        budget = (
+            _int(env, "SLM_MEMORY_BUDGET_MB", 0, minimum=1)
+            if raw_budget
+            else default_budget_mb(physical_memory_mb())
+        )
+        max_loaded = _int(env, "SLM_MAX_LOADED", 0, minimum=0)
+        return cls(
+            budget_mb=budget,
+            max_loaded=max_loaded or None,
+            hold_seconds=_float(env, "SLM_SWAP_HOLD_SECONDS", 2.0),
+            aging_seconds=_float(env, "SLM_SWAP_AGING_SECONDS", 20.0),
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything tunable by environment, with its default."""
 
@@ -270,11 +302,17 @@ class Settings:
     watchdog: WatchdogSettings
     telemetry: TelemetrySettings = field(default_factory=lambda: TelemetrySettings.from_env({}))
     serving: ServingSettings = field(default_factory=lambda: ServingSettings.from_env({}))
+    memory: MemorySettings = field(default_factory=lambda: MemorySettings.from_env({}))
 
     @property
     def pidfile_path(self) -> Path:
         """Where the launcher records the processes it started."""
         return self.log_dir / "backends.pids.json"
+
+    @property
+    def footprints_path(self) -> Path:
+        """Where the footprints measured at each load are remembered across runs."""
+        return self.log_dir / "footprints.json"
 
     @property
     def state_path(self) -> Path:
@@ -299,4 +337,5 @@ class Settings:
             watchdog=WatchdogSettings.from_env(env, log_dir),
             telemetry=TelemetrySettings.from_env(env),
             serving=ServingSettings.from_env(env),
+            memory=MemorySettings.from_env(env),
         )

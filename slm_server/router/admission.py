@@ -1,5 +1,7 @@
 """Admission control per backend: at most ``max_concurrency`` requests in flight, up to
-``max_queue`` more waiting in FIFO order, the rest refused at once.
+``max_queue`` more waiting in FIFO order, the rest refused at once. A paused gate (a
+model being unloaded, or drained to make room) admits nobody: requests queue, within
+the same limits, until it is resumed.
 
 A refusal (queue full) and a deadline that passes while queued are the router's own
 decisions, never evidence against the backend.
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
+from collections.abc import Callable
 
 from slm_server.errors import BackendTimeout, Overloaded
 
@@ -19,11 +23,20 @@ RETRY_AFTER_SECONDS = 1.0
 class Gate:
     """A FIFO semaphore with a bounded queue for one backend."""
 
-    def __init__(self, name: str, limit: int, max_queue: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        limit: int,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.limit = limit
         self.max_queue = max_queue
         self.active = 0
+        self.paused = False
+        self.clock = clock
+        self.last_release = clock()  # when a request last finished (or the gate was made)
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -32,9 +45,32 @@ class Gate:
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody waits; never waits."""
-        if self.active < self.limit and not self._waiters:
+        if self.active < self.limit and not self._waiters and not self.paused:
             self.active += 1
             return True
+        return False
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing waiting."""
+        return self.active == 0 and self.queued == 0
+
+    def pause(self) -> None:
+        """Admit nobody until :meth:`resume`; what is in flight goes on."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Admit again: waiters take the free slots in order."""
+        self.paused = False
+        while self.active < self.limit and self._grant():
+            self.active += 1
+
+    def _grant(self) -> bool:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return True
         return False
 
     async def acquire(self, timeout: float) -> None:
@@ -72,12 +108,11 @@ class Gate:
             self._waiters.remove(waiter)
 
     def release(self) -> None:
-        """Free a slot: the oldest live waiter gets it, else the count drops."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        """Free a slot: the oldest live waiter gets it (unless paused), else the count
+        drops."""
+        self.last_release = self.clock()
+        if not self.paused and self._grant():
+            return
         self.active = max(0, self.active - 1)
 
 

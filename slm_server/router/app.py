@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from slm_server import commands
 from slm_server.config import ModelSpec, RegistryFile
 from slm_server.errors import GatewayError, HttpStatusError
 from slm_server.metrics import Metrics
@@ -32,8 +33,11 @@ from slm_server.router.drain import Drain
 from slm_server.router.exchange import exchange_of
 from slm_server.router.hosts import HostCheck
 from slm_server.router.info import Info, error_response
+from slm_server.router.loader import Commander, Loader
 from slm_server.router.middleware import RequestObserver
+from slm_server.router.models_api import ModelsApi
 from slm_server.router.proxy import Proxy
+from slm_server.router.room import Rules
 from slm_server.router.upstream import Transport, Upstream
 from slm_server.settings import Settings
 from slm_server.supervise.events import EventLog, EventSink
@@ -84,6 +88,7 @@ class Dependencies:
     telemetry: Telemetry
     metrics: Metrics
     drain: Drain
+    commander: Commander  # load and unload commands to the supervisor
 
 
 def gates_for(registry: Registry) -> dict[str, Gate]:
@@ -120,7 +125,18 @@ def production_dependencies(
         telemetry=Telemetry(settings.telemetry),
         metrics=Metrics(registry, states),
         drain=drain or Drain(settings.serving.drain_timeout_seconds),
+        commander=supervisor_commander(settings),
     )
+
+
+def supervisor_commander(settings: Settings) -> Commander:
+    """Commands sent over the supervisor's socket (:mod:`slm_server.commands`)."""
+    path = commands.socket_path(settings.log_dir)
+
+    async def send(command: commands.Command) -> commands.Reply:
+        return await commands.send(path, command)
+
+    return send
 
 
 def production_app(
@@ -144,7 +160,20 @@ def create_app(
     drain, upstream, telemetry, metrics = deps.drain, deps.upstream, deps.telemetry, deps.metrics
     tripwire = Tripwire(settings.watchdog, deps.events, on_failure=metrics.count_failure)
     proxy = Proxy(settings, registry, upstream, tripwire, deps.states, drain, deps.gates)
-    info = Info(registry, upstream, tripwire, deps.states, proxy.gates)
+    memory = settings.memory
+    rules = Rules(memory.budget_mb, memory.max_loaded, memory.hold_seconds, memory.aging_seconds)
+    loader = Loader(
+        registry,
+        deps.states,
+        deps.gates,
+        rules,
+        deps.commander,
+        proxy.sender.waits,
+        drain_seconds=settings.serving.drain_timeout_seconds,
+    )
+    proxy.loader = loader
+    info = Info(registry, upstream, tripwire, deps.states, proxy.gates, loader.status)
+    models_api = ModelsApi(registry, loader, info.describe)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -152,6 +181,7 @@ def create_app(
             log.warning("%s", warning)
         telemetry.start()
         drain.bind(asyncio.get_running_loop())
+        loader.start()
 
         async def end_waiting_requests() -> None:
             await drain.expired.wait()
@@ -162,6 +192,7 @@ def create_app(
             yield
         finally:
             ender.cancel()
+            await loader.stop()
             await upstream.aclose()
             await telemetry.shutdown()
 
@@ -169,6 +200,8 @@ def create_app(
     routes += [
         Route("/v1/responses", proxy.responses, methods=["POST"]),
         Route("/v1/models", info.models, methods=["GET"]),
+        Route("/v1/models/load", models_api.load, methods=["POST"]),
+        Route("/v1/models/unload", models_api.unload, methods=["POST"]),
         Route("/v1/models/{model_id:path}", info.model, methods=["GET"]),
         Route("/v1/backends/health", info.backends_health, methods=["GET"]),
         Route("/health", info.health, methods=["GET"]),

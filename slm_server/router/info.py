@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -29,13 +29,19 @@ class Info:
         tripwire: Tripwire,
         states: StateSource,
         gates: Mapping[str, Gate],
+        status: Callable[[ModelSpec], dict[str, Any]],
     ) -> None:
         self.gates = gates
+        self.status = status
         self.registry = registry
         self.upstream = upstream
         self.tripwire = tripwire
         self.states = states
         self.started = int(time.time())
+
+    def describe(self, spec: ModelSpec) -> dict[str, Any]:
+        """One model as ``GET /v1/models/{id}`` shows it."""
+        return self._model(spec)
 
     def _model(self, spec: ModelSpec) -> dict[str, Any]:
         """One model as ``/v1/models`` lists it: OpenAI's four fields, then ours."""
@@ -51,6 +57,7 @@ class Info:
             "context_length": spec.entry.context_length,
             "quantization": spec.entry.quantization,
             "supports_function_calling": spec.entry.supports_function_calling,
+            "status": self.status(spec),
         }
 
     async def models(self, _request: Request) -> JSONResponse:
@@ -107,6 +114,10 @@ class Info:
                         reason=known.reason,
                     )
                 item["failure_streak"] = streak
+                status = self.status(spec)
+                item["load"] = status["load"]
+                item["memory_mb"] = status["memory_mb"]
+                item["idle_ttl_remaining"] = status["idle_ttl_remaining"]
                 gate = self.gates.get(spec.role)
                 if gate is not None:
                     item["in_flight"] = gate.active

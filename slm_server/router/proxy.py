@@ -20,6 +20,7 @@ from slm_server.router.drain import Drain
 from slm_server.router.exchange import exchange_of
 from slm_server.router.guard import client_of, running_loop
 from slm_server.router.intake import Reception
+from slm_server.router.loader import Loader
 from slm_server.router.passthrough import PassThrough
 from slm_server.router.reply import Replies
 from slm_server.router.requests import request_timeout
@@ -56,6 +57,7 @@ class Proxy:
         self.responses_api = ResponsesApi(
             self.sender, replies, self.passthrough, self.reception.sampling_defaults
         )
+        self.loader: Loader | None = None  # loading on demand, set by the app
 
     def cancel_waiting(self) -> None:
         """End every request still waiting on a backend (the drain period is over)."""
@@ -91,6 +93,10 @@ class Proxy:
         client = client_of(request.scope, request.receive)
         slot = await self.sender.admit(client, spec, exchange, deadline)
         try:
+            loader = self.loader
+            if loader is not None and loader.on_demand(spec):
+                # Holding the slot: the line behind it waits in order, within its limits.
+                await loader.until_ready(spec, client, deadline.at)
             headers = forward_headers(request.headers)
             headers.update(exchange.upstream_headers)
             headers["x-request-id"] = exchange.request_id

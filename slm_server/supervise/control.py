@@ -16,6 +16,7 @@ from typing import Protocol
 
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan
+from slm_server.memory import measure
 from slm_server.supervise.confirm import Evidence
 from slm_server.supervise.evidence import MonotonicClock, ProbeError, Target, gather
 from slm_server.supervise.probes import Http1Probe, PsutilProbe
@@ -80,6 +81,10 @@ class ProcessControl(Protocol):
 
     def tail(self, path: Path, count: int) -> list[str]: ...
 
+    def resident_mb(self, pid: int) -> int | None:
+        """The resident memory of the process tree ``pid`` leads, None once gone."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -141,6 +146,9 @@ class RealControl:
 
     def tail(self, path: Path, count: int) -> list[str]:
         return process.tail_lines(path, count)
+
+    def resident_mb(self, pid: int) -> int | None:
+        return measure.resident_mb(pid)
 
     async def aclose(self) -> None:
         for http in self._probes.values():

@@ -193,9 +193,7 @@ class Stopped:
     survived: bool = False
 
 
-Observation = (
-    Launched | Exited | HealthProbed | Tick | Requested | Judged | Stopped | Load | Unload
-)
+Observation = Launched | Exited | HealthProbed | Tick | Requested | Judged | Stopped | Load | Unload
 
 
 # -- actions ----------------------------------------------------------------------------

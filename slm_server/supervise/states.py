@@ -38,9 +38,7 @@ class State(enum.Enum):
     UNLOADING = "unloading"
 
 
-RUNNING = frozenset(
-    {State.STARTING, State.LOADING, State.READY, State.RESTARTING, State.UNLOADING}
-)
+RUNNING = frozenset({State.STARTING, State.LOADING, State.READY, State.RESTARTING, State.UNLOADING})
 # Supervised (the supervisor goes on while any backend is in one of these).
 SUPERVISED = RUNNING | {State.UNLOADED}
 FINAL = frozenset({State.ABANDONED, State.FAILED, State.STOPPED, State.DISABLED})

@@ -26,9 +26,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from slm_server import commands
 from slm_server.config import ModelSpec, RegistryFile
 from slm_server.launch import process
+from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
+from slm_server.memory import measure
+from slm_server.memory.store import FootprintKey, FootprintStore
 from slm_server.records import (
     BackendState,
     PidRecord,
@@ -45,12 +49,25 @@ from slm_server.supervise.control import Child, ProcessControl, RealControl
 from slm_server.supervise.events import EventLog
 from slm_server.supervise.evidence import Target
 from slm_server.supervise.requests import take_requests
-from slm_server.supervise.states import RUNNING, Confirming, Done, Launching, Ready, Starting, State
+from slm_server.supervise.states import (
+    SUPERVISED,
+    Confirming,
+    Done,
+    Launching,
+    Phase,
+    Ready,
+    Starting,
+    State,
+    Unloaded,
+)
 from slm_server.supervise.strays import verifiably_ours
 
 log = logging.getLogger("slm_server.supervisor")
 
 TICK_SECONDS = 0.2
+# While a backend starts or loads, /health is probed this often (the router learns
+# that a model it waits for is ready within this, plus its own look at the state file).
+STARTING_PROBE_SECONDS = 0.05
 # How long to wait for a process to end after SIGKILL before reporting it and moving on.
 KILL_WAIT_SECONDS = 5.0
 _REAP_INTERVAL = 0.05
@@ -64,6 +81,22 @@ class Backend:
         self.life = life
         self.plan: LaunchPlan | None = None
         self.child: Child | None = None
+        self.estimate_mb: int | None = None  # the footprint expected before a load
+        self.footprint_key: FootprintKey | None = None  # where its measurement is kept
+
+    @property
+    def footprint_mb(self) -> int | None:
+        """What the router admits this backend by: the registry's ``memory_mb``, else
+        the footprint measured at its last load, else the estimate. Where resident
+        memory misses GPU memory (macOS: Metal's wired memory), the larger of the
+        measured and the estimate."""
+        entry = self.spec.entry
+        measured, estimate = self.life.measured_mb, self.estimate_mb
+        if entry.memory_mb is not None:
+            return entry.memory_mb
+        if measured is None or estimate is None:
+            return measured if measured is not None else estimate
+        return measured if measure.RSS_COUNTS_GPU_MEMORY else max(measured, estimate)
 
     @property
     def role(self) -> str:
@@ -91,6 +124,11 @@ class Backend:
             kind=self.plan.kind if self.plan is not None else None,
             health_path=self.plan.health_path if self.plan is not None else "/health",
             request_defaults=dict(self.plan.request_defaults) if self.plan is not None else {},
+            load=self.spec.entry.load,
+            memory_estimate_mb=self.estimate_mb,
+            memory_measured_mb=life.measured_mb,
+            footprint_mb=self.footprint_mb,
+            loaded_at=life.loaded_wall if life.state is State.READY else None,
         )
 
 
@@ -137,6 +175,7 @@ class Supervisor:
         self._wake: asyncio.Event | None = None
         self.create_time = process_create_time(os.getpid())
         self.chore_errors: dict[str, str] = {}  # path -> the last error reported for it
+        self.footprints = FootprintStore(settings.footprints_path)
 
     # -- signals and records --------------------------------------------------------
 
@@ -242,7 +281,7 @@ class Supervisor:
             now = self.clock()
             if action.role not in self.probing and now >= self.next_probe.get(action.role, 0):
                 self.probing.add(action.role)
-                self.next_probe[action.role] = now + TICK_SECONDS
+                self.next_probe[action.role] = now + STARTING_PROBE_SECONDS
                 self.spawn_task(self.probe(self.backends[action.role]))
         elif isinstance(action, core.Confirm):
             self.spawn_task(self.confirm(self.backends[action.role], action.reason))
@@ -400,13 +439,39 @@ class Supervisor:
         status, survived = await self.stop_child(child, kill)
         self.report(core.Stopped(backend.role, child.pid, status, survived))
 
+    def estimate(self, backend: Backend) -> None:
+        """The backend's expected footprint, and the one measured at an earlier load of
+        the same files and settings (remembered across runs)."""
+        entry = backend.spec.entry
+        backend.footprint_key = footprint_key(entry)
+        if backend.footprint_key is not None:
+            backend.life.measured_mb = self.footprints.get(backend.footprint_key)
+        try:
+            backend.estimate_mb = estimate_entry(entry).mb
+        except NoEstimate as exc:
+            log.info("no memory estimate for %s (%s): %s", backend.role, entry.id, exc)
+
+    def remember_footprint(self, backend: Backend, resident_mb: int) -> None:
+        key = backend.footprint_key
+        if key is None or self.footprints.get(key) == resident_mb:
+            return
+        if self.footprints.put(key, resident_mb):
+            self.chore_done(str(self.footprints.path))
+        else:
+            error = OSError(self.footprints.last_error or "cannot write")
+            self.housekeeping_failed("state_write_failed", str(self.footprints.path), error)
+
     async def probe(self, backend: Backend) -> None:
         try:
             if backend.plan is None:
                 return
             timeout = self.settings.health_probe_timeout_seconds
             ok = await self.control.probe(backend.plan.base_url, backend.plan.health_path, timeout)
-            self.report(core.HealthProbed(backend.role, ok))
+            child = backend.child
+            resident = self.control.resident_mb(child.pid) if ok and child is not None else None
+            if resident is not None:
+                self.remember_footprint(backend, resident)
+            self.report(core.HealthProbed(backend.role, ok, resident))
         finally:
             self.probing.discard(backend.role)
 
@@ -481,7 +546,12 @@ class Supervisor:
                 self.watchdog.restart_cooldown_seconds,
             )
             entry = spec.entry
-            phase = Launching() if entry.enabled else Done(State.DISABLED)
+            on_demand = entry.load == "on_demand"
+            phase: Phase = Launching()
+            if not entry.enabled:
+                phase = Done(State.DISABLED)
+            elif on_demand:
+                phase = Unloaded()
             life = core.Lifecycle(
                 role=spec.role,
                 model_id=entry.id,
@@ -489,10 +559,13 @@ class Supervisor:
                 budget=budget,
                 phase=phase,
                 since=self.wall(),
+                on_demand=on_demand,
             )
             backend = Backend(spec, life)
             self.backends[spec.role] = backend
             if entry.enabled:
+                self.estimate(backend)
+            if entry.enabled and not on_demand:
                 self.spawn_task(self.launch(backend))
 
     def sweep(self) -> None:
@@ -527,8 +600,9 @@ class Supervisor:
             self.events.emit("backend_log_trimmed", **ids, path=str(path), bytes=size)
 
     def running(self) -> bool:
-        """Whether any backend is starting, serving or restarting."""
-        return any(b.life.state in RUNNING for b in self.backends.values())
+        """Whether any backend is starting, serving, restarting, or unloaded (an
+        on-demand model waiting for its first request is no failure)."""
+        return any(b.life.state in SUPERVISED for b in self.backends.values())
 
     def turn(self) -> None:
         """One turn of the loop: exits first, then what the tasks reported, then time."""
@@ -554,8 +628,10 @@ class Supervisor:
                 log.error("no backend is running: every one failed or was abandoned")
                 return 1
             self._wake.clear()
+            starting = any(isinstance(b.life.phase, Starting) for b in self.backends.values())
+            wait = STARTING_PROBE_SECONDS if starting else TICK_SECONDS
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_SECONDS)
+                await asyncio.wait_for(self._wake.wait(), wait)
         return 0
 
     async def stop_all(self) -> None:
@@ -589,18 +665,55 @@ class Supervisor:
         )
         for backend in self.backends.values():
             backend.life.alive = False
-            if backend.life.state in RUNNING:
+            if backend.life.state in SUPERVISED:
                 backend.life.phase = Done(State.STOPPED)
                 backend.life.since = self.wall()
         self.dirty = True
         self.publish()
 
+    def command(self, command: commands.Command) -> commands.Reply:
+        """The router's load or unload, decided at once (and published, so the router
+        sees ``loading`` or ``unloading`` without waiting for the next turn)."""
+        backend = self.backends.get(command.role)
+        if backend is None:
+            return commands.Reply(False, error=f"no model with role {command.role!r}")
+        life = backend.life
+        if not life.on_demand:
+            return commands.Reply(
+                False, life.state.value, "load: always models are loaded at launch and kept"
+            )
+        if command.op == "load":
+            self.apply(core.Load(command.role))
+            taken = life.state in (State.LOADING, State.READY)
+        else:
+            reason = command.reason or "api"
+            self.apply(core.Unload(command.role, reason, command.for_model))
+            taken = life.state in (State.UNLOADING, State.UNLOADED)
+        self.publish()
+        if self._wake is not None:
+            self._wake.set()
+        if taken:
+            return commands.Reply(True, life.state.value)
+        return commands.Reply(
+            False, life.state.value, f"cannot {command.op} while {life.state.value}"
+        )
+
     async def main(self) -> int:
         status = 1
+        path = commands.socket_path(self.settings.log_dir)
+        server = None
         try:
+            try:
+                server = await commands.serve(path, self.command)
+            except OSError as exc:
+                log.error("cannot listen for the router's commands on %s: %s", path, exc)
             status = await self.watch()
             return status
         finally:
+            if server is not None:
+                server.close()
+                with contextlib.suppress(OSError):
+                    path.unlink()
             await self.stop_all()
             await self.control.aclose()
             self.events.emit("supervisor_stopped", pid=os.getpid(), exit_status=status)

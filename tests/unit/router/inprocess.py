@@ -19,6 +19,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.types import Message
 
+from slm_server.commands import Command, Reply
 from slm_server.config import ModelSpec, RegistryFile, parse_registry
 from slm_server.http1 import Headers
 from slm_server.metrics import Metrics
@@ -143,6 +144,78 @@ class FakeStates:
         return self.alive
 
 
+def backend_state(spec: ModelSpec, state: str, **fields: Any) -> BackendState:
+    """A published state for ``spec``, as the supervisor would write it."""
+    values: dict[str, Any] = {
+        "role": spec.role,
+        "model_id": spec.entry.id,
+        "backend": spec.entry.backend,
+        "port": spec.entry.port,
+        "state": state,
+        "pid": 4242 if state in ("ready", "loading", "unloading") else None,
+        "since": 0.0,
+        "started_at": None,
+        "exit_status": None,
+        "restarts": 0,
+        "reason": None,
+        "log_path": "logs/x.log",
+        "load": spec.entry.load,
+        **fields,
+    }
+    return BackendState(**values)
+
+
+class FakeSupervisor:
+    """Carries out load and unload commands on :class:`FakeStates`: a load is ready
+    ``load_seconds`` later (or fails, when ``fail_load`` names why), an unload is done
+    ``unload_seconds`` later. ``footprints`` by role; every command is kept."""
+
+    def __init__(self, states: FakeStates, specs: Iterable[ModelSpec]) -> None:
+        self.states = states
+        self.specs = {spec.role: spec for spec in specs}
+        self.commands: list[Command] = []
+        self.load_seconds = 0.05
+        self.unload_seconds = 0.02
+        self.fail_load: str | None = None
+        self.footprints: dict[str, int] = {}
+        self.loads = 0
+        states.alive = True
+        for spec in self.specs.values():
+            first = "unloaded" if spec.entry.load == "on_demand" else "ready"
+            self.publish(spec, first)
+
+    def publish(self, spec: ModelSpec, state: str, **fields: Any) -> None:
+        footprint = self.footprints.get(spec.role)
+        self.states.states[(spec.role, spec.entry.port)] = backend_state(
+            spec, state, footprint_mb=footprint, memory_estimate_mb=footprint, **fields
+        )
+
+    def state(self, role: str) -> str:
+        spec = self.specs[role]
+        return self.states.states[(role, spec.entry.port)].state
+
+    async def __call__(self, command: Command) -> Reply:
+        self.commands.append(command)
+        spec = self.specs[command.role]
+        loop = asyncio.get_running_loop()
+        if command.op == "load":
+            if self.state(spec.role) != "unloaded":
+                return Reply(False, self.state(spec.role), "not unloaded")
+            self.loads += 1
+            self.publish(spec, "loading")
+            if self.fail_load is not None:
+                why = self.fail_load
+                loop.call_later(
+                    self.load_seconds, lambda: self.publish(spec, "restarting", reason=why)
+                )
+            else:
+                loop.call_later(self.load_seconds, self.publish, spec, "ready")
+            return Reply(True, "loading")
+        self.publish(spec, "unloading")
+        loop.call_later(self.unload_seconds, self.publish, spec, "unloaded")
+        return Reply(True, "unloading")
+
+
 @dataclass
 class FakeEvents:
     """The watchdog's event sink, keeping every event."""
@@ -169,7 +242,7 @@ models:
     max_concurrency: {concurrency}
     max_queue: {queue}
     quantization: Q4_1
-"""
+{more}"""
 
 
 @dataclass
@@ -180,6 +253,7 @@ class Router:
     transport: FakeTransport
     states: FakeStates
     events: FakeEvents
+    supervisor: FakeSupervisor
     deps: Dependencies
     settings: Settings
     registry: RegistryFile
@@ -191,6 +265,9 @@ class Router:
     def gate_active(self) -> int:
         return self.deps.gates[self.spec.role].active
 
+    def spec_of(self, role: str) -> ModelSpec:
+        return next(spec for spec in self.registry.models if spec.role == role)
+
 
 def make_router(
     tmp_path: Path,
@@ -200,6 +277,8 @@ def make_router(
     concurrency: int = 2,
     queue: int = 4,
     env: Mapping[str, str] | None = None,
+    more: str = "",
+    chat: str = "",
 ) -> Router:
     """A router for one llama.cpp chat model, answering through ``script``."""
     environ = {
@@ -210,10 +289,16 @@ def make_router(
         **(env or {}),
     }
     settings = Settings.from_env(environ)
-    text = REGISTRY.format(timeout=timeout, concurrency=concurrency, queue=queue)
+    text = REGISTRY.format(timeout=timeout, concurrency=concurrency, queue=queue, more=more)
+    if chat:
+        text = text.replace("    quantization: Q4_1\n", f"    quantization: Q4_1\n{chat}", 1)
     registry_file = parse_registry(text, tmp_path / "models.yaml")
     registry = Registry(registry_file.models)
     transport, states, events = FakeTransport(script), FakeStates(), FakeEvents()
+    supervisor = FakeSupervisor(states, registry.enabled)
+    if not any(spec.entry.load == "on_demand" for spec in registry.enabled):
+        states.states.clear()  # no launcher: nothing published
+        states.alive = False
     deps = Dependencies(
         upstream=transport,
         states=states,
@@ -222,9 +307,10 @@ def make_router(
         telemetry=Telemetry(settings.telemetry, environ={}),
         metrics=Metrics(registry, states),
         drain=Drain(settings.serving.drain_timeout_seconds),
+        commander=supervisor,
     )
     app = create_app(settings, registry_file, deps, registry)
-    return Router(app, transport, states, events, deps, settings, registry_file)
+    return Router(app, transport, states, events, supervisor, deps, settings, registry_file)
 
 
 @dataclass

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slm_server.commands import Command, Reply
 from slm_server.config import ModelEntry, ModelSpec, RegistryFile
 from slm_server.launch.plan import LaunchPlan, Toolchain
 from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
+from slm_server.records import read_state
 from slm_server.settings import Settings
 from slm_server.supervise.confirm import Evidence, ProcessStatus
 from slm_server.supervise.evidence import Target
@@ -81,6 +83,7 @@ class FakeControl:
         self.strays_killed: list[int] = []
         self.trim_error: OSError | None = None
         self.spawn_error: OSError | None = None
+        self.resident: dict[int, int] = {}  # pid -> resident MiB of its tree
 
     def child(self, role: str, index: int = -1) -> FakeChild:
         return [c for c in self.children if c.role == role][index]
@@ -139,6 +142,9 @@ class FakeControl:
     def tail(self, path: Path, count: int) -> list[str]:
         return ["last line"]
 
+    def resident_mb(self, pid: int) -> int | None:
+        return self.resident.get(pid)
+
     async def aclose(self) -> None:
         pass
 
@@ -164,10 +170,12 @@ def make(
     tmp_path: Path,
     roles: tuple[str, ...] = ("a",),
     clock: Callable[[], float] = time.monotonic,
+    fields: dict[str, Any] | None = None,
     **env: str,
 ) -> tuple[Supervisor, FakeControl]:
     model = tmp_path / "model.gguf"
-    model.write_bytes(b"")
+    if not model.exists():
+        model.write_bytes(b"")
     environ = {
         "SLM_ENV_FILE": str(tmp_path / "no.env"),
         "SLM_BACKEND_LOG_DIR": str(tmp_path / "logs"),
@@ -191,6 +199,7 @@ def make(
                     "model_path": str(model),
                     "default_timeout": 60,
                     "quantization": "Q4_1",
+                    **(fields or {}),
                 }
             ),
         )
@@ -520,3 +529,83 @@ def test_wedged_restart_sigkills_at_once(tmp_path: Path) -> None:
     asyncio.run(scenario())
     old = control.children[0]
     assert control.signals_of(old.pid) == [signal.SIGKILL, signal.SIGKILL]
+
+
+# -- load: on_demand ---------------------------------------------------------------------
+
+
+def test_an_on_demand_model_waits_unloaded_and_loads_on_the_routers_command(
+    tmp_path: Path,
+) -> None:
+    supervisor, control = make(tmp_path, ("a", "b"), fields={"load": "on_demand"})
+
+    async def scenario() -> None:
+        supervisor.start()
+        for _ in range(3):
+            supervisor.turn()
+        assert state(supervisor) is State.UNLOADED
+        assert control.children == []
+        assert supervisor.running()  # nothing loaded is no reason to give up
+        reply = supervisor.command(Command("load", "a"))
+        assert reply == Reply(True, "loading")
+        await until(supervisor, lambda: bool(control.children), "spawned")
+        control.resident[control.child("a").pid] = 321
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready")
+        assert state(supervisor, "b") is State.UNLOADED
+        supervisor.publish()
+        [snapshot] = [s for s in read_state(supervisor.settings.state_path)[1] if s.role == "a"]
+        assert (snapshot.state, snapshot.load, snapshot.memory_measured_mb) == (
+            "ready",
+            "on_demand",
+            321,
+        )
+        assert snapshot.footprint_mb == 321
+        assert snapshot.loaded_at == WALL
+        reply = supervisor.command(Command("unload", "a", "idle_ttl"))
+        assert reply == Reply(True, "unloading")
+        await until(supervisor, lambda: state(supervisor) is State.UNLOADED, "unloaded")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    names = [e["event"] for e in events(supervisor)]
+    assert names == ["supervisor_started", "backend_loading", "backend_loaded", "backend_unloaded"]
+    [unloaded] = events(supervisor, "backend_unloaded")
+    assert unloaded["reason"] == "idle_ttl"
+    assert supervisor.backends["a"].life.budget.used == 0
+    assert state(supervisor, "b") is State.STOPPED
+
+
+def test_the_measured_footprint_is_remembered_across_runs(tmp_path: Path) -> None:
+    first, control = make(tmp_path, fields={"load": "on_demand"})
+
+    async def load(supervisor: Supervisor, control: FakeControl) -> None:
+        supervisor.start()
+        supervisor.command(Command("load", "a"))
+        await until(supervisor, lambda: bool(control.children), "spawned")
+        control.resident[control.child("a").pid] = 654
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready")
+        await supervisor.stop_all()
+
+    asyncio.run(load(first, control))
+    second, _control = make(tmp_path, fields={"load": "on_demand"})
+    second.start()
+    assert second.backends["a"].footprint_mb == 654
+    with_override, _control = make(tmp_path, fields={"load": "on_demand", "memory_mb": 900})
+    with_override.start()
+    assert with_override.backends["a"].footprint_mb == 900
+
+
+def test_commands_for_always_or_unknown_models_are_refused(tmp_path: Path) -> None:
+    supervisor, _control = make(tmp_path)
+
+    async def scenario() -> None:
+        await serving(supervisor)
+        refused = supervisor.command(Command("unload", "a", "api"))
+        assert not refused.ok
+        assert refused.state == "ready"
+        assert "always" in (refused.error or "")
+        assert not supervisor.command(Command("load", "zzz")).ok
+        assert state(supervisor) is State.READY
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())

@@ -1,0 +1,409 @@
+"""Loading on demand, the router's side: requests for an unloaded ``load: on_demand``
+model wait (holding their admission slot, within their deadline) while one planner
+task makes room and asks the supervisor to load it; idle models are unloaded at their
+``idle_ttl``; ``POST /v1/models/load`` and ``/unload`` go through the same planner.
+
+The router decides, because only it knows what is in flight and queued: the supervisor
+carries out (:mod:`slm_server.commands`) and publishes the result in the state file,
+which the planner reads every ``POLL_SECONDS`` while anything is loading, unloading or
+waiting. Before a model is unloaded its gate is paused, in the same step as the check
+that it is idle, so no request can be admitted to a process that is about to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from slm_server.commands import Command, CommandError, Reply
+from slm_server.config import ModelSpec
+from slm_server.errors import BackendUnavailable
+from slm_server.records import BackendState
+from slm_server.registry import Registry
+from slm_server.router.admission import Gate
+from slm_server.router.backend_state import StateSource
+from slm_server.router.guard import ClientWatch, Waits, running_loop
+from slm_server.router.room import Holder, Rules, make_room
+from slm_server.router.upstream import RETRY_AFTER_SECONDS
+
+log = logging.getLogger("slm_server.router")
+
+POLL_SECONDS = 0.02  # the state file, while a load or unload is under way
+IDLE_POLL_SECONDS = 1.0  # otherwise (idle TTLs)
+# States in which a backend holds memory (or is about to, or still does).
+HOLDING = frozenset({"loading", "starting", "ready", "restarting", "unloading"})
+# States in which a load that was asked for has failed.
+LOAD_FAILED = frozenset({"restarting", "abandoned", "failed", "stopped"})
+UNLOAD_WAIT_SECONDS = 60.0  # bound on waiting for an asked unload to be published
+
+Commander = Callable[[Command], Awaitable[Reply]]
+
+
+class Clock(Protocol):
+    def __call__(self) -> float: ...
+
+
+@dataclass
+class Waiting:
+    """The requests waiting for one model to be ready."""
+
+    since: float
+    futures: list[asyncio.Future[None]] = field(default_factory=list)
+    why: str = ""  # why it does not load yet, for the answer when the deadline passes
+
+
+@dataclass
+class Model:
+    """What the planner keeps about one on-demand model."""
+
+    spec: ModelSpec
+    waiting: Waiting | None = None
+    load_sent_at: float | None = None
+    unload_sent: bool = False
+    draining: bool = False
+    ready_seen_at: float | None = None  # router clock when it was first seen ready
+
+
+class Loader:
+    """The planner for every ``load: on_demand`` model of one router."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        states: StateSource,
+        gates: Mapping[str, Gate],
+        rules: Rules,
+        commander: Commander,
+        waits: Waits,
+        *,
+        drain_seconds: float = 30.0,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+    ) -> None:
+        self.registry = registry
+        self.states = states
+        self.gates = gates
+        self.rules = rules
+        self.commander = commander
+        self.waits = waits
+        self.drain_seconds = drain_seconds
+        self.clock = clock
+        self.wall = wall
+        self.models = {
+            spec.role: Model(spec) for spec in registry.enabled if spec.entry.load == "on_demand"
+        }
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- the request path -----------------------------------------------------------
+
+    def on_demand(self, spec: ModelSpec) -> bool:
+        return spec.role in self.models
+
+    def state_of(self, spec: ModelSpec) -> BackendState | None:
+        return self.states.get(spec.role, spec.entry.port)
+
+    async def until_ready(self, spec: ModelSpec, client: ClientWatch, until: float) -> None:
+        """Return once ``spec``'s backend is ready, loading it if it must; raises 503
+        when it cannot be loaded (with why) or when ``until`` (loop time) passes."""
+        state = self.state_of(spec)
+        model = self.models[spec.role]
+        if state is not None and state.state == "ready" and not model.unload_sent:
+            return
+        if not self.states.launcher_alive():
+            raise BackendUnavailable(
+                f"'{spec.entry.id}' is loaded on demand, and the supervisor that loads it "
+                "is not running",
+                code="supervisor_not_running",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        waiting = model.waiting or Waiting(self.clock())
+        model.waiting = waiting
+        future: asyncio.Future[None] = running_loop().create_future()
+        waiting.futures.append(future)
+        self.wake()
+        try:
+            await self.waits.run(client, future, until)
+        except TimeoutError:
+            code = "insufficient_memory" if waiting.why else "model_loading"
+            why = waiting.why or "it is still loading"
+            raise BackendUnavailable(
+                f"'{spec.entry.id}' was not ready within the request's deadline: {why}",
+                code=code,
+                retry_after=RETRY_AFTER_SECONDS,
+            ) from None
+        finally:
+            with contextlib.suppress(ValueError):
+                waiting.futures.remove(future)
+            if not waiting.futures and model.waiting is waiting:
+                model.waiting = None
+                self.wake()
+
+    # -- the planner ----------------------------------------------------------------
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def start(self) -> None:
+        """Run the planner on the current loop (nothing to plan without an on-demand
+        model)."""
+        if self.models and self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            try:
+                busy = await self.plan()
+            except Exception:  # one bad turn never ends loading for good
+                log.exception("the on-demand planner failed a turn")
+                busy = True
+            poll = POLL_SECONDS if busy else IDLE_POLL_SECONDS
+            # A timer rather than wait_for: on 3.11 wait_for can swallow a cancel that
+            # arrives as the event is set, and the planner would never stop.
+            timer = running_loop().call_later(poll, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+
+    def _holders(self, states: Mapping[str, BackendState | None]) -> list[Holder]:
+        holders: list[Holder] = []
+        for spec in self.registry.enabled:
+            state = states.get(spec.role)
+            if state is None or state.state not in HOLDING:
+                continue
+            model = self.models.get(spec.role)
+            gate = self.gates[spec.role]
+            last = gate.last_release
+            if model is not None and model.ready_seen_at is not None:
+                last = max(last, model.ready_seen_at)
+            unloading = state.state == "unloading" or (model is not None and model.unload_sent)
+            holders.append(
+                Holder(
+                    spec.role,
+                    spec.entry.id,
+                    state.footprint_mb or 0,
+                    on_demand=model is not None,
+                    in_flight=gate.active,
+                    queued=gate.queued,
+                    last_used=last,
+                    unloading=unloading,
+                    draining=model is not None and model.draining,
+                )
+            )
+        return holders
+
+    async def plan(self) -> bool:
+        """One turn: settle waiters, make room and load, unload the idle; whether
+        anything is under way (to look again soon)."""
+        now = self.clock()
+        states = {spec.role: self.state_of(spec) for spec in self.registry.enabled}
+        busy = False
+        for role, model in self.models.items():
+            state = states.get(role)
+            name = state.state if state is not None else "unloaded"
+            if name == "ready" and model.ready_seen_at is None:
+                model.ready_seen_at = now
+            if name != "ready":
+                model.ready_seen_at = None
+            if name in ("unloaded", "stopped") or state is None:
+                model.unload_sent = False
+                if model.draining:
+                    model.draining = False
+                    self.gates[role].resume()
+            if model.load_sent_at is not None and name in ("ready", *LOAD_FAILED):
+                model.load_sent_at = None
+                if name != "ready":
+                    reason = state.reason if state is not None else None
+                    self._fail(model, f"its load failed: {reason or name}", "load_failed")
+            waiting = model.waiting
+            if waiting is not None and name == "ready" and not model.unload_sent:
+                for future in waiting.futures:
+                    if not future.done():
+                        future.set_result(None)
+                model.waiting = None
+            busy = busy or name in ("loading", "unloading") or model.waiting is not None
+        # Waiting models, oldest first; only the oldest may evict (no starvation).
+        queue = sorted(
+            (m for m in self.models.values() if m.waiting is not None),
+            key=lambda m: m.waiting.since if m.waiting is not None else 0.0,
+        )
+        first = True
+        for model in queue:
+            role = model.spec.role
+            state = states.get(role)
+            name = state.state if state is not None else "unloaded"
+            waiting = model.waiting
+            if waiting is None or model.load_sent_at is not None:
+                continue
+            if name not in ("unloaded", "stopped"):
+                continue  # loading, or unloading first: look again next turn
+            footprint = state.footprint_mb if state is not None else None
+            room = make_room(
+                role, footprint or 0, waiting.since, self._holders(states), self.rules, now
+            )
+            if room.impossible:
+                self._fail(model, room.why, "insufficient_memory", retry=False)
+                continue
+            if room.load:
+                await self._load(model)
+                states[role] = self.state_of(model.spec)
+                continue
+            waiting.why = room.why
+            if first:
+                for victim in room.evict:
+                    await self._unload(self.models[victim], "evicted", model.spec.entry.id)
+                for role_in_way in room.drain:
+                    other = self.models[role_in_way]
+                    if not other.draining:
+                        other.draining = True
+                        self.gates[role_in_way].pause()
+                        log.info(
+                            "draining %s to make room for %s (waiting %.1fs)",
+                            other.spec.entry.id,
+                            model.spec.entry.id,
+                            now - waiting.since,
+                        )
+            first = False
+        await self._expire_idle(states, now)
+        return busy
+
+    async def _expire_idle(self, states: Mapping[str, BackendState | None], now: float) -> None:
+        for role, model in self.models.items():
+            ttl = model.spec.entry.idle_ttl
+            state = states.get(role)
+            if ttl is None or state is None or state.state != "ready" or model.unload_sent:
+                continue
+            gate = self.gates[role]
+            last = max(gate.last_release, model.ready_seen_at or 0.0)
+            if gate.idle and model.waiting is None and now - last >= ttl:
+                await self._unload(model, "idle_ttl")
+
+    def _fail(self, model: Model, why: str, code: str, retry: bool = True) -> None:
+        waiting, model.waiting = model.waiting, None
+        if waiting is None:
+            return
+        error = BackendUnavailable(
+            f"'{model.spec.entry.id}' cannot be served: {why}",
+            code=code,
+            retry_after=RETRY_AFTER_SECONDS if retry else None,
+        )
+        for future in waiting.futures:
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved here: a waiter that left never reads it
+
+    async def _load(self, model: Model) -> None:
+        model.load_sent_at = self.clock()
+        reply = await self._send(Command("load", model.spec.role))
+        if reply is None or not reply.ok:
+            model.load_sent_at = None
+            why = reply.error if reply is not None and reply.error else "the supervisor refused"
+            self._fail(model, f"it could not be loaded: {why}", "load_failed")
+
+    async def _unload(self, model: Model, reason: str, for_model: str | None = None) -> bool:
+        """Pause the model's gate (while it is still idle: no await in between) and ask
+        for its process to go; False when it was not idle or the supervisor refused."""
+        gate = self.gates[model.spec.role]
+        if reason != "api" and not (gate.idle or (model.draining and gate.active == 0)):
+            return False
+        gate.pause()
+        model.unload_sent = True
+        reply = await self._send(Command("unload", model.spec.role, reason, for_model))
+        if reply is None or not reply.ok:
+            model.unload_sent = False
+            if not model.draining:
+                gate.resume()
+            return False
+        model.draining = True  # resumed once it is unloaded
+        return True
+
+    async def _send(self, command: Command) -> Reply | None:
+        try:
+            return await self.commander(command)
+        except CommandError as exc:
+            log.warning("cannot %s %s: %s", command.op, command.role, exc)
+            return None
+
+    # -- the API ----------------------------------------------------------------------
+
+    async def load(self, spec: ModelSpec, client: ClientWatch) -> None:
+        """``POST /v1/models/load``: ready within the model's ``default_timeout``."""
+        until = running_loop().time() + spec.entry.default_timeout
+        await self.until_ready(spec, client, until)
+
+    async def unload(self, spec: ModelSpec) -> None:
+        """``POST /v1/models/unload``: stop admitting, let what is in flight finish
+        (up to the drain timeout), then stop the process and wait until it is gone."""
+        model = self.models[spec.role]
+        gate = self.gates[spec.role]
+        gate.pause()
+        model.draining = True
+        deadline = self.clock() + self.drain_seconds
+        while gate.active > 0 and self.clock() < deadline:
+            await asyncio.sleep(POLL_SECONDS)
+        state = self.state_of(spec)
+        loaded = state is not None and state.state in HOLDING and state.state != "unloading"
+        if loaded and not await self._unload(model, "api"):
+            gate.resume()
+            model.draining = False
+            raise BackendUnavailable(
+                f"'{spec.entry.id}' could not be unloaded (the supervisor refused)",
+                code="unload_failed",
+            )
+        stop_at = self.clock() + UNLOAD_WAIT_SECONDS
+        while self.clock() < stop_at:
+            state = self.state_of(spec)
+            if state is None or state.state in ("unloaded", "stopped", "abandoned", "failed"):
+                break
+            await asyncio.sleep(POLL_SECONDS)
+        self.wake()
+
+    def status(self, spec: ModelSpec) -> dict[str, Any]:
+        """The ``status`` object of ``/v1/models``."""
+        state = self.state_of(spec)
+        gate = self.gates.get(spec.role)
+        name = state.state if state is not None else ("unloaded" if self.on_demand(spec) else None)
+        entry = spec.entry
+        ttl_remaining = None
+        if entry.idle_ttl is not None and name == "ready" and gate is not None and gate.idle:
+            model = self.models.get(spec.role)
+            seen = model.ready_seen_at if model is not None else None
+            last = max(gate.last_release, seen or 0.0)
+            ttl_remaining = round(max(0.0, entry.idle_ttl - (self.clock() - last)), 1)
+        last_used_at = None
+        if gate is not None:
+            last_used_at = round(self.wall() - (self.clock() - gate.last_release), 3)
+        return {
+            "state": name,
+            "load": entry.load,
+            "memory_mb": {
+                "estimate": state.memory_estimate_mb if state is not None else None,
+                "measured": state.memory_measured_mb if state is not None else None,
+                "admitted_as": state.footprint_mb if state is not None else entry.memory_mb,
+                "budget": self.rules.budget_mb,
+            },
+            "loaded_at": state.loaded_at if state is not None else None,
+            "last_used_at": last_used_at,
+            "idle_ttl": entry.idle_ttl,
+            "idle_ttl_remaining": ttl_remaining,
+        }
+
+
+__all__ = ["Loader"]

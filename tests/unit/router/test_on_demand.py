@@ -1,0 +1,356 @@
+"""Loading on demand, in-process: the router with a scripted upstream and a fake
+supervisor that carries out load and unload commands on the published states. The
+first request loads, concurrent ones share the load, room is made from idle models
+only, idle models go at their TTL, and the load/unload API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from slm_server.commands import Command
+from tests.unit.router.inprocess import (
+    Answer,
+    FakeResponse,
+    Router,
+    Sent,
+    call,
+    make_router,
+    sse,
+    whole,
+)
+
+ON_DEMAND = "    load: on_demand\n"
+
+
+def entry(role: str, port: int, *extra: str, on_demand: bool = True) -> str:
+    lines = [
+        f"  {role}:",
+        f"    id: {role}-model",
+        "    backend: llamacpp",
+        f"    port: {port}",
+        f"    model_path: models/{role}.gguf",
+        "    default_timeout: 5",
+        "    quantization: Q4_1",
+        *(["    load: on_demand"] if on_demand else []),
+        *(f"    {line}" for line in extra),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def chat_body(model: str, stream: bool = False) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+
+
+ANSWER = {
+    "id": "x",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+}
+
+
+async def answer_whole(_sent: Sent) -> FakeResponse:
+    return whole(ANSWER)
+
+
+@asynccontextmanager
+async def serving(router: Router) -> AsyncIterator[Router]:
+    async with router.app.router.lifespan_context(router.app):
+        yield router
+
+
+def run(scenario: Awaitable[None]) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(scenario, 15)
+
+    asyncio.run(bounded())
+
+
+async def until(condition: Any, what: str, seconds: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not condition():
+        assert loop.time() < deadline, f"never: {what}"
+        await asyncio.sleep(0.005)
+
+
+def loads(router: Router) -> list[str]:
+    return [c.role for c in router.supervisor.commands if c.op == "load"]
+
+
+def unloads(router: Router) -> list[Command]:
+    return [c for c in router.supervisor.commands if c.op == "unload"]
+
+
+def test_the_first_request_loads_the_model_and_is_answered(tmp_path: Path) -> None:
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
+
+    async def scenario() -> None:
+        async with serving(router):
+            assert router.supervisor.state("chat") == "unloaded"
+            got = await call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            assert got.status == 200
+            assert loads(router) == ["chat"]
+            assert router.supervisor.state("chat") == "ready"
+            again = await call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            assert again.status == 200
+            assert loads(router) == ["chat"]  # loaded once
+
+    run(scenario())
+
+
+def test_concurrent_first_requests_share_one_load_and_are_served_in_order(
+    tmp_path: Path,
+) -> None:
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND, concurrency=2, queue=8)
+    router.supervisor.load_seconds = 0.2
+
+    async def scenario() -> None:
+        async with serving(router):
+            body = chat_body("org/chat-model")
+            answers = await asyncio.gather(
+                *(call(router.app, "/v1/chat/completions", body) for _ in range(8))
+            )
+            assert [a.status for a in answers] == [200] * 8
+            assert loads(router) == ["chat"]
+            assert router.supervisor.loads == 1
+
+    run(scenario())
+
+
+def test_the_least_recently_used_idle_model_makes_room_never_a_streaming_one(
+    tmp_path: Path,
+) -> None:
+    release = asyncio.Event()
+
+    async def script(sent: Sent) -> FakeResponse:
+        if json.loads(sent.body).get("stream"):
+            return sse({"choices": [{"delta": {"content": "a"}}]}, then=[release])
+        return whole(ANSWER)
+
+    more = entry("coder", 18002) + entry("embed", 18003)
+    router = make_router(
+        tmp_path,
+        script,
+        chat=ON_DEMAND,
+        more=more,
+        env={"SLM_MEMORY_BUDGET_MB": "1000", "SLM_SWAP_HOLD_SECONDS": "0.2"},
+    )
+    router.supervisor.footprints.update(chat=400, coder=400, embed=400)
+    for role in ("chat", "coder", "embed"):
+        router.supervisor.publish(router.spec_of(role), "unloaded")
+
+    async def scenario() -> None:
+        async with serving(router):
+            # chat streams (busy); coder answers and goes idle; embed needs room.
+            streaming = Answer()
+            stream = asyncio.ensure_future(
+                call(
+                    router.app,
+                    "/v1/chat/completions",
+                    chat_body("org/chat-model", stream=True),
+                    answer=streaming,
+                )
+            )
+            await until(lambda: bool(streaming.chunks), "the stream started")
+            coder = await call(router.app, "/v1/chat/completions", chat_body("coder-model"))
+            assert coder.status == 200
+            router.deps.gates["coder"].last_release -= 10  # idle past the hold
+            third = await call(router.app, "/v1/chat/completions", chat_body("embed-model"))
+            assert third.status == 200
+            [evicted] = unloads(router)
+            assert (evicted.role, evicted.reason, evicted.for_model) == (
+                "coder",
+                "evicted",
+                "embed-model",
+            )
+            assert router.supervisor.state("chat") == "ready"
+            release.set()
+            done = await stream
+            assert done.status == 200 and done.events()[-1] == "[DONE]"
+
+    run(scenario())
+
+
+def test_a_model_that_cannot_fit_waits_then_gets_503_insufficient_memory(
+    tmp_path: Path,
+) -> None:
+    release = asyncio.Event()
+
+    async def slow(sent: Sent) -> FakeResponse:
+        if sent.spec.role == "chat":
+            await release.wait()
+        return whole(ANSWER)
+
+    router = make_router(
+        tmp_path,
+        slow,
+        chat=ON_DEMAND,
+        more=entry("coder", 18002),
+        env={"SLM_MEMORY_BUDGET_MB": "1000"},
+    )
+    router.supervisor.footprints.update(chat=600, coder=600)
+    for role in ("chat", "coder"):
+        router.supervisor.publish(router.spec_of(role), "unloaded")
+
+    async def scenario() -> None:
+        async with serving(router):
+            busy = asyncio.ensure_future(
+                call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            )
+            await until(lambda: router.supervisor.state("chat") == "ready", "chat loaded")
+            got = await call(
+                router.app,
+                "/v1/chat/completions",
+                chat_body("coder-model"),
+                headers={"x-request-timeout": "0.3"},
+            )
+            assert got.status == 503
+            error = got.json()["error"]
+            assert error["code"] == "insufficient_memory"
+            assert "in use: org/chat-model" in error["message"]
+            assert "retry-after" in got.headers
+            assert unloads(router) == []  # the busy model was left alone
+            release.set()
+            assert (await busy).status == 200
+
+    run(scenario())
+
+
+def test_a_model_larger_than_the_budget_is_refused_at_once(tmp_path: Path) -> None:
+    router = make_router(
+        tmp_path, answer_whole, chat=ON_DEMAND, env={"SLM_MEMORY_BUDGET_MB": "100"}
+    )
+    router.supervisor.footprints["chat"] = 500
+    router.supervisor.publish(router.spec, "unloaded")
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            assert got.status == 503
+            assert got.json()["error"]["code"] == "insufficient_memory"
+            assert "more than the whole memory budget" in got.json()["error"]["message"]
+            assert loads(router) == []
+
+    run(scenario())
+
+
+def test_a_failed_load_is_503_with_the_reason(tmp_path: Path) -> None:
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
+    router.supervisor.fail_load = "exited with status 1 while loading"
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            assert got.status == 503
+            error = got.json()["error"]
+            assert error["code"] == "load_failed"
+            assert "exited with status 1 while loading" in error["message"]
+            assert router.transport.sent == []
+
+    run(scenario())
+
+
+def test_an_idle_model_is_unloaded_at_its_ttl(tmp_path: Path) -> None:
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND + "    idle_ttl: 0.2\n")
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            assert got.status == 200
+            await until(lambda: router.supervisor.state("chat") == "unloaded", "unloaded")
+            [unload] = unloads(router)
+            assert unload.reason == "idle_ttl"
+
+    run(scenario())
+
+
+def test_a_waiting_client_that_leaves_gives_up_its_place(tmp_path: Path) -> None:
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
+    router.supervisor.load_seconds = 0.3
+
+    async def scenario() -> None:
+        async with serving(router):
+            leave = asyncio.Event()
+            waiting = asyncio.ensure_future(
+                call(router.app, "/v1/chat/completions", chat_body("org/chat-model"), leave=leave)
+            )
+            await until(lambda: loads(router) == ["chat"], "load asked")
+            leave.set()
+            await waiting
+            gate = router.deps.gates["chat"]
+            await until(lambda: gate.active == 0, "slot given back")
+            loader_model = router.supervisor  # the load itself goes on and ends ready
+            await until(lambda: loader_model.state("chat") == "ready", "ready")
+            assert router.transport.sent == []
+
+    run(scenario())
+
+
+def test_load_and_unload_api(tmp_path: Path) -> None:
+    release = asyncio.Event()
+
+    async def slow(_sent: Sent) -> FakeResponse:
+        await release.wait()
+        return whole(ANSWER)
+
+    router = make_router(
+        tmp_path, slow, chat=ON_DEMAND, more=entry("always", 18002, on_demand=False)
+    )
+    always = router.spec_of("always")
+
+    async def scenario() -> None:
+        async with serving(router):
+            router.supervisor.publish(always, "ready")
+            loaded = await call(router.app, "/v1/models/load", {"model": "org/chat-model"})
+            assert loaded.status == 200
+            assert loaded.json()["status"]["state"] == "ready"
+            assert loaded.json()["status"]["load"] == "on_demand"
+            in_flight = asyncio.ensure_future(
+                call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            )
+            await until(lambda: router.gate_active() == 1, "in flight")
+            unloading = asyncio.ensure_future(
+                call(router.app, "/v1/models/unload", {"model": "org/chat-model"})
+            )
+            await asyncio.sleep(0.1)
+            assert not unloading.done()  # it waits for the request in flight
+            assert unloads(router) == []
+            release.set()
+            assert (await in_flight).status == 200
+            unloaded = await unloading
+            assert unloaded.status == 200
+            assert unloaded.json()["status"]["state"] == "unloaded"
+            missing = await call(router.app, "/v1/models/load", {"model": "nope"})
+            assert missing.status == 404
+            refused = await call(router.app, "/v1/models/unload", {"model": "always-model"})
+            assert refused.status == 409
+
+    run(scenario())
+
+
+def test_an_unload_never_lets_a_request_reach_a_stopping_process(tmp_path: Path) -> None:
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
+    router.supervisor.unload_seconds = 0.2
+
+    async def scenario() -> None:
+        async with serving(router):
+            await call(router.app, "/v1/models/load", {"model": "org/chat-model"})
+            unloading = asyncio.ensure_future(
+                call(router.app, "/v1/models/unload", {"model": "org/chat-model"})
+            )
+            await until(lambda: router.supervisor.state("chat") == "unloading", "unloading")
+            # A request during the unload waits for it, then loads the model again.
+            got = await call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            assert got.status == 200
+            assert (await unloading).status == 200
+            assert loads(router) == ["chat", "chat"]
+            assert len(router.transport.sent) == 1
+
+    run(scenario())
