@@ -11,11 +11,28 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
+
+import httpx
 
 from slm_server import logging_setup
-from slm_server.config import ConfigError, inspect_registry, load_registry, read_registry_text
+from slm_server.config import (
+    ConfigError,
+    ModelEntry,
+    Problem,
+    inspect_registry,
+    load_registry,
+    read_registry_text,
+)
+from slm_server.launch.footprint import NoEstimate, estimate_entry
 from slm_server.launch.plan import Toolchain, plan_registry
-from slm_server.records import BackendState, pid_alive, read_state, read_state_file
+from slm_server.records import (
+    HOLDING_STATES,
+    BackendState,
+    pid_alive,
+    read_state,
+    read_state_file,
+)
 from slm_server.settings import Settings, SettingsError, load_environment
 
 
@@ -37,11 +54,36 @@ def cmd_check(settings: Settings) -> int:
     for spec in registry.models:
         if not spec.entry.enabled:
             print(f"{spec.role} ({spec.entry.id}): disabled, skipped")
+    budget = settings.memory.budget_mb
+    memory_problems: list[Problem] = []
+    always_mb = 0
+    by_role = {spec.role: spec for spec in registry.models}
     for plan in plans:
         print(f"{plan.role} ({plan.model_id}) -> {plan.host}:{plan.port}, log {plan.log_path}")
         print("  " + " ".join(_quote(arg) for arg in plan.argv))
+        spec = by_role[plan.role]
+        needed, shown = _footprint(spec.entry)
+        print(f"  memory: {shown}; load: {spec.entry.load}")
+        if needed is not None and needed > budget:
+            memory_problems.append(
+                Problem(
+                    str(path),
+                    spec.label,
+                    "memory_mb" if spec.entry.memory_mb is not None else None,
+                    f"needs {needed} MiB, more than the whole memory budget of {budget} MiB "
+                    "(SLM_MEMORY_BUDGET_MB): it cannot be loaded even alone",
+                )
+            )
+        if spec.entry.load == "always" and needed is not None:
+            always_mb += needed
+    if always_mb > budget:
+        print(
+            f"warning: the load: always models need {always_mb} MiB together, more than the "
+            f"memory budget of {budget} MiB: no on-demand model will fit beside them"
+        )
     problems = list(registry.problems)
     problems += [p for _spec, error in failures for p in error.problems]
+    problems += memory_problems
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
@@ -51,6 +93,18 @@ def cmd_check(settings: Settings) -> int:
         print(f"llama.cpp server: {runtime.program} ({runtime.kind}, from {runtime.origin})")
     print(f"{registry.path}: {len(plans)} model(s) ready to launch")
     return 0
+
+
+def _footprint(entry: ModelEntry) -> tuple[int | None, str]:
+    """The footprint ``check`` judges an entry by (its ``memory_mb``, else the
+    estimate), and how to show it."""
+    if entry.memory_mb is not None:
+        return entry.memory_mb, f"{entry.memory_mb} MiB (memory_mb)"
+    try:
+        estimate = estimate_entry(entry)
+    except NoEstimate as exc:
+        return None, f"no estimate ({exc})"
+    return estimate.mb, f"~{estimate.mb} MiB estimated ({estimate.detail})"
 
 
 def _quote(arg: str) -> str:
@@ -104,18 +158,69 @@ def cmd_router(settings: Settings) -> int:
     return 0
 
 
-def _print_table(launcher_pid: int | None, running: bool, backends: list[BackendState]) -> None:
+def _router_view(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Each model's ``status`` object as the running router sees it (idle TTL left),
+    by id; empty when the router does not answer within a second."""
+    host = settings.router_host if settings.router_host not in ("0.0.0.0", "::") else "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    headers = {}
+    if settings.serving.api_keys:
+        headers["Authorization"] = f"Bearer {settings.serving.api_keys[0]}"
+    try:
+        answer = httpx.get(
+            f"http://{host}:{settings.router_port}/v1/models", headers=headers, timeout=1.0
+        )
+        data = answer.json().get("data", []) if answer.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return {}
+    return {
+        str(m.get("id")): m["status"]
+        for m in data
+        if isinstance(m, dict) and isinstance(m.get("status"), dict)
+    }
+
+
+def _memory(b: BackendState) -> str:
+    """The footprint a backend is admitted by: measured, or ``~`` an estimate."""
+    if b.footprint_mb is None:
+        return "-"
+    estimated = b.memory_measured_mb is None or b.footprint_mb != b.memory_measured_mb
+    return f"{'~' if estimated else ''}{b.footprint_mb}M"
+
+
+def _print_table(
+    launcher_pid: int | None,
+    running: bool,
+    backends: list[BackendState],
+    budget_mb: int,
+    router: dict[str, dict[str, Any]],
+) -> None:
+    held = sum(b.footprint_mb or 0 for b in backends if b.state in HOLDING_STATES)
     print(f"launcher pid {launcher_pid}: {'running' if running else 'not running'}")
-    columns = ("ROLE", "MODEL", "PORT", "STATE", "PID", "UPTIME", "RESTARTS", "LAST EXIT")
+    print(f"memory: {held} of {budget_mb} MiB held (SLM_MEMORY_BUDGET_MB)")
+    columns = (
+        "ROLE",
+        "MODEL",
+        "PORT",
+        "STATE",
+        "PID",
+        "UPTIME",
+        "MEMORY",
+        "LOAD",
+        "TTL LEFT",
+        "RESTARTS",
+        "LAST EXIT",
+    )
     rows: list[tuple[str, ...]] = [columns]
     notes: list[str] = []
     now = time.time()
     for b in backends:
         alive = b.pid is not None and pid_alive(b.pid)
         state = b.state
-        if b.state in ("starting", "ready") and not (running and alive):
+        if b.state in ("starting", "loading", "ready") and not (running and alive):
             state = "dead"
         uptime = _duration(now - b.started_at) if b.started_at and alive else "-"
+        left = router.get(b.model_id, {}).get("idle_ttl_remaining")
         rows.append(
             (
                 b.role,
@@ -124,6 +229,9 @@ def _print_table(launcher_pid: int | None, running: bool, backends: list[Backend
                 state,
                 str(b.pid) if b.pid is not None and alive else "-",
                 uptime,
+                _memory(b),
+                b.load,
+                _duration(left) if isinstance(left, int | float) else "-",
                 str(b.restarts),
                 b.last_exit or "-",
             )
@@ -150,10 +258,12 @@ def _duration(seconds: float) -> str:
 
 
 def _ready_count(running: bool, backends: list[BackendState]) -> int:
-    """Backends that are ready *and* whose process and launcher are alive."""
+    """Backends that are ready *and* whose process and launcher are alive, and
+    on-demand models waiting unloaded (no failure: they load on their first request)."""
     if not running:
         return 0
-    return sum(1 for b in backends if b.state == "ready" and pid_alive(b.pid))
+    ready = sum(1 for b in backends if b.state == "ready" and pid_alive(b.pid))
+    return ready + sum(1 for b in backends if b.state == "unloaded")
 
 
 def _wait_for_backends(settings: Settings, timeout: float, launcher_pid: int | None) -> None:
@@ -190,7 +300,8 @@ def cmd_status(settings: Settings, wait: float | None = None, launcher: int | No
         return 1
     # The launcher is the one that wrote the file only if its create time matches too.
     running = state.launcher_running()
-    _print_table(launcher_pid, running, backends)
+    router = _router_view(settings) if running else {}
+    _print_table(launcher_pid, running, backends, settings.memory.budget_mb, router)
     return 0 if _ready_count(running, backends) else 1
 
 

@@ -85,6 +85,10 @@ def write_pidfile(path: Path, launcher_pid: int, records: list[PidRecord]) -> No
     )
 
 
+# Published states in which a backend holds memory (or is about to, or still does).
+HOLDING_STATES = frozenset({"loading", "starting", "ready", "restarting", "unloading"})
+
+
 @dataclass(frozen=True)
 class BackendState:
     """What ``status`` shows for one backend."""

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from slm_server.commands import Command, CommandError, Reply
 from slm_server.config import ModelSpec
 from slm_server.errors import BackendUnavailable
+from slm_server.records import HOLDING_STATES as HOLDING
 from slm_server.records import BackendState
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate
@@ -35,8 +36,6 @@ log = logging.getLogger("slm_server.router")
 
 POLL_SECONDS = 0.02  # the state file, while a load or unload is under way
 IDLE_POLL_SECONDS = 1.0  # otherwise (idle TTLs)
-# States in which a backend holds memory (or is about to, or still does).
-HOLDING = frozenset({"loading", "starting", "ready", "restarting", "unloading"})
 # States in which a load that was asked for has failed.
 LOAD_FAILED = frozenset({"restarting", "abandoned", "failed", "stopped"})
 UNLOAD_WAIT_SECONDS = 60.0  # bound on waiting for an asked unload to be published

@@ -68,6 +68,8 @@ TICK_SECONDS = 0.2
 # While a backend starts or loads, /health is probed this often (the router learns
 # that a model it waits for is ready within this, plus its own look at the state file).
 STARTING_PROBE_SECONDS = 0.05
+# A ready backend's footprint is measured again each sweep and kept when it grew by more.
+REMEASURE_GROWTH = 1.05
 # How long to wait for a process to end after SIGKILL before reporting it and moving on.
 KILL_WAIT_SECONDS = 5.0
 _REAP_INTERVAL = 0.05
@@ -451,6 +453,22 @@ class Supervisor:
         except NoEstimate as exc:
             log.info("no memory estimate for %s (%s): %s", backend.role, entry.id, exc)
 
+    def remeasure(self) -> None:
+        """Serving grows a backend (buffers on its first requests, the prompt cache):
+        a ready one measured more than ``REMEASURE_GROWTH`` above its footprint is
+        remembered at its new size."""
+        for backend in self.backends.values():
+            life, child = backend.life, backend.child
+            if life.state is not State.READY or child is None or not life.alive:
+                continue
+            resident = self.control.resident_mb(child.pid)
+            known = life.measured_mb
+            if resident is None or (known is not None and resident <= known * REMEASURE_GROWTH):
+                continue
+            life.measured_mb = resident
+            self.remember_footprint(backend, resident)
+            self.dirty = True
+
     def remember_footprint(self, backend: Backend, resident_mb: int) -> None:
         key = backend.footprint_key
         if key is None or self.footprints.get(key) == resident_mb:
@@ -522,6 +540,12 @@ class Supervisor:
             **self.watchdog.tunables(),
             stop_timeout_seconds=self.settings.stop_timeout_seconds,
             ready_timeout_seconds=self.settings.ready_timeout_seconds,
+            memory_budget_mb=self.settings.memory.budget_mb,
+            max_loaded=self.settings.memory.max_loaded,
+            swap_hold_seconds=self.settings.memory.hold_seconds,
+            swap_aging_seconds=self.settings.memory.aging_seconds,
+            on_demand=[m.entry.id for m in self.registry.enabled if m.entry.load == "on_demand"]
+            or None,
         )
         for warning in self.registry.warnings:
             log.warning("%s", warning)
@@ -581,6 +605,7 @@ class Supervisor:
             self.chore_done(str(directory))
         for request in requests:
             self.apply(core.Requested(request))
+        self.remeasure()
         max_bytes = int(self.watchdog.backend_log_max_mb * 1024 * 1024)
         if max_bytes <= 0:
             return

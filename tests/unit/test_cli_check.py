@@ -278,7 +278,15 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
     assert "spare (spare-model): disabled, skipped" in lines
     log = sandbox.log_dir / "llama-smollm2-8601.log"
     assert f"standard (smollm2) -> 127.0.0.1:8601, log {log}" in lines
-    argv_lines = [shlex.split(line) for line in lines if line.startswith("  ")]
+    argv_lines = [
+        shlex.split(line)
+        for line in lines
+        if line.startswith("  ") and not line.startswith("  memory: ")
+    ]
+    memory = [line for line in lines if line.startswith("  memory: ")]
+    # Empty stand-in model files: no GGUF to estimate from, and check says so.
+    assert len(memory) == 2 and all("no estimate" in line for line in memory)
+    assert all(line.endswith("; load: always") for line in memory)
     assert argv_lines[0] == [
         str(sandbox.fake_llama),
         "--model",
@@ -432,6 +440,44 @@ def test_invalid_settings_are_one_line(
     assert run.code == 1
     assert run.err_lines == ["error: SLM_ROUTER_PORT='eighty' is not an integer"]
     assert run.stdout == ""
+
+
+def test_a_model_larger_than_the_memory_budget_fails_check(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = sandbox.model()
+    sandbox.write_registry(
+        {
+            "big": entry("big", 8601, model, load="on_demand", memory_mb=5000),
+            "small": entry("small", 8602, model, memory_mb=100),
+        }
+    )
+    (sandbox.root / "absent.env").write_text("SLM_MEMORY_BUDGET_MB=4000\n", encoding="utf-8")
+    run = check_in_process(sandbox, Launch(llama_bin=sandbox.fake_llama), monkeypatch, capsys)
+    assert_clean_failure(run)
+    (line,) = run.err_lines
+    assert "model 'big' (id 'big'): field 'memory_mb': needs 5000 MiB" in line
+    assert "memory budget of 4000 MiB (SLM_MEMORY_BUDGET_MB)" in line
+    assert "  memory: 100 MiB (memory_mb); load: always" in run.stdout.splitlines()
+
+
+def test_always_models_over_the_budget_together_are_a_warning(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = sandbox.model()
+    sandbox.write_registry(
+        {
+            "a": entry("a", 8601, model, memory_mb=3000),
+            "b": entry("b", 8602, model, memory_mb=3000),
+        }
+    )
+    (sandbox.root / "absent.env").write_text("SLM_MEMORY_BUDGET_MB=4000\n", encoding="utf-8")
+    run = check_in_process(sandbox, Launch(llama_bin=sandbox.fake_llama), monkeypatch, capsys)
+    assert run.code == 0, run
+    assert (
+        "warning: the load: always models need 6000 MiB together, more than the memory "
+        "budget of 4000 MiB: no on-demand model will fit beside them"
+    ) in run.stdout.splitlines()
 
 
 def test_missing_config_hints_at_the_example(

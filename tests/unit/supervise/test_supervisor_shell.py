@@ -609,3 +609,34 @@ def test_commands_for_always_or_unknown_models_are_refused(tmp_path: Path) -> No
         await supervisor.stop_all()
 
     asyncio.run(scenario())
+
+
+def test_a_backend_that_grows_while_serving_is_remembered_at_its_new_size(
+    tmp_path: Path,
+) -> None:
+    supervisor, control = make(tmp_path)
+
+    async def scenario() -> None:
+        supervisor.start()
+        await until(supervisor, lambda: bool(control.children), "spawned")
+        pid = control.child("a").pid
+        control.resident[pid] = 200
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready")
+        control.resident[pid] = 205  # within 5 %: not worth a write
+        supervisor.sweep()
+        assert supervisor.backends["a"].life.measured_mb == 200
+        control.resident[pid] = 260
+        supervisor.sweep()
+        assert supervisor.backends["a"].life.measured_mb == 260
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    again, _control = make(tmp_path)
+
+    async def remembered() -> int | None:
+        again.start()  # estimates and reads the store before anything is spawned
+        measured = again.backends["a"].life.measured_mb
+        await again.stop_all()
+        return measured
+
+    assert asyncio.run(remembered()) == 260
