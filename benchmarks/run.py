@@ -3,6 +3,7 @@
     uv run python -m benchmarks.run overhead peer        # fake backend, ~5 + ~7 minutes
     uv run python -m benchmarks.run defaults             # lean and default configuration
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
+    uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run overhead --quick     # a short run to try things out
 
 Each scenario first waits (up to ``--max-wait`` seconds) for the 1-minute load average
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import overhead, real, recovery
+from benchmarks import overhead, real, recovery, swap
 from benchmarks.machine import describe_machine, load_average, source_digest, wait_for_quiet
 from benchmarks.report import DASH, Check, checks_table, machine_line, show, write_results
 from benchmarks.servers import litellm_version
@@ -149,12 +150,26 @@ def run_recovery(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_swap(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = swap.Plan(trials=1 if quick else max(rounds, 5))
+    trials = swap.run_trials(plan, workdir, say)
+    return Outcome(
+        "Models on demand: a cold load and a swap on llama-server (SmolLM2 135M, Gemma 3 270M)",
+        asdict(plan) | {"one_model_budget_mb": swap.ONE_MODEL_BUDGET_MB},
+        trials,
+        swap.checks(trials),
+        swap.tables(trials),
+        trials,
+    )
+
+
 SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "overhead": run_overhead,
     "defaults": run_defaults,
     "peer": run_peer,
     "real": run_real,
     "recovery": run_recovery,
+    "swap": run_swap,
 }
 
 

@@ -310,7 +310,10 @@ def launcher(
                 command.popen.poll() is not None
                 or (
                     len(launched.states()) == len(models)
-                    and all(s.get("state") == "ready" for s in launched.states().values())
+                    # An on-demand model waits unloaded for its first request.
+                    and all(
+                        s.get("state") in ("ready", "unloaded") for s in launched.states().values()
+                    )
                 )
             ),
             180,

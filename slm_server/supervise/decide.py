@@ -429,6 +429,7 @@ class _Decision:
             self.move(life, Launching(phase.stopping), phase.reason)
             self.actions.append(Launch(life.role))
         elif isinstance(phase, Unloading):
+            took = round(self.wall - life.since, 3)  # since the unload began
             self.move(life, Unloaded(), phase.reason)
             self.emit(
                 "backend_unloaded",
@@ -436,6 +437,7 @@ class _Decision:
                 pid=stop.pid,
                 reason=phase.reason,
                 for_model=phase.for_model,
+                seconds=took,
             )
 
     # Unloaded -> Launching(load): the router wants it. Loading or ready already: nothing.

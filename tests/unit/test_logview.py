@@ -170,8 +170,8 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         f"{NAMED}  pid=41220 seconds=1.25 memory_measured=812MB",
     ),
     "backend_unloaded": (
-        {**BACKEND, "pid": 41220, "reason": "evicted", "for_model": "qwen3-coder"},
-        f"{NAMED}  pid=41220 reason=evicted for_model=qwen3-coder",
+        {**BACKEND, "pid": 41220, "reason": "evicted", "for_model": "qwen3-coder", "seconds": 0.4},
+        f"{NAMED}  pid=41220 reason=evicted for_model=qwen3-coder seconds=0.4",
     ),
     "load_failed": (
         {**BACKEND, "reason": "exited with status 1 while loading"},

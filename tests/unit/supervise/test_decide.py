@@ -1085,8 +1085,11 @@ def test_an_unload_stops_the_process_and_ends_unloaded_spending_nothing() -> Non
     assert r.life.reason == "evicted"
     # The process going away while it is unloaded is no failure.
     assert r.step(exited(OLD)) == []
-    actions = r.step(Stopped(ROLE, OLD, -15))
-    assert actions == [emit("backend_unloaded", **IDS, pid=OLD, reason="evicted", for_model="m2")]
+    actions = r.step(Stopped(ROLE, OLD, -15), 0.5)
+    unloaded = emit(
+        "backend_unloaded", **IDS, pid=OLD, reason="evicted", for_model="m2", seconds=0.5
+    )
+    assert actions == [unloaded]
     assert state(r.life) is State.UNLOADED
     assert r.life.budget.used == 0
     # And it loads again.
