@@ -34,7 +34,7 @@ MAX_SOCKET_PATH = 100
 MAX_LINE_BYTES = 4096
 COMMAND_TIMEOUT_SECONDS = 2.0
 Op = Literal["load", "unload"]
-UNLOAD_REASONS = frozenset({"idle_ttl", "evicted", "api"})
+UNLOAD_REASONS = frozenset({"idle_ttl", "evicted", "api", "no_waiter"})
 
 
 class CommandError(Exception):

@@ -63,6 +63,7 @@ class Model:
     spec: ModelSpec
     waiting: Waiting | None = None
     load_sent_at: float | None = None
+    last_load_seconds: float | None = None  # how long its last load took, as seen here
     unload_sent: bool = False
     draining: bool = False
     ready_seen_at: float | None = None  # router clock when it was first seen ready
@@ -227,6 +228,8 @@ class Loader:
                     model.draining = False
                     self.gates[role].resume()
             if model.load_sent_at is not None and name in ("ready", *LOAD_FAILED):
+                if name == "ready":
+                    model.last_load_seconds = now - model.load_sent_at
                 model.load_sent_at = None
                 if name != "ready":
                     reason = state.reason if state is not None else None
@@ -280,8 +283,26 @@ class Loader:
                             now - waiting.since,
                         )
             first = False
+        await self._drop_unwanted_loads(states, now)
         await self._expire_idle(states, now)
         return busy
+
+    async def _drop_unwanted_loads(
+        self, states: Mapping[str, BackendState | None], now: float
+    ) -> None:
+        """A load whose waiters have all left goes on when it is near done (past half
+        of the time this model's last load took, or its first: nothing to judge by);
+        otherwise it is stopped, and the memory it was taking is free again."""
+        for role, model in self.models.items():
+            state = states.get(role)
+            started, took = model.load_sent_at, model.last_load_seconds
+            if model.waiting is not None or started is None or took is None:
+                continue
+            if state is None or state.state != "loading" or now - started >= took / 2:
+                continue
+            if await self._unload(model, "no_waiter"):
+                model.load_sent_at = None
+                log.info("stopped loading %s: every request for it left", model.spec.entry.id)
 
     async def _expire_idle(self, states: Mapping[str, BackendState | None], now: float) -> None:
         for role, model in self.models.items():

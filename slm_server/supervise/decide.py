@@ -152,7 +152,8 @@ class Load:
 @dataclass(frozen=True)
 class Unload:
     """The router asks for an on-demand model's process to go: ``reason`` is
-    ``idle_ttl``, ``evicted`` (to make room for ``for_model``) or ``api``."""
+    ``idle_ttl``, ``evicted`` (to make room for ``for_model``), ``api`` or
+    ``no_waiter`` (a load every request for it left)."""
 
     role: str
     reason: str

@@ -186,7 +186,7 @@ class Unloaded:
 @dataclass(frozen=True)
 class Unloading:
     """The router asked for the process to go (``reason``: ``idle_ttl``, ``evicted``
-    to make room for ``for_model``, or ``api``); stopping it."""
+    to make room for ``for_model``, ``api``, or ``no_waiter``); stopping it."""
 
     reason: str
     for_model: str | None = None

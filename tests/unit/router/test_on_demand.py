@@ -354,3 +354,27 @@ def test_an_unload_never_lets_a_request_reach_a_stopping_process(tmp_path: Path)
             assert len(router.transport.sent) == 1
 
     run(scenario())
+
+
+def test_a_load_nobody_waits_for_any_more_is_stopped_unless_near_done(tmp_path: Path) -> None:
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
+    router.supervisor.load_seconds = 0.4
+
+    async def scenario() -> None:
+        async with serving(router):
+            # A first load: nothing to judge "near done" by, so it would go on; it sets
+            # how long a load of this model takes.
+            await call(router.app, "/v1/models/load", {"model": "org/chat-model"})
+            await call(router.app, "/v1/models/unload", {"model": "org/chat-model"})
+            leave = asyncio.Event()
+            waiting = asyncio.ensure_future(
+                call(router.app, "/v1/chat/completions", chat_body("org/chat-model"), leave=leave)
+            )
+            await until(lambda: loads(router) == ["chat", "chat"], "second load asked")
+            leave.set()  # well before half of the 0.4 s a load takes
+            await waiting
+            await until(lambda: router.supervisor.state("chat") == "unloaded", "load stopped")
+            assert [c.reason for c in unloads(router)] == ["api", "no_waiter"]
+            assert router.transport.sent == []
+
+    run(scenario())
