@@ -334,7 +334,10 @@ class Loader:
         reply = await self._send(Command("load", model.spec.role))
         if reply is None or not reply.ok:
             model.load_sent_at = None
-            why = reply.error if reply is not None and reply.error else "the supervisor refused"
+            if reply is None:
+                why = "the supervisor cannot be reached (is `backends` running?)"
+            else:
+                why = reply.error or "the supervisor refused"
             self._fail(model, f"it could not be loaded: {why}", "load_failed")
 
     async def _unload(self, model: Model, reason: str, for_model: str | None = None) -> bool:
