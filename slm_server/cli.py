@@ -29,6 +29,7 @@ from slm_server.launch.plan import Toolchain, plan_registry
 from slm_server.records import (
     HOLDING_STATES,
     BackendState,
+    budget_view,
     pid_alive,
     read_state,
     read_state_file,
@@ -209,6 +210,8 @@ def _print_table(
         "LOAD",
         "TTL LEFT",
         "RESTARTS",
+        "BUDGET",
+        "FREES IN",
         "LAST EXIT",
     )
     rows: list[tuple[str, ...]] = [columns]
@@ -221,6 +224,7 @@ def _print_table(
             state = "dead"
         uptime = _duration(now - b.started_at) if b.started_at and alive else "-"
         left = router.get(b.model_id, {}).get("idle_ttl_remaining")
+        budget = budget_view(b, now)
         rows.append(
             (
                 b.role,
@@ -233,6 +237,8 @@ def _print_table(
                 b.load,
                 _duration(left) if isinstance(left, int | float) else "-",
                 str(b.restarts),
+                f"{budget.remaining}/{budget.max_restarts}",
+                _duration(budget.frees_at - now) if budget.frees_at is not None else "-",
                 b.last_exit or "-",
             )
         )

@@ -14,6 +14,7 @@ restarts are read at scrape time (:class:`LiveState`), so they cost nothing per 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any, Final, TypeVar
 
@@ -25,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from slm_server.config import ModelSpec
+from slm_server.records import budget_view
 from slm_server.registry import Registry
 from slm_server.router.backend_state import StateSource
 from slm_server.router.exchange import Exchange
@@ -254,7 +256,8 @@ class LiveState(Collector):
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        in_flight, state, restarts = families
+        in_flight, state, restarts, remaining, used, frees_in = families
+        wall = time.time()
         counts = dict.fromkeys(self.enabled_ids, 0)
         for exchange in list(self.live.values()):
             label = model_label(exchange)
@@ -282,10 +285,24 @@ class LiveState(Collector):
                 totals[key] = totals.get(key, 0) + count
             for reason, count in totals.items():
                 restarts.add_metric([entry.id, spec.role, reason], count)
+            if known is not None:
+                budget = budget_view(known, wall)
+                labels = [entry.id, spec.role]
+                remaining.add_metric(labels, 0 if budget.abandoned else budget.remaining)
+                used.add_metric(labels, budget.used)
+                if budget.frees_at is not None:
+                    frees_in.add_metric(labels, max(0.0, budget.frees_at - wall))
         return families
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
+    def _families() -> tuple[
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+    ]:
         return (
             GaugeMetricFamily(
                 "slm_requests_in_flight",
@@ -301,5 +318,20 @@ class LiveState(Collector):
                 "slm_backend_restarts",
                 "Restarts of the backend by the supervisor, by reason.",
                 labels=["model", "role", "reason"],
+            ),
+            GaugeMetricFamily(
+                "slm_restart_budget_remaining",
+                "Restarts the backend may still have within the window (0 once abandoned).",
+                labels=["model", "role"],
+            ),
+            GaugeMetricFamily(
+                "slm_restart_budget_used",
+                "Restarts of the backend within the sliding window.",
+                labels=["model", "role"],
+            ),
+            GaugeMetricFamily(
+                "slm_restart_budget_frees_in_seconds",
+                "Seconds until the oldest restart in the window leaves it (absent: none).",
+                labels=["model", "role"],
             ),
         )

@@ -117,6 +117,11 @@ class BackendState:
     # Loading on demand: the entry's ``load``, the footprint estimated before a load
     # and measured once ready (MiB), the one the router admits by (``memory_mb`` from
     # the registry, else the measured, else the estimate), and when it became ready.
+    # The restart budget: the most restarts its sliding window allows, the window, and
+    # when (wall clock) each restart the window held at publication was spent.
+    budget_max: int = 0
+    budget_window_seconds: float = 0.0
+    budget_spent_at: list[float] = field(default_factory=list)
     load: str = "always"
     memory_estimate_mb: int | None = None
     memory_measured_mb: int | None = None
@@ -175,6 +180,33 @@ def launcher_running(pid: int | None, create_time: float | None) -> bool:
     except psutil.Error:
         return True  # alive, but not ours to inspect
     return create_time is None or abs(created - create_time) <= CREATE_TIME_TOLERANCE
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """A backend's restart budget at one moment, from its published state."""
+
+    used: int
+    remaining: int
+    max_restarts: int
+    window_seconds: float
+    frees_at: float | None  # wall clock when the oldest restart leaves the window
+    abandoned: bool
+
+
+def budget_view(state: BackendState, wall: float) -> BudgetView:
+    """The budget of ``state`` at wall-clock ``wall``: restarts older than the window
+    have left it, whenever the file was written."""
+    window = state.budget_window_seconds
+    held = sorted(t for t in state.budget_spent_at if wall - t < window)
+    return BudgetView(
+        used=len(held),
+        remaining=max(0, state.budget_max - len(held)),
+        max_restarts=state.budget_max,
+        window_seconds=window,
+        frees_at=round(held[0] + window, 3) if held else None,
+        abandoned=state.state == "abandoned",
+    )
 
 
 @dataclass(frozen=True)

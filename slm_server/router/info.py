@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any
 
 from starlette.requests import Request
@@ -12,6 +13,7 @@ from starlette.responses import JSONResponse
 
 from slm_server.config import ModelSpec
 from slm_server.errors import GatewayError
+from slm_server.records import budget_view
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate
 from slm_server.router.backend_state import StateSource
@@ -112,6 +114,7 @@ class Info:
                         last_exit=known.last_exit,
                         last_restart_reason=known.last_restart_reason,
                         reason=known.reason,
+                        restart_budget=asdict(budget_view(known, now)),
                     )
                 item["failure_streak"] = streak
                 status = self.status(spec)

@@ -40,3 +40,8 @@ class RestartBudget:
     @property
     def used(self) -> int:
         return len(self._times)
+
+    def spent_at(self, now: float) -> tuple[float, ...]:
+        """When (monotonic) each restart the window holds at ``now`` was spent."""
+        self._expire(now)
+        return tuple(self._times)

@@ -104,9 +104,12 @@ class Backend:
     def role(self) -> str:
         return self.spec.role
 
-    def snapshot(self, log_dir_path: str) -> BackendState:
+    def snapshot(self, log_dir_path: str, now: float, wall: float) -> BackendState:
+        """What the state file publishes for this backend (``now`` monotonic and
+        ``wall`` clock of the same moment, to show when the budget frees up)."""
         life, child = self.life, self.child
         alive = child is not None and life.alive
+        budget = life.budget
         return BackendState(
             role=self.spec.role,
             model_id=self.spec.entry.id,
@@ -126,6 +129,9 @@ class Backend:
             kind=self.plan.kind if self.plan is not None else None,
             health_path=self.plan.health_path if self.plan is not None else "/health",
             request_defaults=dict(self.plan.request_defaults) if self.plan is not None else {},
+            budget_max=budget.max_restarts,
+            budget_window_seconds=budget.window,
+            budget_spent_at=[round(wall - (now - t), 3) for t in budget.spent_at(now)],
             load=self.spec.entry.load,
             memory_estimate_mb=self.estimate_mb,
             memory_measured_mb=life.measured_mb,
@@ -224,7 +230,8 @@ class Supervisor:
         pid = os.getpid()
         log_dir = str(self.settings.log_dir)
         backends = list(self.backends.values())
-        snapshots = [b.snapshot(log_dir) for b in backends]
+        now, wall = self.clock(), self.wall()
+        snapshots = [b.snapshot(log_dir, now, wall) for b in backends]
         records = [
             PidRecord(
                 pid=b.child.pid,

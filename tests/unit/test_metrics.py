@@ -204,6 +204,29 @@ def test_backend_states_and_restarts_come_from_the_published_state(tmp_path: Pat
     assert sample(m, "slm_backend_restarts_total", **restarts, reason="other") == 4
 
 
+def test_the_restart_budget_is_exported_as_it_stands_now(tmp_path: Path) -> None:
+    now = time.time()
+    spent = [now - 700.0, now - 100.0, now - 30.0]  # the first has left a 600 s window
+    budget = {"budget_max": 5, "budget_window_seconds": 600.0, "budget_spent_at": spent}
+    write_state(
+        tmp_path / "state.json",
+        os.getpid(),
+        [
+            published("alpha", 8501, "ready", **budget),
+            published("embed", 8502, "abandoned", **{**budget, "budget_spent_at": [now] * 5}),
+        ],
+    )
+    m = metrics(tmp_path)
+    alpha = {"model": "alpha", "role": "alpha"}
+    assert sample(m, "slm_restart_budget_used", **alpha) == 2
+    assert sample(m, "slm_restart_budget_remaining", **alpha) == 3
+    frees_in = sample(m, "slm_restart_budget_frees_in_seconds", **alpha)
+    assert frees_in is not None and 495 < frees_in <= 500
+    embed = {"model": "embed", "role": "embed"}
+    assert sample(m, "slm_restart_budget_remaining", **embed) == 0
+    assert sample(m, "slm_restart_budget_used", **embed) == 5
+
+
 def test_a_dead_launcher_makes_its_states_unsupervised(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -21,7 +21,7 @@ from slm_server.config import ModelEntry, ModelSpec, RegistryFile
 from slm_server.launch.plan import LaunchPlan, Toolchain
 from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
-from slm_server.records import read_state
+from slm_server.records import budget_view, read_state
 from slm_server.settings import Settings
 from slm_server.supervise.confirm import Evidence, ProcessStatus
 from slm_server.supervise.evidence import Target
@@ -640,3 +640,29 @@ def test_a_backend_that_grows_while_serving_is_remembered_at_its_new_size(
         return measured
 
     assert asyncio.run(remembered()) == 260
+
+
+def test_the_restart_budget_is_published_with_when_each_restart_was_spent(
+    tmp_path: Path,
+) -> None:
+    supervisor, control = make(tmp_path)
+
+    async def scenario() -> None:
+        await serving(supervisor)
+        control.child("a").status = -9
+        await until(supervisor, lambda: len(control.children) == 2, "relaunched")
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready again")
+        supervisor.dirty = True
+        supervisor.publish()
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
+    [published] = read_state(supervisor.settings.state_path)[1]
+    assert published.budget_max == 5
+    assert published.budget_window_seconds == 600.0
+    assert len(published.budget_spent_at) == 1
+    assert abs(published.budget_spent_at[0] - WALL) < 5
+    view = budget_view(published, WALL + 1)
+    assert (view.used, view.remaining, view.abandoned) == (1, 4, False)
+    assert view.frees_at is not None and abs(view.frees_at - (WALL + 600)) < 5
+    assert budget_view(published, WALL + 601).used == 0
