@@ -901,6 +901,7 @@ def main_as_llama_server(argv: list[str]) -> int:
         return 2
     startup.say(start.describe())
     app = build_app(start.alias)
+    app.state.held_memory = startup.hold_memory(start.behaviour.footprint_mb)
     app.state.fake.script = script
     after = start.behaviour.exit_after_seconds
     if after is not None:

@@ -15,6 +15,10 @@ object, these optional keys apply (any other key is an error, exit 2):
                                overrides the script's health_status
     script: object             the initial script, same fields as POST /_control
     ignore_sigterm: bool       once serving, ignore SIGTERM (only SIGKILL ends it)
+    start_delay_seconds: float sleep this long before anything else (exit_at_start
+                               included): a model that takes time to load
+    footprint_mb: int          allocate and touch this many MiB at start and hold them
+                               while serving, so the process's resident set is real
 
 Anything else (empty, not JSON, a real .gguf) starts normally. A missing or
 unreadable model file exits 1, like llama-server failing to load its model.
@@ -27,6 +31,7 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,16 +62,17 @@ class Behaviour:
     exit_after_seconds: float | None = None
     script: dict[str, Any] = field(default_factory=dict)  # health_status merged in
     ignore_sigterm: bool = False
+    start_delay_seconds: float = 0.0
+    footprint_mb: int = 0
 
     @classmethod
     def parse(cls, data: dict[str, Any], source: Path) -> Behaviour:
         def bad(key: str, expected: str) -> StartupExit:
             return StartupExit(2, f"fake: {source}: {key!r} must be {expected}, not {data[key]!r}")
 
-        unknown = sorted(
-            set(data)
-            - {"exit_at_start", "exit_after_seconds", "health_status", "script", "ignore_sigterm"}
-        )
+        known = {"exit_at_start", "exit_after_seconds", "health_status", "script"}
+        known |= {"ignore_sigterm", "start_delay_seconds", "footprint_mb"}
+        unknown = sorted(set(data) - known)
         if unknown:
             raise StartupExit(2, f"fake: {source}: unknown key(s) {', '.join(unknown)}")
         for key in ("exit_at_start", "health_status"):
@@ -75,6 +81,12 @@ class Behaviour:
         after = data.get("exit_after_seconds")
         if after is not None and (type(after) not in (int, float) or after < 0):
             raise bad("exit_after_seconds", "a number >= 0")
+        delay = data.get("start_delay_seconds", 0.0)
+        if type(delay) not in (int, float) or delay < 0:
+            raise bad("start_delay_seconds", "a number >= 0")
+        footprint = data.get("footprint_mb", 0)
+        if type(footprint) is not int or not 0 <= footprint <= 4096:
+            raise bad("footprint_mb", "an integer from 0 to 4096")
         if not isinstance(data.get("script", {}), dict):
             raise bad("script", "an object")
         script = dict(data.get("script", {}))
@@ -87,6 +99,8 @@ class Behaviour:
             exit_at_start=data.get("exit_at_start"),
             exit_after_seconds=None if after is None else float(after),
             script=script,
+            start_delay_seconds=float(delay),
+            footprint_mb=footprint,
         )
 
 
@@ -143,6 +157,8 @@ def prepare(argv: list[str]) -> LlamaServerStart:
     args, ignored = parser.parse_known_args(argv)
     model: Path = args.model
     behaviour = read_behaviour(model)
+    if behaviour.start_delay_seconds:
+        time.sleep(behaviour.start_delay_seconds)
     if behaviour.exit_at_start is not None:
         code = behaviour.exit_at_start
         raise StartupExit(code, f"fake: exiting at start with code {code}")
@@ -154,6 +170,11 @@ def prepare(argv: list[str]) -> LlamaServerStart:
         ignored=ignored,
         behaviour=behaviour,
     )
+
+
+def hold_memory(mb: int) -> bytes:
+    """``mb`` MiB written to (every page touched, so resident), for the caller to keep."""
+    return b"\x01" * (mb << 20)
 
 
 def exit_later(seconds: float) -> None:

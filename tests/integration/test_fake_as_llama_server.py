@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import yaml
 
@@ -234,12 +236,31 @@ def test_exit_after_seconds_counts_from_the_first_healthy_answer(tmp_path: Path)
     assert "fake: exiting 0.3s after becoming healthy with code 1" in fake.output()
 
 
+def test_footprint_mb_is_resident_while_serving(tmp_path: Path) -> None:
+    model = model_file(tmp_path, {"footprint_mb": 120})
+    with fake_llama_server(tmp_path, ["--model", str(model)]) as fake:
+        assert fake.wait_serving().status_code == 200
+        resident = psutil.Process(fake.popen.pid).memory_info().rss >> 20
+    assert resident >= 120, resident
+
+
+def test_start_delay_seconds_comes_before_exit_at_start(tmp_path: Path) -> None:
+    model = model_file(tmp_path, {"start_delay_seconds": 0.5, "exit_at_start": 7})
+    started = time.monotonic()
+    with fake_llama_server(tmp_path, ["--model", str(model)]) as fake:
+        assert fake.wait_exit() == 7
+    assert time.monotonic() - started >= 0.5
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
         ({"exit_at_start": 1, "typo": 2}, "unknown key(s) typo"),
         ({"script": {"no_such_field": 1}}, "bad script: unknown script field 'no_such_field'"),
         ({"exit_after_seconds": "soon"}, "'exit_after_seconds' must be a number >= 0"),
+        ({"start_delay_seconds": -1}, "'start_delay_seconds' must be a number >= 0"),
+        ({"footprint_mb": 1.5}, "'footprint_mb' must be an integer from 0 to 4096"),
+        ({"footprint_mb": 5000}, "'footprint_mb' must be an integer from 0 to 4096"),
     ],
 )
 def test_a_bad_behaviour_file_exits_2(tmp_path: Path, content: Any, message: str) -> None:

@@ -96,7 +96,10 @@ class Watched:
         return found[0]
 
     def wait_ready(self, role: str, timeout: float = 20.0) -> None:
-        poll(lambda: self.state(role).get("state") == "ready", timeout, f"{role} to be ready")
+        self.wait_state(role, "ready", timeout)
+
+    def wait_state(self, role: str, state: str, timeout: float = 20.0) -> None:
+        poll(lambda: self.state(role).get("state") == state, timeout, f"{role} to be {state}")
 
     def port(self, role: str) -> int:
         port = self.models[role]["port"]
@@ -125,7 +128,8 @@ def watched(
     **env_overrides: str,
 ) -> Iterator[Watched]:
     """Start the launcher on ``models`` (and the router); stop both afterwards and check
-    that no backend process outlives them."""
+    that no backend process outlives them. ``wait_ready``: first wait for every enabled
+    model to be ready (a ``load: on_demand`` one: to be published unloaded)."""
     config = tmp / "models.yaml"
     config.write_text(yaml.safe_dump({"models": models}, sort_keys=False))
     env = {
@@ -144,12 +148,17 @@ def watched(
         with ExitStack() as stack_exit:
             if wait_ready:
                 for role in models:
-                    if models[role].get("enabled", True):
+                    if not models[role].get("enabled", True):
+                        continue
+                    if models[role].get("load") == "on_demand":  # starts unloaded
+                        stack.wait_state(role, "unloaded")
+                    else:
                         stack.wait_ready(role)
             if router:
                 _process, stack.url = stack_exit.enter_context(running_router(env, tmp))
             yield stack
             seen_pids = {e["new_pid"] for e in stack.events("restart_succeeded")}
+            seen_pids |= {e["pid"] for e in stack.events("backend_loaded") if e.get("pid")}
     finally:
         seen_pids |= {s["pid"] for s in stack.states().values() if s.get("pid")}
         launcher.stop()
