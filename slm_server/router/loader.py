@@ -63,7 +63,13 @@ class Model:
     spec: ModelSpec
     waiting: Waiting | None = None
     load_sent_at: float | None = None
+    load_seen: bool = False  # the state file has shown the load asked for
     last_load_seconds: float | None = None  # how long its last load took, as seen here
+    # When waiters last gave up (their deadlines passed) and since when they had waited:
+    # the next ones carry the age on, so a model whose deadline is shorter than the
+    # aging still ages.
+    gave_up_at: float | None = None
+    wanted_since: float | None = None
     unload_sent: bool = False
     draining: bool = False
     ready_seen_at: float | None = None  # router clock when it was first seen ready
@@ -122,8 +128,16 @@ class Loader:
                 code="supervisor_not_running",
                 retry_after=RETRY_AFTER_SECONDS,
             )
-        waiting = model.waiting or Waiting(self.clock())
-        model.waiting = waiting
+        waiting = model.waiting
+        if waiting is None:
+            now = self.clock()
+            since = now
+            recent = (
+                model.gave_up_at is not None and now - model.gave_up_at < self.rules.aging_seconds
+            )
+            if recent and model.wanted_since is not None:
+                since = model.wanted_since
+            waiting = model.waiting = Waiting(since)
         future: asyncio.Future[None] = running_loop().create_future()
         waiting.futures.append(future)
         self.wake()
@@ -142,6 +156,7 @@ class Loader:
                 waiting.futures.remove(future)
             if not waiting.futures and model.waiting is waiting:
                 model.waiting = None
+                model.gave_up_at, model.wanted_since = self.clock(), waiting.since
                 self.wake()
 
     # -- the planner ----------------------------------------------------------------
@@ -183,12 +198,15 @@ class Loader:
                 timer.cancel()
 
     def _holders(self, states: Mapping[str, BackendState | None]) -> list[Holder]:
+        """Every model holding memory: as published, and the ones this router just
+        asked to load (the state file may not show it yet)."""
         holders: list[Holder] = []
         for spec in self.registry.enabled:
             state = states.get(spec.role)
-            if state is None or state.state not in HOLDING:
-                continue
             model = self.models.get(spec.role)
+            asked = model is not None and model.load_sent_at is not None
+            if state is None or (state.state not in HOLDING and not asked):
+                continue
             gate = self.gates[spec.role]
             last = gate.last_release
             if model is not None and model.ready_seen_at is not None:
@@ -200,7 +218,9 @@ class Loader:
                     spec.entry.id,
                     state.footprint_mb or 0,
                     on_demand=model is not None,
-                    in_flight=gate.active,
+                    # A load API call waits without a slot: it is busy all the same.
+                    in_flight=gate.active
+                    + (len(model.waiting.futures) if model and model.waiting else 0),
                     queued=gate.queued,
                     last_used=last,
                     unloading=unloading,
@@ -227,13 +247,23 @@ class Loader:
                 if model.draining:
                     model.draining = False
                     self.gates[role].resume()
+            if model.load_sent_at is not None and name in ("loading", "starting"):
+                model.load_seen = True
             if model.load_sent_at is not None and name in ("ready", *LOAD_FAILED):
                 if name == "ready":
                     model.last_load_seconds = now - model.load_sent_at
+                    model.gave_up_at = model.wanted_since = None
                 model.load_sent_at = None
+                model.load_seen = False
                 if name != "ready":
-                    reason = state.reason if state is not None else None
-                    self._fail(model, f"its load failed: {reason or name}", "load_failed")
+                    exit = state.last_exit if state is not None else None
+                    why = f"{exit} while loading" if exit else (state and state.reason) or name
+                    self._fail(model, f"its load failed: {why}", "load_failed")
+            elif model.load_sent_at is not None and model.load_seen and name == "unloaded":
+                # Unloaded while loading (by hand, or nobody waited): whoever still
+                # waits asks for a load again below.
+                model.load_sent_at = None
+                model.load_seen = False
             waiting = model.waiting
             if waiting is not None and name == "ready" and not model.unload_sent:
                 for future in waiting.futures:
@@ -383,6 +413,9 @@ class Loader:
             await asyncio.sleep(POLL_SECONDS)
         state = self.state_of(spec)
         loaded = state is not None and state.state in HOLDING and state.state != "unloading"
+        if loaded:
+            # Whoever waits for this load is told now, not left to see it vanish.
+            self._fail(model, "it was unloaded by request (POST /v1/models/unload)", "unloaded")
         if loaded and not await self._unload(model, "api"):
             gate.resume()
             model.draining = False

@@ -378,3 +378,52 @@ def test_a_load_nobody_waits_for_any_more_is_stopped_unless_near_done(tmp_path: 
             assert router.transport.sent == []
 
     run(scenario())
+
+
+def test_a_model_whose_requests_give_up_before_aging_still_ages(tmp_path: Path) -> None:
+    """Each request for ``coder`` gives up (0.3 s) long before the aging (0.6 s), but
+    its age carries over from one to the next: the busy ``chat`` is drained."""
+    release = asyncio.Event()
+
+    async def script(sent: Sent) -> FakeResponse:
+        if sent.spec.role == "chat":
+            return sse({"choices": [{"delta": {"content": "a"}}]}, then=[release])
+        return whole(ANSWER)
+
+    router = make_router(
+        tmp_path,
+        script,
+        chat=ON_DEMAND,
+        more=entry("coder", 18002),
+        env={"SLM_MEMORY_BUDGET_MB": "1000", "SLM_SWAP_AGING_SECONDS": "0.6"},
+    )
+    router.supervisor.footprints.update(chat=600, coder=600)
+    for role in ("chat", "coder"):
+        router.supervisor.publish(router.spec_of(role), "unloaded")
+
+    async def scenario() -> None:
+        async with serving(router):
+            streaming = Answer()
+            stream = asyncio.ensure_future(
+                call(
+                    router.app,
+                    "/v1/chat/completions",
+                    chat_body("org/chat-model", stream=True),
+                    answer=streaming,
+                )
+            )
+            await until(lambda: bool(streaming.chunks), "chat streaming")
+            short = {"x-request-timeout": "0.3"}
+            for _ in range(3):
+                got = await call(
+                    router.app, "/v1/chat/completions", chat_body("coder-model"), headers=short
+                )
+                assert got.status == 503
+            assert router.deps.gates["chat"].paused  # drained for the aged coder
+            release.set()
+            assert (await stream).status == 200
+            got = await call(router.app, "/v1/chat/completions", chat_body("coder-model"))
+            assert got.status == 200
+            assert [(c.role, c.reason) for c in unloads(router)] == [("chat", "evicted")]
+
+    run(scenario())
