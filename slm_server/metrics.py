@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -118,10 +118,19 @@ def outcome_of(exchange: Exchange) -> str:
     return "backend_error"
 
 
+class EngineSource(Protocol):
+    """The engines' own metrics (:class:`slm_server.router.engine_metrics.EngineMetrics`)."""
+
+    async def refresh(self) -> None: ...
+
+    def exposition(self) -> bytes: ...
+
+
 class Metrics:
     """The metrics of one router app; ``observe`` each finished exchange."""
 
     def __init__(self, registry: Registry, states: StateSource) -> None:
+        self.engines: EngineSource | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.live: dict[int, Exchange] = {}  # by id(): an Exchange is not hashable
         # Labelled children by label values: ``labels()`` costs more than a lookup.
@@ -236,9 +245,18 @@ class Metrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def add_engines(self, engines: EngineSource) -> None:
+        """Re-export each engine's own metrics after the router's."""
+        self.engines = engines
+
     async def scrape(self, _request: Request) -> Response:
-        """``GET /metrics``: the Prometheus text format."""
-        return Response(self.exposition(), media_type=CONTENT_TYPE_LATEST)
+        """``GET /metrics``: the Prometheus text format, the router's own families and
+        then the engines'."""
+        body = self.exposition()
+        if self.engines is not None:
+            await self.engines.refresh()
+            body += self.engines.exposition()
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 class LiveState(Collector):

@@ -60,7 +60,7 @@ def _num(value: float) -> str:
 def native_argv(program: str, entry: ModelEntry, files: ModelFiles) -> list[str]:
     """The ``llama-server`` command line for ``entry``."""
     argv = [program, "--model", files.model, "--host", entry.host, "--port", str(entry.port)]
-    argv += ["--alias", entry.id, "--parallel", str(entry.max_concurrency)]
+    argv += ["--alias", entry.id, "--parallel", str(entry.max_concurrency), "--metrics"]
     if entry.context_length is not None:
         argv += ["--ctx-size", str(entry.context_length)]
     if entry.model_type == "embeddings":

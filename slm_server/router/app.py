@@ -30,6 +30,7 @@ from slm_server.router.admission import Gate
 from slm_server.router.auth import ApiKeys
 from slm_server.router.backend_state import StateSource, StateView
 from slm_server.router.drain import Drain
+from slm_server.router.engine_metrics import EngineMetrics
 from slm_server.router.exchange import exchange_of
 from slm_server.router.hosts import HostCheck
 from slm_server.router.info import Info, error_response
@@ -174,6 +175,7 @@ def create_app(
     proxy.loader = loader
     info = Info(registry, upstream, tripwire, deps.states, proxy.gates, loader.status)
     models_api = ModelsApi(registry, loader, info.describe)
+    metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -154,6 +154,13 @@ class Transport(Protocol):
         """One short health probe of the backend."""
         ...
 
+    async def fetch(
+        self, spec: ModelSpec, path: str, timeout: float, max_bytes: int
+    ) -> tuple[int, bytes] | None:
+        """``GET path``: its status and body (at most ``max_bytes``), None when the
+        backend cannot be reached or does not answer within ``timeout``."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -194,6 +201,19 @@ class Upstream:
             return await self._pools[spec.role].request("POST", path, headers, body)
         except HttpError as exc:
             raise translate(exc, spec) from exc
+
+    async def fetch(
+        self, spec: ModelSpec, path: str, timeout: float, max_bytes: int
+    ) -> tuple[int, bytes] | None:
+        pool = self._pools[spec.role]
+        try:
+            response = await pool.request("GET", path, timeout=timeout)
+            body = await read_all(spec, response, max_bytes)
+        except (HttpError, AnswerTooLarge, BackendProtocolError, BackendTimeout):
+            return None
+        except BackendUnavailable:
+            return None
+        return response.status_code, body
 
     async def probe(self, spec: ModelSpec) -> Probe:
         """``GET /health`` on the backend with a short timeout."""

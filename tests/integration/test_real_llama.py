@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.real_stack import Stack, running_gateway
 from tests.openai_shapes import strict_events, strict_response
@@ -215,3 +216,21 @@ def test_llama_server_s_own_responses_api_is_not_openai_shaped(
     assert reply.status_code == 200
     with pytest.raises((AssertionError, ValueError)):
         strict_events(sse_events(reply.text))
+
+
+def test_each_llama_server_s_own_metrics_are_in_the_router_s(gateway: tuple[Stack, str]) -> None:
+    _stack, url = gateway
+    assert httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": CHAT_MODEL, "messages": HELLO, "max_tokens": 4},
+        timeout=60,
+    ).is_success
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    engine = {
+        f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("llamacpp:")
+    }
+    assert "llamacpp:prompt_tokens" in engine, sorted(engine)
+    roles = {s.labels["role"] for s in engine["llamacpp:prompt_tokens"].samples}
+    assert roles == {"standard", "gemma", "embeddings"}
+    chat = [s for s in engine["llamacpp:prompt_tokens"].samples if s.labels["role"] == "standard"]
+    assert chat[0].labels["model"] == CHAT_MODEL and chat[0].value > 0

@@ -299,6 +299,7 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
         "smollm2",
         "--parallel",
         "2",
+        "--metrics",
         "--ctx-size",
         "4096",
         "--jinja",

@@ -57,6 +57,7 @@ NATIVE_BASE = [
     "m1",
     "--parallel",
     "1",
+    "--metrics",
 ]
 
 

@@ -109,6 +109,8 @@ class FakeTransport:
         self.sent: list[Sent] = []
         self.responses: list[FakeResponse] = []
         self.closed = False
+        # GET pages by (role, path): (status, body), or an Event never set (a hang).
+        self.pages: dict[tuple[str, str], tuple[int, bytes] | asyncio.Event] = {}
 
     async def open(
         self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
@@ -121,6 +123,15 @@ class FakeTransport:
 
     async def probe(self, spec: ModelSpec) -> Probe:
         return Probe("healthy", http_status=200)
+
+    async def fetch(
+        self, spec: ModelSpec, path: str, timeout: float, max_bytes: int
+    ) -> tuple[int, bytes] | None:
+        answer = self.pages.get((spec.role, path))
+        if isinstance(answer, asyncio.Event):
+            await answer.wait()  # an engine that never answers
+            return None
+        return answer
 
     async def aclose(self) -> None:
         self.closed = True
