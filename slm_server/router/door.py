@@ -37,8 +37,7 @@ import json
 from typing import Any
 
 import httptools
-from starlette.types import Message
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from slm_server.errors import HttpStatusError
 from slm_server.settings import DoorLimits
@@ -61,31 +60,32 @@ def refusal_bytes(refusal: HttpStatusError) -> bytes:
 
 
 class HeldTransport:
-    """The connection's transport as one request's cycle sees it: while ``hold`` is
-    set, the next write is kept and sent together with the one after it (or before
-    the transport closes). Everything else is the real transport's."""
+    """The connection's transport as its requests' cycles see it: the head of a
+    response that states its ``Content-Length`` is kept and sent together with the
+    next write (its body), or on the loop's next turn, or before the transport closes,
+    whichever comes first. Everything else is the real transport's."""
 
-    __slots__ = ("_held", "_transport", "hold")
+    __slots__ = ("_held", "_loop", "_transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
+        self._loop = loop
         self._held: bytes | None = None
-        self.hold = False
 
     def write(self, data: bytes) -> None:
-        if self.hold:
-            self.hold = False
-            self._held = data
-            return
         held = self._held
         if held is not None:
             self._held = None
             data = held + data
+        elif data[:5] == b"HTTP/" and LENGTH_LINE in data:
+            # uvicorn writes a response's head by itself, header names lowercased.
+            self._held = data
+            self._loop.call_soon(self.flush)
+            return
         self._transport.write(data)
 
     def flush(self) -> None:
-        """Send a kept write now."""
-        self.hold = False
+        """Send a kept head now."""
         held, self._held = self._held, None
         if held is not None:
             self._transport.write(held)
@@ -98,9 +98,7 @@ class HeldTransport:
         return getattr(self._transport, name)
 
 
-def states_length(message: Message) -> bool:
-    """Whether a response start names its ``Content-Length`` (a whole answer)."""
-    return any(name.lower() == b"content-length" for name, _ in message.get("headers", ()))
+LENGTH_LINE = b"\r\ncontent-length: "
 
 
 # Bytes fed to the parser at a time outside a Content-Length body, so what a head (or a
@@ -134,6 +132,7 @@ class _Door(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._held: HeldTransport | None = None
 
     # -- timers ---------------------------------------------------------------
 
@@ -333,24 +332,12 @@ class _Door(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle is not before:
-            self._coalesce(cycle)
-
-    def _coalesce(self, cycle: RequestResponseCycle) -> None:
-        """Make ``cycle`` send a whole answer's head together with its body."""
-        held = HeldTransport(self.transport)
-        cycle.transport = held  # type: ignore[assignment]
-        send = cycle.send
-
-        async def coalescing_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and states_length(message):
-                held.hold = True
-            try:
-                await send(message)  # type: ignore[arg-type]
-            finally:
-                if message["type"] != "http.response.start":
-                    held.flush()
-
-        cycle.send = coalescing_send  # type: ignore[method-assign,assignment]
+            # The cycle writes through the connection's HeldTransport (made on first
+            # use: uvicorn sets ``transport`` in ``connection_made``).
+            held = self._held
+            if held is None:
+                held = self._held = HeldTransport(self.transport, self.loop)
+            cycle.transport = held  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         self._body_delivered += len(body)

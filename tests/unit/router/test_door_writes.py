@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from slm_server.router.door import HeldTransport, door_protocol, states_length
+from slm_server.router.door import HeldTransport, door_protocol
 from slm_server.settings import DoorLimits
 
 
@@ -64,11 +63,11 @@ async def fails_after_start(scope: Scope, receive: Receive, send: Send) -> None:
     raise RuntimeError("broken")
 
 
-async def serve(app: Any) -> Recording:
+async def serve(app: Any, transport: Recording | None = None) -> Recording:
     config = uvicorn.Config(app, log_config=None, lifespan="off")
     config.load()
     protocol = door_protocol(DoorLimits())(config=config, server_state=ServerState(), app_state={})
-    transport = Recording()
+    transport = transport or Recording()
     protocol.connection_made(transport)  # type: ignore[arg-type]
     protocol.data_received(b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
     await asyncio.gather(*protocol.tasks)
@@ -96,25 +95,42 @@ def test_a_held_head_is_sent_before_the_connection_closes() -> None:
     assert transport.closed
 
 
-def test_held_transport() -> None:
-    real = Recording()
-    held = HeldTransport(real)  # type: ignore[arg-type]
-    held.write(b"a")
-    held.hold = True
-    held.write(b"head")
-    assert real.writes == [b"a"]
-    held.write(b"body")
-    assert real.writes == [b"a", b"headbody"]
-    held.hold = True
-    held.write(b"head2")
-    held.close()
-    assert real.writes[-1] == b"head2" and real.closed
-    assert held.is_closing()
+def test_a_head_is_kept_no_longer_than_one_turn_of_the_loop() -> None:
+    transport = Recording()
+    seen: list[list[bytes]] = []
+
+    async def pauses_after_start(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        seen.append(list(transport.writes))
+        await asyncio.sleep(0)  # one turn of the loop: the head is not kept longer
+        seen.append(list(transport.writes))
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    asyncio.run(serve(pauses_after_start, transport))
+    assert seen[0] == []
+    [head] = seen[1]
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert transport.writes == [head, b"ok"]
 
 
-@pytest.mark.parametrize(
-    ("headers", "expected"),
-    [([(b"Content-Length", b"3")], True), ([(b"content-type", b"x")], False), ([], False)],
-)
-def test_states_length(headers: list[tuple[bytes, bytes]], expected: bool) -> None:
-    assert states_length({"type": "http.response.start", "headers": headers}) is expected
+def test_held_transport_keeps_only_a_head_with_a_length() -> None:
+    async def run() -> list[bytes]:
+        real = Recording()
+        held = HeldTransport(real, asyncio.get_running_loop())  # type: ignore[arg-type]
+        held.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        held.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+        held.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
+        assert len(real.writes) == 2
+        held.write(b"body")
+        held.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        held.close()
+        assert real.closed and held.is_closing()
+        return real.writes
+
+    assert asyncio.run(run()) == [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbody",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+    ]
