@@ -154,6 +154,17 @@ class Upstream:
         :class:`AnswerTooLarge`, refused on its ``Content-Length`` before any of it is
         read when it states one); always closes it."""
         try:
+            if response.complete:  # all in already: taken at once, then measured
+                stated = response.headers.get("content-length", "")
+                if stated.isdigit() and int(stated) > max_bytes:
+                    raise _too_large(spec, max_bytes)
+                try:
+                    content = await response.read()
+                except HttpError as exc:
+                    raise translate(exc, spec) from exc
+                if len(content) > max_bytes:
+                    raise _too_large(spec, max_bytes)
+                return content
             return b"".join([part async for part in self.iter_bounded(spec, response, max_bytes)])
         finally:
             response.close()
