@@ -17,7 +17,7 @@ caller then falls back to the SDK's encoder for that batch.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry.sdk.resources import Resource
@@ -92,35 +92,52 @@ def any_value(value: Any) -> bytes:
 
 
 class PairCache:
-    """Encoded ``KeyValue`` messages by (key, type, value), bounded."""
+    """Encoded ``KeyValue`` messages by key and value, bounded; the values of
+    ``unique_keys`` (ids that never repeat) are encoded every time instead."""
 
-    def __init__(self, limit: int = MAX_CACHED_PAIRS) -> None:
+    def __init__(
+        self, limit: int = MAX_CACHED_PAIRS, unique_keys: frozenset[str] = frozenset()
+    ) -> None:
         self.limit = limit
-        self._pairs: dict[tuple[str, type, Any], bytes] = {}
+        self.unique_keys = unique_keys
+        self.size = 0
+        # key -> value -> (the value's type, the encoded pair): 1 == True == 1.0.
+        self._pairs: dict[str, dict[Any, tuple[type, bytes]]] = {}
 
     def attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
         """Every attribute as a ``KeyValue`` field ``tag``, in the mapping's order."""
         if not attributes:
             return b""
         pairs = self._pairs
+        unique = self.unique_keys
         out = []
         for key, value in attributes.items():
+            by_value = pairs.get(key)
+            if by_value is None:
+                by_value = pairs[key] = {}
             try:
-                found = pairs.get((key, type(value), value))
+                found = by_value.get(value)
             except TypeError:  # an unhashable value: encoded every time
-                found = None
-                cacheable = False
-            else:
-                cacheable = True
-            if found is None:
-                body = _delimited(b"\x0a", _text(key)) + _delimited(b"\x12", any_value(value))
-                found = _delimited(b"", body)
-                if cacheable:
-                    if len(pairs) >= self.limit:
-                        pairs.clear()
-                    pairs[(key, type(value), value)] = found
-            out.append(tag + found)
+                out.append(tag + _pair(key, value))
+                continue
+            if found is not None and found[0] is type(value):
+                out.append(tag + found[1])
+                continue
+            encoded = _pair(key, value)
+            if key not in unique:
+                if self.size >= self.limit:
+                    pairs.clear()
+                    self.size = 0
+                    by_value = pairs[key] = {}
+                by_value[value] = (type(value), encoded)
+                self.size += 1
+            out.append(tag + encoded)
         return b"".join(out)
+
+
+def _pair(key: str, value: Any) -> bytes:
+    """A ``KeyValue`` message, length-prefixed."""
+    return _delimited(b"", _delimited(b"\x0a", _text(key)) + _delimited(b"\x12", any_value(value)))
 
 
 def _span(span: ReadableSpan, cache: PairCache) -> bytes:
@@ -189,24 +206,39 @@ def _scope(scope: InstrumentationScope | None, cache: PairCache) -> bytes:
     return body
 
 
-def encode_request(spans: Iterable[ReadableSpan], cache: PairCache | None = None) -> bytes:
+def encode_request(spans: Sequence[ReadableSpan], cache: PairCache | None = None) -> bytes:
     """The serialized ``ExportTraceServiceRequest`` for ``spans``."""
     cache = cache or PairCache()
+    if not spans:
+        return b""
+    first = spans[0]
+    resource, scope = first.resource, first.instrumentation_scope or None
+    if all(s.resource is resource and (s.instrumentation_scope or None) is scope for s in spans):
+        # The router's case: one resource and one scope, known without hashing them
+        # (a Resource's hash serialises its attributes to JSON).
+        encoded = [_delimited(b"\x12", _span(span, cache)) for span in spans]
+        return _resource_spans(resource, {scope: encoded}, cache)
     grouped: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
     for span in spans:
         scopes = grouped.setdefault(span.resource, {})
         scopes.setdefault(span.instrumentation_scope or None, []).append(
             _delimited(b"\x12", _span(span, cache))
         )
-    out = []
-    for resource, scopes in grouped.items():
-        body = _delimited(b"\x0a", _resource(resource, cache))
-        for scope, encoded in scopes.items():
-            scope_body = _delimited(b"\x0a", _scope(scope, cache)) + b"".join(encoded)
-            if scope is not None and scope.schema_url:
-                scope_body += _delimited(b"\x1a", _text(scope.schema_url))
-            body += _delimited(b"\x12", scope_body)
-        if resource.schema_url:
-            body += _delimited(b"\x1a", _text(resource.schema_url))
-        out.append(_delimited(b"\x0a", body))
-    return b"".join(out)
+    return b"".join(_resource_spans(r, scopes, cache) for r, scopes in grouped.items())
+
+
+def _resource_spans(
+    resource: Resource,
+    scopes: Mapping[InstrumentationScope | None, list[bytes]],
+    cache: PairCache,
+) -> bytes:
+    """One ``ResourceSpans`` field: the resource and its scopes' encoded spans."""
+    body = _delimited(b"\x0a", _resource(resource, cache))
+    for scope, encoded in scopes.items():
+        scope_body = _delimited(b"\x0a", _scope(scope, cache)) + b"".join(encoded)
+        if scope is not None and scope.schema_url:
+            scope_body += _delimited(b"\x1a", _text(scope.schema_url))
+        body += _delimited(b"\x12", scope_body)
+    if resource.schema_url:
+        body += _delimited(b"\x1a", _text(resource.schema_url))
+    return _delimited(b"\x0a", body)

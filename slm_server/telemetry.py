@@ -104,6 +104,10 @@ EXPORT_LOGGERS: Final = (
 MAX_CAUSE: Final = 300
 PROVIDERS: Final = {"llamacpp": "llama.cpp", "mlx": "mlx", "mlx-rerank": "mlx"}
 MAX_TEXT: Final = 256
+# Attributes whose values never repeat: not worth keeping encoded.
+UNIQUE_ATTRIBUTES: Final = frozenset(
+    {"slm.request_id", "gen_ai.response.id", "slm.client.trace_id"}
+)
 UNSET: Final = Status(StatusCode.UNSET)
 FAILED: Final = Status(StatusCode.ERROR)
 
@@ -214,7 +218,7 @@ class CompactExporter(OTLPSpanExporter):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pairs = PairCache()
+        self.pairs = PairCache(unique_keys=UNIQUE_ATTRIBUTES)
         self.compact = all(
             hasattr(self, name)
             for name in ("_shutdown", "_client", "_metrics", "_max_request_size")

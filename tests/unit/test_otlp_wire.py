@@ -82,8 +82,10 @@ ATTRIBUTES: dict[str, Any] = {
 @pytest.mark.parametrize(
     "spans",
     [
+        [],
         [span()],
         [span(ATTRIBUTES)],
+        [span(), span(scope=InstrumentationScope("other")), span()],
         [span(parent=None)],
         [span(parent=SpanContext(TRACE, 7, is_remote=False))],
         [span(state=TraceState([("vendor", "abc"), ("other", "1")]))],
@@ -109,7 +111,22 @@ def test_repeated_pairs_are_encoded_once_and_the_cache_is_bounded() -> None:
     cache = PairCache(limit=3)
     first = encode_request([span(ATTRIBUTES)], cache)
     assert encode_request([span(ATTRIBUTES)], cache) == first == sdk_bytes([span(ATTRIBUTES)])
-    assert len(cache._pairs) <= 3
+    assert cache.size <= 3
+
+
+def test_unique_keys_are_not_kept() -> None:
+    cache = PairCache(unique_keys=frozenset({"slm.request_id"}))
+    assert encode_request([span(ATTRIBUTES)], cache) == sdk_bytes([span(ATTRIBUTES)])
+    kept = cache.size
+    assert encode_request([span()], cache) == sdk_bytes([span()])
+    assert cache.size == kept
+
+
+def test_equal_values_of_other_types_are_told_apart() -> None:
+    cache = PairCache()
+    for value in (1, True, 1.0, 1, True):
+        one = span({"v": value})
+        assert encode_request([one], cache) == sdk_bytes([one])
 
 
 @pytest.mark.parametrize(
