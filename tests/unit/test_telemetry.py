@@ -499,3 +499,22 @@ def test_a_telemetry_without_an_exporter_given_builds_the_compact_one() -> None:
     telemetry.start()
     assert isinstance(telemetry._exporter, CompactExporter)
     asyncio.run(telemetry.shutdown(timeout=0.5))
+
+
+def test_an_attribute_count_limit_keeps_the_last_ones_as_the_sdk_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "3")
+    memory = InMemorySpanExporter()
+    telemetry = Telemetry(settings(), environ={}, exporter=memory)
+    telemetry.start()
+    exchange = served()
+    span = telemetry.open_span(exchange, Inbound(legacy_trace_id="turn-7"))
+    assert span is not None
+    exchange.status = 503
+    telemetry.close_span(span, exchange)
+    done = finished(telemetry, memory)
+    expected = {"slm.client.trace_id": "turn-7", **span_attributes(exchange), "error.type": "503"}
+    assert dict(done.attributes or {}) == dict(list(expected.items())[-3:])
+    assert done.dropped_attributes == len(expected) - 3
+    asyncio.run(telemetry.shutdown())
