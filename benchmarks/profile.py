@@ -1,6 +1,7 @@
-"""Profile the router under load: where its CPU time goes, by function.
+r"""Profile the router under load: where its CPU time goes, by function.
 
-    uv run python -m benchmarks.profile [--stream] [--concurrency 8] [--seconds 10] [--telemetry]
+    uv run python -m benchmarks.profile [--stream] [--concurrency 8] [--seconds 10] \
+        [--telemetry [--collector]]
 
 Starts the fast fake backend and the router, drives the router with the load generator,
 and samples the router's Python stacks meanwhile with py-spy (run through ``uvx``, so it
@@ -64,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--telemetry", action="store_true", help="OTLP export, no collector")
+    parser.add_argument(
+        "--collector", action="store_true", help="with --telemetry: to a local sink answering 200"
+    )
     parser.add_argument("--chunk-interval", type=float, default=0.001)
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--out", type=Path, default=Path("/tmp/slm-router-profile.txt"))
@@ -72,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(tmp)
         with (
             fast_fake(workdir, interval=args.chunk_interval) as backend,
-            slm_router(workdir, [backend], telemetry=args.telemetry) as router,
+            slm_router(
+                workdir, [backend], telemetry=args.telemetry, collector=args.collector
+            ) as router,
         ):
             workload = Workload(url=router.url, model=backend.model, stream=args.stream)
             uvloop.run(closed_loop(workload, args.concurrency, duration=1.0))

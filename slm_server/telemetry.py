@@ -14,6 +14,14 @@ context surviving a stream's yields. Its attributes follow the OpenTelemetry Gen
 semantic conventions and are all set at the end, from the request's
 :class:`~slm_server.router.exchange.Exchange`.
 
+The SDK's own span objects (a lock, validated attributes and a processor call per
+change) are not used on the request path: :meth:`Telemetry.open_span` decides with the
+provider's sampler and id generator just as the SDK's tracer does and keeps an
+:class:`OpenSpan`; :meth:`Telemetry.close_span` builds the finished ``ReadableSpan``
+once, with every attribute, and hands it to the BatchSpanProcessor (so its bounded
+queue, drop counting and ``OTEL_BSP_*`` settings apply as before). The exporter
+encodes batches with :mod:`slm_server.otlp_wire` (:class:`CompactExporter`).
+
 The caller's W3C ``traceparent`` makes the span its child; without one the span starts
 a trace, and a legacy ``X-Trace-Id`` is kept as ``slm.client.trace_id``. The span's own
 context goes upstream as ``traceparent`` (via ``Exchange.upstream_headers``).
@@ -41,20 +49,39 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, NamedTuple
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
-from opentelemetry.trace import set_span_in_context as span_context
+from opentelemetry.sdk.trace import (
+    Event,
+    ReadableSpan,
+    SpanLimits,
+    TracerProvider,
+)
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import Decision, Sampler
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+    get_current_span,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from slm_server.otlp_wire import PairCache, Unsupported, encode_request
 from slm_server.router.exchange import EMIT_PATHS, Exchange
 from slm_server.settings import TelemetrySettings
 
@@ -77,6 +104,12 @@ EXPORT_LOGGERS: Final = (
 MAX_CAUSE: Final = 300
 PROVIDERS: Final = {"llamacpp": "llama.cpp", "mlx": "mlx", "mlx-rerank": "mlx"}
 MAX_TEXT: Final = 256
+# Attributes whose values never repeat: not worth keeping encoded.
+UNIQUE_ATTRIBUTES: Final = frozenset(
+    {"slm.request_id", "gen_ai.response.id", "slm.client.trace_id"}
+)
+UNSET: Final = Status(StatusCode.UNSET)
+FAILED: Final = Status(StatusCode.ERROR)
 
 # Span attribute names (OpenTelemetry GenAI semantic conventions, plus ``slm.*``).
 OPERATION: Final = "gen_ai.operation.name"
@@ -165,6 +198,50 @@ class ExportWarnings(logging.Filter):
         return True
 
 
+@dataclass(slots=True)
+class OpenSpan:
+    """A request's span between :meth:`Telemetry.open_span` and ``close_span``: its
+    context, its parent's, when it started, and whether the sampler records it."""
+
+    context: SpanContext
+    parent: SpanContext | None
+    start_ns: int
+    recording: bool
+    attributes: dict[str, Any]
+
+
+class CompactExporter(OTLPSpanExporter):
+    """The SDK's OTLP/HTTP exporter (endpoint, headers, compression, TLS, timeout and
+    retries as it resolves them) with batches encoded by :mod:`slm_server.otlp_wire`;
+    a batch that encoder cannot write, or an SDK whose exporter is not laid out as
+    expected, goes through the SDK's own ``export``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pairs = PairCache(unique_keys=UNIQUE_ATTRIBUTES)
+        self.compact = all(
+            hasattr(self, name)
+            for name in ("_shutdown", "_client", "_metrics", "_max_request_size")
+        )
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not self.compact or self._shutdown:
+            return super().export(spans)
+        try:
+            data = encode_request(spans, self.pairs)
+        except Unsupported:
+            return super().export(spans)
+        limit = self._max_request_size
+        if limit > 0 and len(data) > limit:
+            return super().export(spans)  # it drops the batch and says why
+        with self._metrics.export_operation(len(spans)) as result:
+            sent = self._client.export(data)
+            if not sent.success:
+                result.error = sent.error
+                return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+
 class Telemetry:
     """The tracer provider of one router app, from start to shutdown."""
 
@@ -184,9 +261,19 @@ class Telemetry:
             self.export_timeout = None  # the exporter reads them itself
         self._exporter = exporter
         self.provider: TracerProvider | None = None
-        self.tracer: Tracer | None = None
+        self.processor: BatchSpanProcessor | None = None
         self.warnings = ExportWarnings(self.traces_endpoint)
         self.propagator = TraceContextTextMapPropagator()
+        self.scope = InstrumentationScope("slm_server", _package_version())
+        self.limits = SpanLimits()
+        self._sampler: Sampler | None = None
+        self._ids: IdGenerator | None = None
+        self._resource = Resource.get_empty()
+
+    @property
+    def tracer(self) -> BatchSpanProcessor | None:
+        """Whether spans are being made: the running span processor, else None."""
+        return self.processor
 
     @property
     def enabled(self) -> bool:
@@ -202,7 +289,7 @@ class Telemetry:
             return
         if self._exporter is None:
             try:
-                self._exporter = OTLPSpanExporter(
+                self._exporter = CompactExporter(
                     endpoint=self.traces_endpoint, timeout=self.export_timeout
                 )
             except Exception as exc:  # a bad OTEL_* setting must not stop the router
@@ -212,17 +299,22 @@ class Telemetry:
             {"service.name": self.settings.service_name, "service.version": _package_version()}
         )
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        provider.add_span_processor(BatchSpanProcessor(self._exporter))
+        processor = BatchSpanProcessor(self._exporter)
+        provider.add_span_processor(processor)
         for name in EXPORT_LOGGERS:
             logging.getLogger(name).addFilter(self.warnings)
-        self.provider = provider
-        self.tracer = provider.get_tracer("slm_server", _package_version())
+        self._sampler, self._ids, self._resource = (
+            provider.sampler,
+            provider.id_generator,
+            provider.resource,
+        )
+        self.provider, self.processor = provider, processor
 
     async def shutdown(self, timeout: float = SHUTDOWN_SECONDS) -> None:
         """Export what is queued and stop, waiting at most ``timeout`` seconds: past
         it, the exporter is told to stop retrying and the rest is dropped."""
         provider, exporter = self.provider, self._exporter
-        self.provider = self.tracer = None
+        self.provider = self.processor = None
         if provider is None:
             return
         loop = asyncio.get_running_loop()
@@ -252,40 +344,123 @@ class Telemetry:
                 for name in EXPORT_LOGGERS:
                     logging.getLogger(name).removeFilter(self.warnings)
 
-    def open_span(self, exchange: Exchange, inbound: Inbound) -> Span | None:
+    def open_span(self, exchange: Exchange, inbound: Inbound) -> OpenSpan | None:
         """Start the request's span, as a child of the caller's trace when it sent
-        one, and put its context into ``exchange.upstream_headers``."""
-        tracer = self.tracer
-        if tracer is None:
+        one, and put its context into ``exchange.upstream_headers``. The sampler and
+        the id generator are the provider's, asked as the SDK's tracer asks them."""
+        sampler, ids = self._sampler, self._ids
+        if self.processor is None or sampler is None or ids is None:
             return None
         parent = None
+        parent_context = None
         if inbound.traceparent is not None:
             carrier = {"traceparent": inbound.traceparent}
             if inbound.tracestate is not None:
                 carrier["tracestate"] = inbound.tracestate
-            parent = self.propagator.extract(carrier)
-            if not get_current_span(parent).get_span_context().is_valid:
-                parent = None
-        span = tracer.start_span(exchange.operation, context=parent, kind=SpanKind.CLIENT)
+            extracted = self.propagator.extract(carrier)
+            found = get_current_span(extracted).get_span_context()
+            if found.is_valid:
+                parent, parent_context = found, extracted
+        trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
+        sampled = sampler.should_sample(
+            parent_context, trace_id, exchange.operation, SpanKind.CLIENT, None, ()
+        )
+        flags = (
+            TraceFlags.SAMPLED
+            if sampled.decision is Decision.RECORD_AND_SAMPLE
+            else TraceFlags.DEFAULT
+        )
+        random = ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id
+        if random:
+            flags |= TraceFlags.RANDOM_TRACE_ID
+        trace_state: TraceState = sampled.trace_state or TraceState()
+        context = SpanContext(
+            trace_id,
+            ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=TraceFlags(flags),
+            trace_state=trace_state,
+        )
+        attributes = dict(sampled.attributes or {})
         if parent is None and inbound.legacy_trace_id is not None:
-            span.set_attribute(CLIENT_TRACE_ID, inbound.legacy_trace_id[:MAX_TEXT])
-        self.propagator.inject(exchange.upstream_headers, context=span_context(span))
-        return span
+            attributes[CLIENT_TRACE_ID] = inbound.legacy_trace_id[:MAX_TEXT]
+        headers = exchange.upstream_headers
+        headers["traceparent"] = f"00-{trace_id:032x}-{context.span_id:016x}-{flags:02x}"
+        if trace_state:
+            headers["tracestate"] = trace_state.to_header()
+        recording = sampled.decision is not Decision.DROP
+        return OpenSpan(context, parent, time.time_ns(), recording, attributes)
 
     def close_span(
-        self, span: Span, exchange: Exchange, error: BaseException | None = None
+        self, span: OpenSpan, exchange: Exchange, error: BaseException | None = None
     ) -> None:
         """Name the span, give it the request's attributes and end it."""
-        span.set_attributes(span_attributes(exchange))
+        processor = self.processor
+        if not span.recording or processor is None:
+            return
+        end_ns = time.time_ns()
+        attributes = span.attributes
+        attributes.update(span_attributes(exchange))
+        name = exchange.operation
         if exchange.spec is not None and exchange.model:
-            span.update_name(f"{exchange.operation} {exchange.model}")
+            name = f"{exchange.operation} {exchange.model}"
+        status = UNSET
         failure = error_type(exchange, error)
         if failure is not None:
-            span.set_attribute(ERROR_TYPE, failure)
-            span.set_status(Status(StatusCode.ERROR))
-        if error is not None:
-            span.record_exception(error)
-        span.end()
+            attributes[ERROR_TYPE] = failure
+            status = FAILED
+        limits = self.limits
+        limited: Mapping[str, Any] = attributes
+        if limits.max_span_attribute_length is not None or len(attributes) > (
+            limits.max_span_attributes or len(attributes)
+        ):
+            limited = BoundedAttributes(
+                limits.max_span_attributes,
+                attributes,
+                immutable=False,
+                max_value_len=limits.max_span_attribute_length,
+            )
+        events = () if error is None else (self._exception_event(error),)
+        processor.on_end(
+            ReadableSpan(
+                name=name,
+                context=span.context,
+                parent=span.parent,
+                resource=self._resource,
+                attributes=limited,
+                events=events,
+                kind=SpanKind.CLIENT,
+                status=status,
+                start_time=span.start_ns,
+                end_time=end_ns,
+                instrumentation_scope=self.scope,
+            )
+        )
+
+    def _exception_event(self, error: BaseException) -> Event:
+        """The ``exception`` event the SDK's ``record_exception`` makes."""
+        kind = type(error)
+        module = kind.__module__
+        name = (
+            f"{module}.{kind.__qualname__}"
+            if module and module != "builtins"
+            else kind.__qualname__
+        )
+        attributes = {
+            "exception.type": name,
+            "exception.message": str(error),
+            "exception.stacktrace": "".join(traceback.format_exception(error)),
+            "exception.escaped": "False",
+        }
+        return Event(
+            "exception",
+            BoundedAttributes(
+                self.limits.max_event_attributes,
+                attributes,
+                max_value_len=self.limits.max_attribute_length,
+                immutable=True,
+            ),
+        )
 
     def effective_config(self) -> dict[str, Any]:
         """The export configuration in effect, read from the live objects."""

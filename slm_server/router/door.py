@@ -17,7 +17,14 @@ uvicorn's httptools protocol with them enforced:
 * a connection with no request in progress for ``idle_timeout_seconds`` (a new one
   included) → closed.
 
-The answers are OpenAI-shaped JSON with ``Connection: close``. We keep uvicorn's
+The answers are OpenAI-shaped JSON with ``Connection: close``.
+
+A response that states its ``Content-Length`` (every whole answer) goes out in one
+write, status line, headers and body together (:class:`HeldTransport`), where
+uvicorn writes the head and the body separately: one system call and one segment
+fewer per answer. Streams are untouched: their head goes out at once.
+
+We keep uvicorn's
 httptools protocol (the fast parser the router was measured with) and add the checks in
 its parser callbacks and ``data_received``, rather than switching to h11 (which has a
 head size limit but no count, line or time limit, and costs more CPU per request).
@@ -33,6 +40,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from slm_server.errors import HttpStatusError
+from slm_server.router.alarm import Alarm
 from slm_server.settings import DoorLimits
 
 REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
@@ -50,6 +58,48 @@ def refusal_bytes(refusal: HttpStatusError) -> bytes:
             body,
         ]
     )
+
+
+class HeldTransport:
+    """The connection's transport as its requests' cycles see it: the head of a
+    response that states its ``Content-Length`` is kept and sent together with the
+    next write (its body), or on the loop's next turn, or before the transport closes,
+    whichever comes first. Everything else is the real transport's."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            data = held + data
+        elif data[:5] == b"HTTP/" and LENGTH_LINE in data:
+            # uvicorn writes a response's head by itself, header names lowercased.
+            self._held = data
+            self._loop.call_soon(self.flush)
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Send a kept head now."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+LENGTH_LINE = b"\r\ncontent-length: "
 
 
 # Bytes fed to the parser at a time outside a Content-Length body, so what a head (or a
@@ -80,38 +130,33 @@ class _Door(HttpToolsProtocol):
         self._body_fed = 0
         self._body_delivered = 0
         self._refusal: HttpStatusError | None = None
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        # The head's, the body's or the idle deadline: one at a time.
+        self._alarm = Alarm(self.loop)
+        self._held: HeldTransport | None = None
 
     # -- timers ---------------------------------------------------------------
 
-    def _cancel(self, timer: asyncio.TimerHandle | None) -> None:
-        if timer is not None:
-            timer.cancel()
-
     def _cancel_all(self) -> None:
-        for timer in (self._head_timer, self._body_timer, self._idle_timer):
-            self._cancel(timer)
-        self._head_timer = self._body_timer = self._idle_timer = None
+        self._alarm.cancel()
 
     def _arm_idle(self) -> None:
-        self._cancel(self._idle_timer)
-        self._idle_timer = None
         if self._phase == "idle" and not self.pipeline and self._responded():
-            seconds = self.limits.idle_timeout_seconds
-            self._idle_timer = self.loop.call_later(seconds, self._close_idle)
+            self._alarm.set(self.limits.idle_timeout_seconds, self._close_idle)
+        else:
+            self._stop_idle()
+
+    def _stop_idle(self) -> None:
+        if self._alarm.action == self._close_idle:
+            self._alarm.clear()
 
     def _responded(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
 
     def _close_idle(self) -> None:
-        self._idle_timer = None
         if not self.transport.is_closing():
             self.transport.close()
 
     def _head_late(self) -> None:
-        self._head_timer = None
         timeout = self.limits.header_timeout_seconds
         self._answer_and_close(
             HttpStatusError(
@@ -120,7 +165,6 @@ class _Door(HttpToolsProtocol):
         )
 
     def _body_late(self) -> None:
-        self._body_timer = None
         stall = self.limits.body_stall_seconds
         self._answer_and_close(
             HttpStatusError(408, f"No byte of the request body for {stall:g}s", "body_timeout")
@@ -155,8 +199,7 @@ class _Door(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refusal is not None or self.transport.is_closing() or not data:
             return
-        self._cancel(self._idle_timer)
-        self._idle_timer = None
+        self._stop_idle()
         self._unset_keepalive_if_required()
         if self._phase == "body":
             self._restart_body_timer()
@@ -214,8 +257,7 @@ class _Door(HttpToolsProtocol):
                 )
 
     def _restart_body_timer(self) -> None:
-        self._cancel(self._body_timer)
-        self._body_timer = self.loop.call_later(self.limits.body_stall_seconds, self._body_late)
+        self._alarm.set(self.limits.body_stall_seconds, self._body_late)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -230,8 +272,7 @@ class _Door(HttpToolsProtocol):
         self._url_bytes = 0
         self._header_count = 0
         self._header_bytes = 0
-        self._cancel(self._head_timer)
-        self._head_timer = self.loop.call_later(self.limits.header_timeout_seconds, self._head_late)
+        self._alarm.set(self.limits.header_timeout_seconds, self._head_late)
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
@@ -271,14 +312,21 @@ class _Door(HttpToolsProtocol):
             self.headers[:] = [(n, v) for n, v in self.headers if n != b"host"]
             self.headers.append((b"host", authority))
         self._phase = "body"
-        self._cancel(self._head_timer)
-        self._head_timer = None
         self._chunked = any(
             n == b"transfer-encoding" and b"chunked" in v.lower() for n, v in self.headers
         )
         self._body_fed = self._body_delivered = 0
         self._restart_body_timer()
+        before = self.cycle
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is not before:
+            # The cycle writes through the connection's HeldTransport (made on first
+            # use: uvicorn sets ``transport`` in ``connection_made``).
+            held = self._held
+            if held is None:
+                held = self._held = HeldTransport(self.transport, self.loop)
+            cycle.transport = held  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         self._body_delivered += len(body)
@@ -286,8 +334,8 @@ class _Door(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._phase = "idle"
-        self._cancel(self._body_timer)
-        self._body_timer = None
+        if self._alarm.action == self._body_late:
+            self._alarm.clear()
         super().on_message_complete()
         self._arm_idle()
 

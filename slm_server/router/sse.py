@@ -24,8 +24,9 @@ from slm_server.errors import AnswerTooLarge, BackendProtocolError
 from slm_server.router.exchange import Exchange
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
-# A finish reason that is a string (not null): the event that ends a choice.
-_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+# What makes an event worth parsing: usage, an error, or a finish reason that is a
+# string (not null), which ends a choice.
+_WORTH_PARSING = re.compile(rb'"usage"|"error"|"finish_reason"\s*:\s*"')
 
 
 class SseSplitter:
@@ -50,6 +51,9 @@ class SseSplitter:
             raise failed
         if not chunk:
             return []
+        if self._one_whole_event(chunk):
+            self._cr_event_size = len(chunk)
+            return [chunk]
         events: list[bytes] = []
         try:
             self._split(chunk, events)
@@ -60,6 +64,21 @@ class SseSplitter:
                 raise
             self._failed = error
         return events
+
+    def _one_whole_event(self, chunk: bytes) -> bool:
+        """The common case, decided without scanning line by line: nothing pending,
+        and ``chunk`` is one LF-framed event within the limit (its only blank line
+        is its last)."""
+        return (
+            not self._parts
+            and self._line_empty
+            and not self._after_cr
+            and len(chunk) <= self.max_event_bytes
+            and chunk.endswith(b"\n\n")
+            and chunk.find(b"\n\n") == len(chunk) - 2
+            and chunk[:1] != b"\n"
+            and b"\r" not in chunk
+        )
 
     def _split(self, chunk: bytes, events: list[bytes]) -> None:
         start = 0  # where the part of ``chunk`` not yet in an event begins
@@ -150,9 +169,7 @@ def data_object(event: bytes) -> dict[str, Any] | None:
 
 
 def _worth_parsing(event: bytes) -> bool:
-    if b'"usage"' in event or b'"error"' in event:
-        return True
-    return _FINISHED.search(event) is not None
+    return _WORTH_PARSING.search(event) is not None
 
 
 class SseTap:

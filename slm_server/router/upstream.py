@@ -239,9 +239,24 @@ class Upstream:
 async def read_all(spec: ModelSpec, response: UpstreamResponse, max_bytes: int) -> bytes:
     """The whole body of an opened response, at most ``max_bytes`` (else
     :class:`AnswerTooLarge`, refused on its ``Content-Length`` before any of it is
-    read when it states one); always closes it."""
+    read when it states one); always closes it. A plain loop, no generators: most
+    answers are in already, and this is on every whole answer's path."""
     try:
-        return b"".join([part async for part in iter_bounded(spec, response, max_bytes)])
+        stated = response.headers.get("content-length", "")
+        if stated.isdigit() and int(stated) > max_bytes:
+            raise _too_large(spec, max_bytes)
+        parts: list[bytes] = []
+        size = 0
+        receive = response.receive
+        try:
+            while chunk := await receive():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _too_large(spec, max_bytes)
+                parts.append(chunk)
+        except HttpError as exc:
+            raise translate(exc, spec) from exc
+        return parts[0] if len(parts) == 1 else b"".join(parts)
     finally:
         response.close()
 

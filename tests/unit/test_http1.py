@@ -19,7 +19,12 @@ import pytest
 import uvloop
 
 from slm_server.config import ModelSpec, parse_registry
-from slm_server.errors import BackendProtocolError, BackendTimeout, BackendUnavailable
+from slm_server.errors import (
+    AnswerTooLarge,
+    BackendProtocolError,
+    BackendTimeout,
+    BackendUnavailable,
+)
 from slm_server.http1 import (
     HIGH_WATER,
     ConnectError,
@@ -29,8 +34,9 @@ from slm_server.http1 import (
     Pool,
     ProtocolError,
     ReadTimeout,
+    Response,
 )
-from slm_server.router.upstream import Upstream, iter_sse
+from slm_server.router.upstream import Upstream, iter_sse, read_all
 
 T = TypeVar("T")
 # One read of the socket, at most, on either loop.
@@ -737,5 +743,63 @@ def test_a_response_head_past_the_limits_is_a_protocol_error(run: Any, head: byt
                 await read_whole(pool)
             assert "response head" in str(raised.value) or "response headers" in str(raised.value)
             assert pool.connections == 0
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("complete", [True, False])
+@pytest.mark.parametrize(
+    ("reply", "limit", "expected"),
+    [
+        (ok(b"hello"), 5, b"hello"),
+        (ok(b"hello"), 4, "too large"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(b"hel", b"lo"),
+            5,
+            b"hello",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(b"hel", b"lo"),
+            4,
+            "too large",
+        ),
+    ],
+)
+def test_upstream_reads_a_whole_answer_within_its_limit(
+    run: Any, complete: bool, reply: bytes, limit: int, expected: bytes | str
+) -> None:
+    """Whether the body is all in when it is read (taken at once) or not (read as it
+    comes), the answer and the limit are the same."""
+    go = asyncio.Event()
+
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        if complete:
+            peer.send(reply + b"0\r\n\r\n" if b"chunked" in reply else reply)
+        else:
+            head, _, body = reply.partition(b"\r\n\r\n")
+            peer.send(head + b"\r\n\r\n")
+            await go.wait()  # the test has seen the body is not in yet
+            peer.send(body + (b"0\r\n\r\n" if b"chunked" in reply else b""))
+        await peer.wait_eof()
+
+    async def scenario() -> None:
+        async with Server(handler) as server:
+            spec = spec_at(server.port)
+            upstream = Upstream((spec,), 1.0, 0.5)
+            response = await upstream.open(spec, "/v1/x", b"{}", {})
+            assert isinstance(response, Response)
+            if complete:
+                await poll(lambda: response.complete, "the whole body")
+            else:
+                assert not response.complete
+            go.set()
+            if isinstance(expected, bytes):
+                assert await read_all(spec, response, limit) == expected
+            else:
+                with pytest.raises(AnswerTooLarge):
+                    await read_all(spec, response, limit)
+            assert response.closed
+            await upstream.aclose()
 
     run(scenario())

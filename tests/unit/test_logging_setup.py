@@ -19,6 +19,7 @@ from slm_server.logging_setup import (
     JsonFormatter,
     PlainFormatter,
     RequestIdFilter,
+    Stamps,
     configure,
     utc_stamp,
 )
@@ -140,3 +141,22 @@ def test_configure_sends_records_to_the_stream(json_lines: bool) -> None:
         pattern = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \[backends\] INFO started 3"
         assert re.fullmatch(pattern + " request_id=ctx-2", line)
     assert logging.getLogger("httpx").level == logging.WARNING
+
+
+@given(st.floats(min_value=0, max_value=4_000_000_000, allow_nan=False))
+def test_stamps_are_utc_stamp(created: float) -> None:
+    stamp = Stamps()
+    assert stamp(created) == utc_stamp(created)
+    assert stamp(created + 0.5) == utc_stamp(created + 0.5)
+    assert stamp(created) == utc_stamp(created)
+
+
+@pytest.mark.usefixtures("restored_root")
+def test_records_made_after_configure_skip_thread_and_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for flag in ("logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, flag, True)
+    configure("router", json_lines=True, stream=io.StringIO())
+    record = make()
+    assert record.process is None and record.thread is None and record.processName is None

@@ -9,19 +9,21 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
 from slm_server.config import ModelEntry, ModelSpec
 from slm_server.router.exchange import Exchange
 from slm_server.settings import TelemetrySettings
 from slm_server.telemetry import (
     EMIT_SITES,
+    CompactExporter,
     ExportWarnings,
     Inbound,
     Telemetry,
@@ -32,6 +34,7 @@ from slm_server.telemetry import (
 PARENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"
+TelemetrySpanContext = SpanContext(int(PARENT_TRACE, 16), int(PARENT_SPAN, 16), is_remote=False)
 
 
 def spec(model_id: str = "alpha", backend: str = "llamacpp", **fields: Any) -> ModelSpec:
@@ -368,3 +371,150 @@ def test_an_exporter_that_cannot_be_built_leaves_traces_off(
     assert telemetry.open_span(served(), Inbound()) is None
     assert telemetry.effective_config()["tracer_provider_initialised"] is False
     assert "traces are off" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("sampler", "inbound", "flags", "exported"),
+    [
+        ("always_on", None, "03", True),
+        ("always_off", None, "02", False),
+        ("always_off", TRACEPARENT, "00", False),
+        ("parentbased_always_on", TRACEPARENT, "01", True),
+        ("parentbased_always_on", TRACEPARENT[:-2] + "00", "00", False),
+    ],
+)
+def test_the_configured_sampler_decides_as_in_the_sdk(
+    monkeypatch: pytest.MonkeyPatch,
+    sampler: str,
+    inbound: str | None,
+    flags: str,
+    exported: bool,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    memory = InMemorySpanExporter()
+    telemetry = Telemetry(settings(), environ={}, exporter=memory)
+    telemetry.start()
+    exchange = served()
+    span = telemetry.open_span(exchange, Inbound(inbound, tracestate="v=1"))
+    assert span is not None
+    telemetry.close_span(span, exchange)
+    assert exchange.upstream_headers["traceparent"].endswith(f"-{flags}")
+    if inbound is not None:
+        assert exchange.upstream_headers["tracestate"] == "v=1"
+    assert telemetry.provider is not None
+    telemetry.provider.force_flush()
+    assert len(memory.get_finished_spans()) == (1 if exported else 0)
+    asyncio.run(telemetry.shutdown())
+
+
+def test_the_exception_event_is_the_sdks(
+    telemetry: Telemetry, memory: InMemorySpanExporter
+) -> None:
+    try:
+        raise KeyError("x")
+    except KeyError as caught:
+        error = caught
+    exchange = served()
+    span = telemetry.open_span(exchange, Inbound())
+    assert span is not None
+    telemetry.close_span(span, exchange, error)
+    sdk_span = TracerProvider().get_tracer("t").start_span("s")
+    sdk_span.record_exception(error)
+    sdk_span.end()
+    [ours] = finished(telemetry, memory).events
+    [theirs] = sdk_span.events  # type: ignore[attr-defined]
+    assert ours.name == theirs.name == "exception"
+    assert dict(ours.attributes or {}) == dict(theirs.attributes)
+
+
+def test_span_limits_from_the_environment_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
+    memory = InMemorySpanExporter()
+    telemetry = Telemetry(settings(), environ={}, exporter=memory)
+    telemetry.start()
+    exchange = served()
+    span = telemetry.open_span(exchange, Inbound())
+    assert span is not None
+    telemetry.close_span(span, exchange)
+    attributes = finished(telemetry, memory).attributes or {}
+    assert attributes["slm.request_id"] == "rid-1"
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["slm.emit_path"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "llama"
+    asyncio.run(telemetry.shutdown())
+
+
+class Sent(NamedTuple):
+    success: bool
+    error: Exception | None = None
+
+
+class Client:
+    """Stands in for the SDK exporter's HTTP client: keeps what it is given."""
+
+    def __init__(self, success: bool = True) -> None:
+        self.success = success
+        self.sent: list[bytes] = []
+
+    def export(self, data: bytes) -> Sent:
+        self.sent.append(data)
+        return Sent(self.success, None if self.success else ConnectionError("down"))
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("success", [True, False])
+def test_the_compact_exporter_sends_the_sdks_bytes(success: bool) -> None:
+    exporter = CompactExporter(endpoint="http://127.0.0.1:9/v1/traces")
+    assert exporter.compact
+    client = Client(success)
+    exporter._client = client  # type: ignore[assignment]
+    memory = InMemorySpanExporter()
+    telemetry = Telemetry(settings(), environ={}, exporter=memory)
+    telemetry.start()
+    exchange = served(max_tokens=3)
+    span = telemetry.open_span(exchange, Inbound(TRACEPARENT))
+    assert span is not None
+    exchange.status = 200
+    telemetry.close_span(span, exchange)
+    spans = [finished(telemetry, memory)]
+    expected = SpanExportResult.SUCCESS if success else SpanExportResult.FAILURE
+    assert exporter.export(spans) is expected
+    assert client.sent == [encode_spans(spans).SerializePartialToString()]
+    asyncio.run(telemetry.shutdown())
+
+
+def test_the_compact_exporter_hands_what_it_cannot_encode_to_the_sdk() -> None:
+    exporter = CompactExporter(endpoint="http://127.0.0.1:9/v1/traces")
+    client = Client()
+    exporter._client = client  # type: ignore[assignment]
+    odd = ReadableSpan("odd", attributes={"m": b"bytes"}, context=TelemetrySpanContext)
+    assert exporter.export([odd]) is SpanExportResult.SUCCESS
+    assert client.sent == [encode_spans([odd]).SerializePartialToString()]
+
+
+def test_a_telemetry_without_an_exporter_given_builds_the_compact_one() -> None:
+    telemetry = Telemetry(settings(), environ={})
+    telemetry.start()
+    assert isinstance(telemetry._exporter, CompactExporter)
+    asyncio.run(telemetry.shutdown(timeout=0.5))
+
+
+def test_an_attribute_count_limit_keeps_the_last_ones_as_the_sdk_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "3")
+    memory = InMemorySpanExporter()
+    telemetry = Telemetry(settings(), environ={}, exporter=memory)
+    telemetry.start()
+    exchange = served()
+    span = telemetry.open_span(exchange, Inbound(legacy_trace_id="turn-7"))
+    assert span is not None
+    exchange.status = 503
+    telemetry.close_span(span, exchange)
+    done = finished(telemetry, memory)
+    expected = {"slm.client.trace_id": "turn-7", **span_attributes(exchange), "error.type": "503"}
+    assert dict(done.attributes or {}) == dict(list(expected.items())[-3:])
+    assert done.dropped_attributes == len(expected) - 3
+    asyncio.run(telemetry.shutdown())

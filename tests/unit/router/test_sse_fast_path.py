@@ -1,0 +1,60 @@
+"""The splitter's shortcut for a read that is one whole LF-framed event changes
+nothing: the same events, the same refusals, as scanning line by line."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slm_server.errors import AnswerTooLarge
+from slm_server.router.sse import SseSplitter, _worth_parsing
+
+
+class Scanning(SseSplitter):
+    """The splitter with the shortcut off."""
+
+    def _one_whole_event(self, chunk: bytes) -> bool:
+        return False
+
+
+def run(splitter: SseSplitter, reads: list[bytes]) -> list[bytes | str]:
+    out: list[bytes | str] = []
+    for read in reads:
+        try:
+            out.extend(splitter.feed(read))
+        except AnswerTooLarge:
+            out.append("refused")
+    try:
+        out.append(splitter.flush())
+    except AnswerTooLarge:
+        out.append("refused")
+    return out
+
+
+PIECES = st.sampled_from(
+    [b"data: {}\n\n", b"data: x", b"\n", b"\r", b"\r\n", b"\n\n", b": ping\n\n", b"event: a\n"]
+)
+READS = st.lists(st.lists(PIECES, max_size=4).map(b"".join), max_size=12)
+
+
+@given(READS, st.integers(min_value=4, max_value=40))
+def test_the_shortcut_splits_as_the_scan_does(reads: list[bytes], limit: int) -> None:
+    assert run(SseSplitter(limit), reads) == run(Scanning(limit), reads)
+
+
+def test_one_whole_event_per_read_takes_the_shortcut() -> None:
+    splitter = SseSplitter(100)
+    assert splitter._one_whole_event(b"data: 1\n\n")
+    assert not splitter._one_whole_event(b"data: 1\n\ndata: 2\n\n")
+    assert not splitter._one_whole_event(b"\ndata: 1\n\n")
+    assert not splitter._one_whole_event(b"data: 1\r\n\r\n")
+    assert not splitter._one_whole_event(b"x")
+    assert not SseSplitter(5)._one_whole_event(b"data: 1\n\n")
+
+
+def test_worth_parsing() -> None:
+    assert _worth_parsing(b'data: {"usage": {}}\n\n')
+    assert _worth_parsing(b'data: {"error": "x"}\n\n')
+    assert _worth_parsing(b'data: {"finish_reason" : "stop"}\n\n')
+    assert not _worth_parsing(b'data: {"finish_reason": null}\n\n')
+    assert not _worth_parsing(b'data: {"delta": "hi"}\n\n')
