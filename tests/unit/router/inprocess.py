@@ -101,6 +101,19 @@ def sse(*events: Any, done: bool = True, then: Iterable[Step] = ()) -> FakeRespo
 Script = Callable[[Sent], Awaitable[FakeResponse]]
 
 
+def held_until(release: asyncio.Event, answer: Any, roles: Iterable[str] | None = None) -> Script:
+    """A backend that answers ``answer`` whole, only once ``release`` is set (only the
+    models of ``roles`` wait, when given)."""
+    waiting = None if roles is None else frozenset(roles)
+
+    async def script(sent: Sent) -> FakeResponse:
+        if waiting is None or sent.spec.role in waiting:
+            await release.wait()
+        return whole(answer)
+
+    return script
+
+
 class FakeTransport:
     """The upstream transport, answering every request with the script."""
 
@@ -422,6 +435,7 @@ __all__ = [
     "Router",
     "Sent",
     "call",
+    "held_until",
     "make_router",
     "sse",
     "whole",

@@ -19,6 +19,7 @@ from tests.unit.router.inprocess import (
     Router,
     Sent,
     call,
+    held_until,
     make_router,
     sse,
     whole,
@@ -78,6 +79,29 @@ async def until(condition: Any, what: str, seconds: float = 5.0) -> None:
     while not condition():
         assert loop.time() < deadline, f"never: {what}"
         await asyncio.sleep(0.005)
+
+
+def with_footprints(router: Router, **footprints: int) -> Router:
+    """Give these on-demand models their footprints, published unloaded."""
+    router.supervisor.footprints.update(footprints)
+    for role in footprints:
+        router.supervisor.publish(router.spec_of(role), "unloaded")
+    return router
+
+
+async def start_chat_stream(router: Router) -> asyncio.Future[Answer]:
+    """A chat stream that has begun (its backend holds it open): the model is busy."""
+    streaming = Answer()
+    stream = asyncio.ensure_future(
+        call(
+            router.app,
+            "/v1/chat/completions",
+            chat_body("org/chat-model", stream=True),
+            answer=streaming,
+        )
+    )
+    await until(lambda: bool(streaming.chunks), "the chat stream started")
+    return stream
 
 
 def loads(router: Router) -> list[str]:
@@ -142,23 +166,12 @@ def test_the_least_recently_used_idle_model_makes_room_never_a_streaming_one(
         more=more,
         env={"SLM_MEMORY_BUDGET_MB": "1000", "SLM_SWAP_HOLD_SECONDS": "0.2"},
     )
-    router.supervisor.footprints.update(chat=400, coder=400, embed=400)
-    for role in ("chat", "coder", "embed"):
-        router.supervisor.publish(router.spec_of(role), "unloaded")
+    with_footprints(router, chat=400, coder=400, embed=400)
 
     async def scenario() -> None:
         async with serving(router):
             # chat streams (busy); coder answers and goes idle; embed needs room.
-            streaming = Answer()
-            stream = asyncio.ensure_future(
-                call(
-                    router.app,
-                    "/v1/chat/completions",
-                    chat_body("org/chat-model", stream=True),
-                    answer=streaming,
-                )
-            )
-            await until(lambda: bool(streaming.chunks), "the stream started")
+            stream = await start_chat_stream(router)
             coder = await call(router.app, "/v1/chat/completions", chat_body("coder-model"))
             assert coder.status == 200
             router.deps.gates["coder"].last_release -= 10  # idle past the hold
@@ -182,12 +195,7 @@ def test_a_model_that_cannot_fit_waits_then_gets_503_insufficient_memory(
     tmp_path: Path,
 ) -> None:
     release = asyncio.Event()
-
-    async def slow(sent: Sent) -> FakeResponse:
-        if sent.spec.role == "chat":
-            await release.wait()
-        return whole(ANSWER)
-
+    slow = held_until(release, ANSWER, roles=["chat"])
     router = make_router(
         tmp_path,
         slow,
@@ -195,9 +203,7 @@ def test_a_model_that_cannot_fit_waits_then_gets_503_insufficient_memory(
         more=entry("coder", 18002),
         env={"SLM_MEMORY_BUDGET_MB": "1000"},
     )
-    router.supervisor.footprints.update(chat=600, coder=600)
-    for role in ("chat", "coder"):
-        router.supervisor.publish(router.spec_of(role), "unloaded")
+    with_footprints(router, chat=600, coder=600)
 
     async def scenario() -> None:
         async with serving(router):
@@ -295,11 +301,7 @@ def test_a_waiting_client_that_leaves_gives_up_its_place(tmp_path: Path) -> None
 
 def test_load_and_unload_api(tmp_path: Path) -> None:
     release = asyncio.Event()
-
-    async def slow(_sent: Sent) -> FakeResponse:
-        await release.wait()
-        return whole(ANSWER)
-
+    slow = held_until(release, ANSWER)
     router = make_router(
         tmp_path, slow, chat=ON_DEMAND, more=entry("always", 18002, on_demand=False)
     )
@@ -397,22 +399,11 @@ def test_a_model_whose_requests_give_up_before_aging_still_ages(tmp_path: Path) 
         more=entry("coder", 18002),
         env={"SLM_MEMORY_BUDGET_MB": "1000", "SLM_SWAP_AGING_SECONDS": "0.6"},
     )
-    router.supervisor.footprints.update(chat=600, coder=600)
-    for role in ("chat", "coder"):
-        router.supervisor.publish(router.spec_of(role), "unloaded")
+    with_footprints(router, chat=600, coder=600)
 
     async def scenario() -> None:
         async with serving(router):
-            streaming = Answer()
-            stream = asyncio.ensure_future(
-                call(
-                    router.app,
-                    "/v1/chat/completions",
-                    chat_body("org/chat-model", stream=True),
-                    answer=streaming,
-                )
-            )
-            await until(lambda: bool(streaming.chunks), "chat streaming")
+            stream = await start_chat_stream(router)
             short = {"x-request-timeout": "0.3"}
             for _ in range(3):
                 got = await call(

@@ -22,6 +22,7 @@ from tests.unit.router.inprocess import (
     Router,
     Sent,
     call,
+    held_until,
     make_router,
     sse,
     whole,
@@ -293,11 +294,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_backend_and_its_slot(tmp_path
 
 def test_a_client_that_leaves_while_queued_gives_up_its_place(tmp_path: Path) -> None:
     release = asyncio.Event()
-
-    async def slow(_sent: Sent) -> FakeResponse:
-        await release.wait()
-        return whole(ANSWER)
-
+    slow = held_until(release, ANSWER)
     router = make_router(tmp_path, slow, concurrency=1, queue=2)
 
     async def scenario() -> None:
@@ -323,11 +320,7 @@ def test_a_client_that_leaves_while_queued_gives_up_its_place(tmp_path: Path) ->
 
 def test_a_full_queue_is_refused_with_retry_after(tmp_path: Path) -> None:
     release = asyncio.Event()
-
-    async def slow(_sent: Sent) -> FakeResponse:
-        await release.wait()
-        return whole(ANSWER)
-
+    slow = held_until(release, ANSWER)
     router = make_router(tmp_path, slow, concurrency=1, queue=0)
 
     async def scenario() -> None:
