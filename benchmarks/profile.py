@@ -13,6 +13,7 @@ raw collapsed stacks (``--out``, for flamegraph tools).
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import tempfile
 import time
@@ -24,6 +25,21 @@ import uvloop
 
 from benchmarks.loadgen import Workload, closed_loop
 from benchmarks.servers import fast_fake, slm_router
+
+
+def py_spy() -> list[str]:
+    """py-spy itself when it is on ``PATH``, else through ``uvx`` (never a dependency);
+    uv's own directory counts, where ``scripts/setup.sh`` installs it."""
+    found = shutil.which("py-spy")
+    if found is not None:
+        return [found]
+    uv_bins = sorted(Path.home().glob(".cache/slm_server/uv/*/bin"))
+    uvx = shutil.which("uvx") or next(
+        (str(d / "uvx") for d in reversed(uv_bins) if (d / "uvx").exists()), None
+    )
+    if uvx is None:
+        raise SystemExit("py-spy is not on PATH and there is no uvx to run it with")
+    return [uvx, "py-spy"]
 
 
 def frame_name(frame: str) -> str:
@@ -82,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ):
             workload = Workload(url=router.url, model=backend.model, stream=args.stream)
             uvloop.run(closed_loop(workload, args.concurrency, duration=1.0))
-            spy = ["uvx", "py-spy", "record", "--pid", str(router.pid), "--format", "raw"]
+            spy = [*py_spy(), "record", "--pid", str(router.pid), "--format", "raw"]
             spy += ["--rate", str(args.rate), "--duration", str(int(args.seconds))]
             spy += ["--output", str(args.out)]
             sampler = subprocess.Popen(  # noqa: S603 - fixed arguments and our router's pid
