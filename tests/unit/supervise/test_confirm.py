@@ -23,7 +23,7 @@ from slm_server.supervise.confirm import (
     table_markdown,
 )
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+WATCHDOG_PAGE = Path(__file__).resolve().parents[3] / "docs" / "watchdog.md"
 
 HEALTHY = Probe(Reply.OK, status=200)
 IDLE_CPU: dict[str, Any] = {"cpu_seconds_delta": 0.0, "window_seconds": 1.0}
@@ -277,5 +277,5 @@ def test_markdown_table_has_every_row_in_order() -> None:
     assert lines[-1].endswith("| restart | `no_canary_idle` |")
 
 
-def test_readme_carries_the_table() -> None:
-    assert table_markdown() in README.read_text(encoding="utf-8")
+def test_watchdog_page_carries_the_table() -> None:
+    assert table_markdown() in WATCHDOG_PAGE.read_text(encoding="utf-8")
