@@ -334,7 +334,7 @@ def judge(evidence: Evidence) -> Decision:
 
 
 def table_markdown() -> str:
-    """:data:`TABLE` as the README's markdown table (kept equal to it by a test)."""
+    """:data:`TABLE` as docs/watchdog.md's markdown table (kept equal to it by a test)."""
     lines = ["| # | Evidence | Decision | `rule` |", "|---|---|---|---|"]
     for number, row in enumerate(TABLE, 1):
         decision = "restart" if row.restart else "not confirmed"
