@@ -32,7 +32,11 @@ def browser_paths() -> tuple[str, str]:
     """chromium and chromedriver, or :class:`BrowserMissing` saying which is missing."""
     found = []
     for variable, debian, names in (
-        ("SLM_CHROMIUM", "/usr/bin/chromium", ("chromium", "chromium-browser", "chrome")),
+        (
+            "SLM_CHROMIUM",
+            "/usr/bin/chromium",
+            ("chromium", "chromium-browser", "google-chrome", "chrome"),
+        ),
         ("SLM_CHROMEDRIVER", "/usr/bin/chromedriver", ("chromedriver",)),
     ):
         candidates = [os.environ.get(variable), debian, *map(shutil.which, names)]
