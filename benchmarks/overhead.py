@@ -22,6 +22,9 @@ RSS of the gateway and of the backend (:mod:`benchmarks.meter`).
 * ``defaults`` compares ``slm_server`` with ``slm_server_default``, the defaults a user
   gets: spans exported to a local collector that answers 200
   (:mod:`benchmarks.otlp_sink`), metrics, the INFO access log.
+* ``dashboard`` compares ``slm_server`` with ``slm_server_ui``, the same router with
+  the dashboard open in a headless chromium (issue 14: the page must not slow the
+  proxy path measurably).
 * ``peer`` adds LiteLLM's proxy (one worker) on the same fakes: throughput ratios.
 """
 
@@ -39,7 +42,14 @@ import uvloop
 from benchmarks.loadgen import Workload, closed_loop
 from benchmarks.meter import ProcessMeter
 from benchmarks.report import DASH, TIMES, Check, pick, show, spread, table
-from benchmarks.servers import BENCH_MODEL, Server, fast_fake, litellm_proxy, slm_router
+from benchmarks.servers import (
+    BENCH_MODEL,
+    Server,
+    fast_fake,
+    litellm_proxy,
+    slm_router,
+    slm_router_watched,
+)
 
 CONCURRENCY = (1, 8, 64)
 BURST_CONCURRENCY = (1, 64)
@@ -98,6 +108,7 @@ STARTERS: dict[str, Starter] = {
     "slm_server_default": lambda workdir, backends: slm_router(
         workdir, backends, telemetry=True, collector=True
     ),
+    "slm_server_ui": slm_router_watched,
     "litellm": litellm_proxy,
 }
 LABELS = {
@@ -105,6 +116,7 @@ LABELS = {
     "slm_server": "slm_server",
     "slm_server_otel": "slm_server, telemetry on",
     "slm_server_default": "slm_server, defaults (spans to a collector)",
+    "slm_server_ui": "slm_server, dashboard open",
     "litellm": "LiteLLM proxy",
 }
 

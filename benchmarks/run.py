@@ -2,6 +2,7 @@
 
     uv run python -m benchmarks.run overhead peer        # fake backend, ~5 + ~7 minutes
     uv run python -m benchmarks.run defaults             # lean and default configuration
+    uv run python -m benchmarks.run dashboard            # with and without the dashboard open
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run overhead --quick     # a short run to try things out
@@ -98,6 +99,29 @@ def run_defaults(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_dashboard(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = _fake_plan(("direct", "slm_server", "slm_server_ui"), quick, rounds)
+    runs = overhead.run_rounds(plan, workdir, say)
+    found = overhead.Rounds(runs)
+    checks = overhead.overhead_checks(found, "slm_server")
+    checks += overhead.overhead_checks(found, "slm_server_ui")
+    markdown = "\n\n".join(
+        [
+            overhead.overhead_tables(found, plan.targets),
+            "CPU used by each process, in cores (CPU seconds per wall second):",
+            overhead.headroom_table(found, plan.targets),
+        ]
+    )
+    return Outcome(
+        "Dashboard: slm_server with and without the dashboard open",
+        asdict(plan),
+        runs,
+        checks,
+        markdown,
+        overhead.csv_rows(runs),
+    )
+
+
 def run_peer(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = _fake_plan(("direct", "slm_server", "litellm"), quick, rounds)
     runs = overhead.run_rounds(plan, workdir, say)
@@ -166,6 +190,7 @@ def run_swap(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
 SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "overhead": run_overhead,
     "defaults": run_defaults,
+    "dashboard": run_dashboard,
     "peer": run_peer,
     "real": run_real,
     "recovery": run_recovery,

@@ -7,7 +7,8 @@
 ``fast_fake`` is :mod:`benchmarks.fastfake`; ``slm_router`` is ``python -m slm_server
 router`` in front of one backend; ``litellm_proxy`` is LiteLLM's proxy from its own
 virtual environment (made once by :func:`litellm_venv`, under
-``~/.cache/slm_server/bench``); ``launcher`` is ``python -m slm_server backends`` on
+``~/.cache/slm_server/bench``); ``slm_router_watched`` is the router with the dashboard
+open in a headless chromium; ``launcher`` is ``python -m slm_server backends`` on
 registry entries, waited on until every backend is ready.
 """
 
@@ -189,6 +190,24 @@ def slm_router(
         env = router_env(workdir, telemetry, sink)
         router, url = stack.enter_context(running_router(env, workdir))
         yield Server("slm_server", router.pid, url, "")
+
+
+@contextlib.contextmanager
+def slm_router_watched(workdir: Path, backends: Sequence[Server]) -> Iterator[Server]:
+    """:func:`slm_router` with the dashboard open in a headless chromium the whole time
+    (its polling and its event stream), the page shown once before anything is
+    measured."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.integration.browser import headless_chromium
+
+    with slm_router(workdir, backends) as router, headless_chromium() as driver:
+        driver.get(f"{router.url}/ui")
+        WebDriverWait(driver, 30, poll_frequency=0.1).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#models tbody tr")) == len(backends)
+        )
+        yield router
 
 
 def litellm_venv(report: Any = print) -> Path:

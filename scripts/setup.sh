@@ -4,7 +4,9 @@
 # ~/.cache/slm_server), the default models (models/), .env and config/models.yaml.
 #
 #   scripts/setup.sh              everything, for running the gateway
-#   scripts/setup.sh --for-tests  the same without creating .env or config/models.yaml
+#   scripts/setup.sh --for-tests  the same without creating .env or config/models.yaml,
+#                                 and on Linux Debian's chromium and chromium-driver for
+#                                 the dashboard's browser test (apt-get, as root or sudo)
 #
 # Prints SLM_LLAMA_SERVER_BIN=... as its last line. Runs on macOS's bash 3.2 and Linux.
 set -euo pipefail
@@ -67,6 +69,34 @@ fi
 say "building the pinned llama-server (cached after the first run)"
 bin_line=$(bash scripts/build_llama.sh | tail -n 1)
 bin=${bin_line#SLM_LLAMA_SERVER_BIN=}
+
+# The dashboard's browser test (tests/integration/test_dashboard.py) drives Debian's
+# chromium through its chromedriver; SLM_CHROMIUM and SLM_CHROMEDRIVER name others.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  else
+    sudo -n "$@"
+  fi
+}
+if [ "$for_tests" = true ] && [ "$(uname -s)" = Linux ] \
+  && { [ -z "${SLM_CHROMIUM:-}" ] || [ -z "${SLM_CHROMEDRIVER:-}" ]; } \
+  && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    say "apt-get not found: install chromium and chromedriver, then set SLM_CHROMIUM and"
+    say "SLM_CHROMEDRIVER to them (the dashboard's browser test needs both)"
+    exit 1
+  fi
+  if [ "$(id -u)" -ne 0 ] && ! { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; }; then
+    say "chromium and chromium-driver are missing and installing them needs root: run"
+    say "  sudo apt-get install -y chromium chromium-driver"
+    say "(or this script as root, or with password-less sudo), then run it again"
+    exit 1
+  fi
+  say "installing chromium and chromium-driver with apt-get (the dashboard's browser test)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >&2
+fi
 
 say "fetching the default models into models/"
 UV="$uv_cmd" "$uv_cmd" run --frozen python scripts/fetch_models.py >&2

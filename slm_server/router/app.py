@@ -29,6 +29,7 @@ from slm_server.registry import Registry
 from slm_server.router.admission import Gate
 from slm_server.router.auth import ApiKeys
 from slm_server.router.backend_state import StateSource, StateView
+from slm_server.router.dashboard import Dashboard
 from slm_server.router.drain import Drain
 from slm_server.router.engine_metrics import EngineMetrics
 from slm_server.router.exchange import exchange_of
@@ -38,6 +39,7 @@ from slm_server.router.loader import Commander, Loader
 from slm_server.router.middleware import RequestObserver
 from slm_server.router.models_api import ModelsApi
 from slm_server.router.proxy import Proxy
+from slm_server.router.recent import RecentRequests
 from slm_server.router.room import Rules
 from slm_server.router.upstream import Transport, Upstream
 from slm_server.settings import Settings
@@ -176,6 +178,10 @@ def create_app(
     info = Info(registry, upstream, tripwire, deps.states, proxy.gates, loader.status)
     models_api = ModelsApi(registry, loader, info.describe)
     metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
+    recent = RecentRequests()
+    dashboard = Dashboard(
+        registry, deps.states, recent, settings.watchdog.log_path, settings.log_dir
+    )
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -209,12 +215,17 @@ def create_app(
         Route("/health", info.health, methods=["GET"]),
         Route("/metrics", metrics.scrape, methods=["GET"]),
         Route("/v1/telemetry/effective-config", telemetry.report, methods=["GET"]),
+        Route("/v1/ui/events", dashboard.events, methods=["GET"]),
+        Route("/v1/ui/requests", dashboard.requests, methods=["GET"]),
+        Route("/v1/ui/logs/{role}", dashboard.logs, methods=["GET"]),
+        Route("/ui", dashboard.page, methods=["GET"]),
+        Route("/ui/{asset}", dashboard.page, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
         middleware=[
-            Middleware(RequestObserver, telemetry=telemetry, metrics=metrics),
+            Middleware(RequestObserver, telemetry=telemetry, metrics=metrics, recent=recent),
             Middleware(HostCheck, names=(*settings.serving.allowed_hosts, settings.router_host)),
             Middleware(
                 ApiKeys,

@@ -9,7 +9,7 @@ For every HTTP request it
   handler runs;
 * for the model endpoints, opens the request's span and counts it in flight, and once
   the answer has ended — a relayed stream included — closes the span and records the
-  request's metrics;
+  request's metrics and keeps it among the recent requests the dashboard shows;
 * writes one access log line on ``slm_server.access``.
 
 Nothing is buffered: messages pass straight through, and the only work per message is
@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from slm_server.logging_setup import REQUEST_ID
 from slm_server.metrics import Metrics
 from slm_server.router.exchange import EMIT_PATHS, Exchange, attach_exchange, new_request_id
+from slm_server.router.recent import RecentRequests
 from slm_server.telemetry import Inbound, Telemetry
 
 access_log = logging.getLogger("slm_server.access")
@@ -62,10 +63,17 @@ def request_id_from(value: bytes | None) -> str:
 class RequestObserver:
     """Wraps ``app``; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, telemetry: Telemetry, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        telemetry: Telemetry,
+        metrics: Metrics,
+        recent: RecentRequests | None = None,
+    ) -> None:
         self.app = app
         self.telemetry = telemetry
         self.metrics = metrics
+        self.recent = recent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -126,6 +134,8 @@ class RequestObserver:
                 if span is not None:
                     self.telemetry.close_span(span, exchange, error)
                 outcome = self.metrics.observe(exchange)
+                if self.recent is not None:
+                    self.recent.record(exchange)
             self._log(exchange, outcome)
             REQUEST_ID.reset(token)
 

@@ -373,10 +373,12 @@ async def call(
     leave: asyncio.Event | None = None,
     answer: Answer | None = None,
 ) -> Answer:
-    """One request through the ASGI app. ``body`` is sent as JSON unless it is bytes;
-    the client disconnects when ``leave`` is set (else only after the answer);
-    ``answer`` is filled as the response arrives, for a test to watch."""
+    """One request through the ASGI app (``path`` may carry a query string). ``body``
+    is sent as JSON unless it is bytes; the client disconnects when ``leave`` is set
+    (else only after the answer); ``answer`` is filled as the response arrives, for a
+    test to watch."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    path, _, query = path.partition("?")
     sent_headers = {
         "host": "127.0.0.1:8000",
         "content-type": "application/json",
@@ -391,7 +393,7 @@ async def call(
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query.encode(),
         "root_path": "",
         "headers": [(k.lower().encode(), v.encode()) for k, v in sent_headers.items()],
         "client": ("127.0.0.1", 50000),

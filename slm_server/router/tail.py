@@ -1,0 +1,141 @@
+"""Reading the ends of log files without trusting their size or their lines.
+
+:class:`Follower` follows one append-only file (``logs/watchdog.jsonl``) the way
+``tail -F`` does: first its last lines, then whatever is appended, read from where it
+left off in chunks of at most ``CHUNK_BYTES``. When the file is replaced (renamed to
+``.prev`` and recreated) or truncated in place (the log trimmer copies it to ``.prev``
+and truncates it), reading starts again from its beginning. A line longer than
+``MAX_LINE_BYTES`` is cut there and the rest of it skipped, so one hostile line costs a
+bounded amount of memory. :func:`last_lines` reads the end of a file once, bounded the
+same way. Both are blocking calls, meant for a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+CHUNK_BYTES: Final = 64 * 1024
+MAX_LINE_BYTES: Final = 8 * 1024
+TAIL_BYTES: Final = 256 * 1024  # how far back from the end the last lines are looked for
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line, decoded (invalid UTF-8 replaced); ``cut`` when it was longer than kept."""
+
+    text: str
+    cut: bool = False
+
+
+def _line(raw: bytes, cut: bool = False) -> Line:
+    if len(raw) > MAX_LINE_BYTES:
+        raw, cut = raw[:MAX_LINE_BYTES], True
+    return Line(raw.rstrip(b"\r").decode("utf-8", "replace"), cut)
+
+
+def _read_end(path: Path, max_bytes: int) -> tuple[bytes, int, int] | None:
+    """The last ``max_bytes`` of ``path`` from a line start, where they end, its inode."""
+    try:
+        with path.open("rb") as handle:
+            info = os.fstat(handle.fileno())
+            start = max(0, info.st_size - max_bytes)
+            handle.seek(start)
+            data = handle.read(info.st_size - start)
+    except OSError:
+        return None
+    end = start + len(data)
+    if start > 0:  # begin after the first newline: the line before it is cut
+        newline = data.find(b"\n")
+        data = data[newline + 1 :] if newline >= 0 else b""
+    return data, end, info.st_ino
+
+
+def last_lines(path: Path, count: int, max_bytes: int = TAIL_BYTES) -> list[Line] | None:
+    """The last ``count`` complete or partial lines of ``path``, looking back at most
+    ``max_bytes``; None when it cannot be read."""
+    found = _read_end(path, max_bytes)
+    if found is None:
+        return None
+    data = found[0]
+    parts = data.split(b"\n")
+    if parts and parts[-1] == b"":
+        parts.pop()
+    return [_line(raw) for raw in parts[-count:]] if count > 0 else []
+
+
+class Follower:
+    """Reads one file's new lines incrementally; see the module docstring."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.inode: int | None = None
+        self.partial = b""
+        self.skipping = False  # inside a line already cut at MAX_LINE_BYTES
+        self.behind = False  # the last poll read a full chunk: more may be waiting
+
+    def start(self, count: int) -> list[Line]:
+        """The last ``count`` lines now in the file; following starts after them."""
+        found = _read_end(self.path, TAIL_BYTES)
+        if found is None:
+            return []
+        data, self.offset, self.inode = found
+        # The end of the file may be a line still being written: keep it for later.
+        complete, _, self.partial = data.rpartition(b"\n")
+        if len(self.partial) > MAX_LINE_BYTES:
+            self.partial, self.skipping = b"", True
+        lines = complete.split(b"\n") if complete else []
+        return [_line(raw) for raw in lines[-count:]] if count > 0 else []
+
+    def _reset(self, inode: int | None) -> None:
+        self.offset, self.inode, self.partial, self.skipping = 0, inode, b"", False
+
+    def poll(self) -> list[Line]:
+        """The complete lines appended since the last call (reading at most
+        ``CHUNK_BYTES``); starts over on a replaced or truncated file."""
+        try:
+            handle = self.path.open("rb")
+        except OSError:
+            return []  # gone for now (between a rename and the next write)
+        self.behind = False
+        with handle:
+            info = os.fstat(handle.fileno())
+            if info.st_ino != self.inode or info.st_size < self.offset:
+                self._reset(info.st_ino)
+            if info.st_size == self.offset:
+                return []
+            handle.seek(self.offset)
+            data = handle.read(CHUNK_BYTES)
+        self.offset += len(data)
+        self.behind = len(data) == CHUNK_BYTES
+        return self._split(data)
+
+    def _split(self, data: bytes) -> list[Line]:
+        lines: list[Line] = []
+        start = 0
+        while True:
+            newline = data.find(b"\n", start)
+            if newline < 0:
+                break
+            if self.skipping:
+                lines.append(_line(self.partial, cut=True))
+                self.skipping = False
+            else:
+                lines.append(_line(self.partial + data[start:newline]))
+            self.partial = b""
+            start = newline + 1
+        rest = data[start:]
+        if self.skipping:
+            return lines
+        if len(self.partial) + len(rest) > MAX_LINE_BYTES:
+            self.partial = (self.partial + rest)[:MAX_LINE_BYTES]
+            self.skipping = True
+        else:
+            self.partial += rest
+        return lines
+
+
+__all__ = ["CHUNK_BYTES", "MAX_LINE_BYTES", "Follower", "Line", "last_lines"]

@@ -1,0 +1,311 @@
+// The slm_server dashboard: polls /v1/backends/health and /v1/ui/requests every
+// POLL_MS, reads one stream of /v1/ui/events, and builds every node with textContent
+// (never as markup): model ids, log lines and event fields are shown as text.
+"use strict";
+
+const POLL_MS = 2000;
+const RECONNECT_MS = 3000;
+const MAX_EVENTS = 500;
+const KEY_NAME = "slm_api_key";
+const BAD_EVENTS = new Set([
+  "backend_failure", "backend_exited", "backend_not_running", "restart_failed",
+  "backend_abandoned", "process_unkillable", "load_failed", "restart_not_confirmed",
+  "port_stray_killed", "state_write_failed", "backend_log_trim_failed",
+]);
+const GOOD_EVENTS = new Set(["restart_succeeded", "restart_confirmed", "backend_loaded"]);
+
+const $ = (id) => document.getElementById(id);
+let streamAbort = null;
+let filterModel = "";
+const knownModels = new Set();
+
+function headers(extra) {
+  const key = sessionStorage.getItem(KEY_NAME);
+  const all = Object.assign({}, extra || {});
+  if (key) all.Authorization = "Bearer " + key;
+  return all;
+}
+
+function say(text, bad) {
+  const status = $("status");
+  status.textContent = text;
+  status.classList.toggle("bad", !!bad);
+}
+
+async function api(path, options) {
+  const opts = Object.assign({}, options || {});
+  opts.headers = headers(opts.headers);
+  const response = await fetch(path, opts);
+  if (response.status === 401) {
+    say("API key needed: enter one above", true);
+    throw new Error("unauthorized");
+  }
+  return response;
+}
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+function dash(value) {
+  return value === undefined || value === null || value === "" ? "–" : String(value);
+}
+
+function duration(seconds) {
+  if (seconds === undefined || seconds === null) return "–";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s";
+  return Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+}
+
+// -- models ---------------------------------------------------------------------------
+
+const COLUMNS = ["model", "role", "state", "pid", "uptime", "port", "busy", "memory",
+  "restarts", "left", "frees", "exit", "reason", "ttl", "actions"];
+
+function modelRow(role) {
+  const body = $("models").tBodies[0];
+  for (const row of body.rows) if (row.dataset.role === role) return row;
+  const row = document.createElement("tr");
+  row.dataset.role = role;
+  for (const name of COLUMNS) row.appendChild(el("td", null, name));
+  body.appendChild(row);
+  return row;
+}
+
+function cell(row, name) {
+  return row.querySelector("td." + name);
+}
+
+function setCell(row, name, text) {
+  const td = cell(row, name);
+  const shown = dash(text);
+  if (td.textContent !== shown) td.textContent = shown;
+}
+
+function memory(mb) {
+  if (!mb) return "–";
+  return [mb.estimate, mb.measured, mb.admitted_as, mb.budget].map(dash).join(" / ");
+}
+
+function actions(row, role, item) {
+  const td = cell(row, "actions");
+  const state = item.state;
+  const wanted = [];
+  if (item.load && item.load.startsWith("on_demand")) {
+    if (state === "unloaded") wanted.push("load");
+    else if (state === "ready" || state === "degraded") wanted.push("unload");
+  }
+  wanted.push("log");
+  const have = Array.from(td.children).map((b) => b.dataset.action).join(",");
+  if (have === wanted.join(",")) return;
+  td.replaceChildren();
+  for (const action of wanted) {
+    const button = el("button", action, action);
+    button.dataset.action = action;
+    button.type = "button";
+    button.addEventListener("click", () => act(action, role, item.model_id, button));
+    td.appendChild(button);
+  }
+}
+
+async function act(action, role, modelId, button) {
+  if (action === "log") return showLog(role);
+  button.disabled = true;
+  say(action + "ing " + modelId + "…");
+  try {
+    const response = await api("/v1/models/" + action, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model: modelId }),
+    });
+    const body = await response.json().catch(() => ({}));
+    if (response.ok) say(modelId + ": " + dash(body.status && body.status.state));
+    else say(modelId + ": " + dash(body.error && body.error.message), true);
+  } catch (error) {
+    say(action + " failed: " + error.message, true);
+  } finally {
+    button.disabled = false;
+    pollModels();
+  }
+}
+
+function renderModels(report) {
+  const now = Date.now() / 1000;
+  for (const [role, item] of Object.entries(report)) {
+    const row = modelRow(role);
+    const budget = item.restart_budget || null;
+    setCell(row, "model", item.model_id);
+    setCell(row, "role", role);
+    setCell(row, "state", item.state);
+    cell(row, "state").className = "state state-" + String(item.state || "none");
+    setCell(row, "pid", item.pid);
+    setCell(row, "uptime", item.pid ? duration(item.uptime_seconds) : null);
+    setCell(row, "port", item.port);
+    setCell(row, "busy", item.in_flight === undefined ? null : item.in_flight + " / " + item.queued);
+    setCell(row, "memory", memory(item.memory_mb));
+    setCell(row, "restarts", budget ? budget.used + " / " + budget.max_restarts : item.restarts);
+    setCell(row, "left", budget ? budget.remaining : null);
+    setCell(row, "frees", budget && budget.frees_at ? duration(budget.frees_at - now) : null);
+    setCell(row, "exit", item.last_exit);
+    setCell(row, "reason", item.reason || item.last_restart_reason || item.error);
+    setCell(row, "ttl", item.idle_ttl_remaining === null ? null : duration(item.idle_ttl_remaining));
+    actions(row, role, item);
+    if (item.model_id && !knownModels.has(item.model_id)) {
+      knownModels.add(item.model_id);
+      const option = el("option", item.model_id);
+      option.value = item.model_id;
+      $("filter").appendChild(option);
+    }
+  }
+}
+
+// -- recent requests ------------------------------------------------------------------
+
+function renderRequests(list) {
+  const body = $("requests").tBodies[0];
+  const rows = list.map((r) => {
+    const row = document.createElement("tr");
+    const time = new Date(r.time * 1000).toLocaleTimeString();
+    const tokens = dash(r.input_tokens) + " / " + dash(r.output_tokens);
+    for (const value of [time, r.model, r.endpoint, r.status, r.queue_seconds,
+      r.ttft_seconds, r.duration_seconds, tokens]) {
+      row.appendChild(el("td", dash(value)));
+    }
+    return row;
+  });
+  body.replaceChildren(...rows);
+}
+
+// -- polling --------------------------------------------------------------------------
+
+let pollTimer = null;
+let pollGeneration = 0;
+
+async function pollModels() {
+  try {
+    const response = await api("/v1/backends/health");
+    if (!response.ok) throw new Error("HTTP " + response.status);
+    renderModels(await response.json());
+    const requests = await api("/v1/ui/requests");
+    if (requests.ok) renderRequests((await requests.json()).data || []);
+    say("updated " + new Date().toLocaleTimeString());
+  } catch (error) {
+    if (error.message !== "unauthorized") say("cannot reach the router: " + error.message, true);
+  }
+}
+
+async function pollLoop(generation) {
+  if (generation === undefined) generation = ++pollGeneration;
+  clearTimeout(pollTimer);
+  await pollModels();
+  if (generation === pollGeneration) pollTimer = setTimeout(() => pollLoop(generation), POLL_MS);
+}
+
+// -- the watchdog timeline ------------------------------------------------------------
+
+function eventModel(event) {
+  return String(event.model_id || event.role || "");
+}
+
+function addEvent(event) {
+  const timeline = $("timeline");
+  const name = String(event.event || (event.unparsed !== undefined ? "unparsed" : "?"));
+  const li = el("li", null, BAD_EVENTS.has(name) ? "bad" : GOOD_EVENTS.has(name) ? "good" : "");
+  li.dataset.model = eventModel(event);
+  li.dataset.event = name;
+  li.appendChild(el("span", dash(event.ts), "ts"));
+  li.appendChild(el("span", name, "name"));
+  const details = [];
+  for (const [key, value] of Object.entries(event)) {
+    if (key === "ts" || key === "event") continue;
+    details.push(key + "=" + (typeof value === "string" ? value : JSON.stringify(value)));
+  }
+  li.appendChild(el("span", details.join(" "), "details"));
+  li.hidden = filterModel !== "" && li.dataset.model !== filterModel;
+  timeline.prepend(li);
+  while (timeline.children.length > MAX_EVENTS) timeline.lastElementChild.remove();
+}
+
+function applyFilter() {
+  filterModel = $("filter").value;
+  for (const li of $("timeline").children) {
+    li.hidden = filterModel !== "" && li.dataset.model !== filterModel;
+  }
+}
+
+function handleBlock(block) {
+  const data = block.split("\n").filter((l) => l.startsWith("data:"))
+    .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
+  if (!data) return;
+  try {
+    addEvent(JSON.parse(data));
+  } catch (error) {
+    addEvent({ unparsed: data });
+  }
+}
+
+async function streamEvents() {
+  if (streamAbort) streamAbort.abort();
+  const controller = new AbortController();
+  streamAbort = controller;
+  try {
+    const response = await api("/v1/ui/events?recent=200", { signal: controller.signal });
+    if (!response.ok || !response.body) throw new Error("HTTP " + response.status);
+    $("timeline").replaceChildren();
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        handleBlock(buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+      }
+    }
+  } catch (error) {
+    if (controller.signal.aborted || error.message === "unauthorized") return;
+  }
+  if (streamAbort === controller) setTimeout(streamEvents, RECONNECT_MS);
+}
+
+// -- a model's log --------------------------------------------------------------------
+
+async function showLog(role) {
+  $("log-role").textContent = role;
+  try {
+    const response = await api("/v1/ui/logs/" + encodeURIComponent(role) + "?lines=200");
+    const body = await response.json();
+    if (!response.ok) throw new Error(dash(body.error && body.error.message));
+    const lines = body.lines || [];
+    $("log").textContent = lines.length ? lines.join("\n") : "(no log yet)";
+  } catch (error) {
+    $("log").textContent = "cannot read the log: " + error.message;
+  }
+}
+
+// -- start ----------------------------------------------------------------------------
+
+function start() {
+  $("key").value = sessionStorage.getItem(KEY_NAME) || "";
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const key = $("key").value.trim();
+    if (key) sessionStorage.setItem(KEY_NAME, key);
+    else sessionStorage.removeItem(KEY_NAME);
+    pollLoop();
+    streamEvents();
+  });
+  $("filter").addEventListener("change", applyFilter);
+  pollLoop();
+  streamEvents();
+}
+
+document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,185 @@
+"""The dashboard in a real headless browser (Debian's chromium and chromedriver, driven
+by selenium): the real launcher and router, with fake llama-servers and with the real
+one. The page must show every model with its state, a ``kill -9`` must appear in the
+timeline and change the row without a reload, and the load and unload buttons must work.
+Everything waits on conditions in the page (WebDriverWait), never on fixed sleeps.
+
+``SLM_DASHBOARD_SCREENSHOT=<path>`` saves a screenshot of the page there (how
+docs/dashboard.png is made)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from tests.integration.browser import BrowserMissing, browser_paths, headless_chromium
+from tests.integration.real_stack import example_registry, llama_server_bin
+from tests.integration.watched import Watched, fake_entry, watched
+from tests.processes import free_port
+
+KEY = "dashboard-key"
+WAIT_SECONDS = 30.0
+NONE = "\N{EN DASH}"  # what the page shows for no value
+
+
+@contextmanager
+def browser() -> Iterator[WebDriver]:
+    """The browser, or a failure on Linux (where scripts/setup.sh --for-tests installs
+    it) and a skip elsewhere when it is missing."""
+    try:
+        browser_paths()
+    except BrowserMissing as missing:
+        if sys.platform.startswith("linux"):
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
+    with headless_chromium() as driver:
+        yield driver
+
+
+class Page:
+    """The dashboard as the browser shows it."""
+
+    def __init__(self, driver: WebDriver, url: str) -> None:
+        self.driver = driver
+        self.url = url
+
+    def until(self, condition: Callable[[], Any], what: str, seconds: float = WAIT_SECONDS) -> Any:
+        def check(_driver: WebDriver) -> Any:
+            try:
+                return condition()
+            except Exception:  # the page is mid-update: an element replaced, not yet there
+                return False
+
+        return WebDriverWait(self.driver, seconds, poll_frequency=0.1).until(
+            check, message=f"never: {what}"
+        )
+
+    def row(self, role: str) -> WebElement:
+        return self.driver.find_element(By.CSS_SELECTOR, f'#models tr[data-role="{role}"]')
+
+    def cell(self, role: str, name: str) -> str:
+        text: str = self.row(role).find_element(By.CSS_SELECTOR, f"td.{name}").text
+        return text
+
+    def button(self, role: str, action: str) -> WebElement:
+        return self.row(role).find_element(By.CSS_SELECTOR, f'button[data-action="{action}"]')
+
+    def events(self, name: str, model: str | None = None) -> list[WebElement]:
+        selector = f'#timeline li[data-event="{name}"]'
+        if model is not None:
+            selector += f'[data-model="{model}"]'
+        return self.driver.find_elements(By.CSS_SELECTOR, selector)
+
+    def open_with_key(self) -> None:
+        self.driver.get(f"{self.url}/ui")
+        status = self.driver.find_element(By.ID, "status")
+        self.until(lambda: "API key needed" in status.text, "the page to ask for a key")
+        self.driver.find_element(By.ID, "key").send_keys(KEY)
+        self.driver.find_element(By.ID, "key-save").click()
+
+    def mark(self) -> None:
+        """A mark that a reload would wipe."""
+        self.driver.execute_script("window.slmNotReloaded = true;")
+
+    def not_reloaded(self) -> bool:
+        return self.driver.execute_script("return window.slmNotReloaded === true;") is True
+
+
+def chat(stack: Watched, model: str) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    headers = {"authorization": f"Bearer {KEY}"}
+    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def exercise(stack: Watched, always: str, lazy: str) -> None:
+    """Every acceptance line of the dashboard against a running stack."""
+    always_id, lazy_id = stack.model_id(always), stack.model_id(lazy)
+    with browser() as driver:
+        page = Page(driver, stack.url)
+        page.open_with_key()
+        page.until(lambda: page.cell(always, "state") == "ready", f"{always} shown ready")
+        page.until(lambda: page.cell(lazy, "state") == "unloaded", f"{lazy} shown unloaded")
+        assert page.cell(always, "model") == always_id
+        assert page.cell(always, "pid") == str(stack.pid(always))
+        assert page.cell(always, "restarts").startswith("0 /")
+        page.until(lambda: page.events("supervisor_started"), "the timeline's first events")
+
+        assert chat(stack, always_id).status_code == 200
+        page.until(
+            lambda: always_id in driver.find_element(By.ID, "requests").text,
+            "the request among the recent ones",
+        )
+
+        page.mark()
+        old_pid = stack.pid(always)
+        os.kill(old_pid, signal.SIGKILL)
+        page.until(lambda: page.events("backend_exited", always_id), "the kill in the timeline")
+        restarted = stack.wait_event("restart_succeeded", old_pid=old_pid, timeout=60)
+        page.until(
+            lambda: (
+                page.cell(always, "pid") == str(restarted["new_pid"])
+                and page.cell(always, "state") == "ready"
+            ),
+            "the row to show the new process",
+            60,
+        )
+        page.until(lambda: page.cell(always, "restarts").startswith("1 /"), "a restart used")
+        assert page.cell(always, "frees") != NONE
+        assert "SIGKILL" in page.cell(always, "exit")
+        assert page.not_reloaded()
+
+        page.button(lazy, "load").click()
+        page.until(lambda: page.cell(lazy, "state") == "ready", f"{lazy} loaded by its button", 60)
+        page.until(lambda: page.events("backend_loaded", lazy_id), "the load in the timeline")
+        page.until(lambda: page.cell(lazy, "pid") not in ("", NONE), "the loaded pid shown")
+        screenshot = os.environ.get("SLM_DASHBOARD_SCREENSHOT")
+        if screenshot:
+            driver.save_screenshot(screenshot)
+        page.button(lazy, "unload").click()
+        page.until(lambda: page.cell(lazy, "state") == "unloaded", f"{lazy} unloaded", 60)
+
+        Select(driver.find_element(By.ID, "filter")).select_by_value(lazy_id)
+        [exited] = page.events("backend_exited", always_id)
+        page.until(lambda: not exited.is_displayed(), "another model's events filtered out")
+        page.until(
+            lambda: page.events("backend_unloaded", lazy_id)[0].is_displayed(),
+            "the unload in the filtered timeline",
+        )
+
+        page.button(always, "log").click()
+        log = driver.find_element(By.ID, "log")
+        page.until(lambda: log.text and "(no log yet)" not in log.text, "the backend's log")
+        assert page.not_reloaded()
+
+
+def test_the_dashboard_with_fake_backends(tmp_path: Path) -> None:
+    models = {
+        "chat": fake_entry(tmp_path, "chat"),
+        "lazy": fake_entry(tmp_path, "lazy", load="on_demand", memory_mb=64),
+    }
+    with watched(tmp_path, models, SLM_API_KEYS=KEY) as stack:
+        exercise(stack, "chat", "lazy")
+
+
+@pytest.mark.real_model
+def test_the_dashboard_with_the_real_llama_server(tmp_path: Path) -> None:
+    registry = example_registry(
+        {"standard": free_port(), "gemma": 0, "embeddings": 0}, roles=("standard",)
+    )
+    models: dict[str, dict[str, Any]] = registry["models"]
+    lazy = {**models["standard"], "id": "smollm2-on-demand", "port": free_port()}
+    models["lazy"] = {**lazy, "load": "on_demand"}
+    with watched(tmp_path, models, llama_server=llama_server_bin(), SLM_API_KEYS=KEY) as stack:
+        exercise(stack, "standard", "lazy")
