@@ -39,6 +39,9 @@ IDLE_POLL_SECONDS = 1.0  # otherwise (idle TTLs)
 # States in which a load that was asked for has failed.
 LOAD_FAILED = frozenset({"restarting", "abandoned", "failed", "stopped"})
 UNLOAD_WAIT_SECONDS = 60.0  # bound on waiting for an asked unload to be published
+# The supervisor publishes a load at once: one the file still says nothing of after this
+# long is taken as gone, and asked for again if anyone waits.
+LOAD_UNSEEN_SECONDS = 2.0
 
 Commander = Callable[[Command], Awaitable[Reply]]
 
@@ -247,8 +250,8 @@ class Loader:
                 if model.draining:
                     model.draining = False
                     self.gates[role].resume()
-            if model.load_sent_at is not None and name in ("loading", "starting"):
-                model.load_seen = True
+            if model.load_sent_at is not None and name != "unloaded":
+                model.load_seen = True  # loading, or already unloading again
             if model.load_sent_at is not None and name in ("ready", *LOAD_FAILED):
                 if name == "ready":
                     model.last_load_seconds = now - model.load_sent_at
@@ -259,9 +262,14 @@ class Loader:
                     exit = state.last_exit if state is not None else None
                     why = f"{exit} while loading" if exit else (state and state.reason) or name
                     self._fail(model, f"its load failed: {why}", "load_failed")
-            elif model.load_sent_at is not None and model.load_seen and name == "unloaded":
-                # Unloaded while loading (by hand, or nobody waited): whoever still
-                # waits asks for a load again below.
+            elif (
+                model.load_sent_at is not None
+                and name == "unloaded"
+                and (model.load_seen or now - model.load_sent_at > LOAD_UNSEEN_SECONDS)
+            ):
+                # Unloaded while loading (by hand, or nobody waited), or a load the
+                # state file never showed (it came and went between two looks):
+                # whoever still waits asks for a load again below.
                 model.load_sent_at = None
                 model.load_seen = False
             waiting = model.waiting

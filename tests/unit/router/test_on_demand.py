@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from slm_server.commands import Command
+from slm_server.commands import Command, Reply
 from tests.unit.router.inprocess import (
     Answer,
     FakeResponse,
@@ -416,5 +416,34 @@ def test_a_model_whose_requests_give_up_before_aging_still_ages(tmp_path: Path) 
             got = await call(router.app, "/v1/chat/completions", chat_body("coder-model"))
             assert got.status == 200
             assert [(c.role, c.reason) for c in unloads(router)] == [("chat", "evicted")]
+
+    run(scenario())
+
+
+def test_a_load_the_state_file_never_showed_is_asked_for_again(tmp_path: Path) -> None:
+    """A load the state file never shows (it came and went between two looks, or was
+    lost): the request still waiting is not left to its deadline."""
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
+    real = router.supervisor.__call__
+    lost = [True]
+
+    async def forgetful(command: Command) -> Reply:
+        if command.op == "load" and lost[0]:
+            lost[0] = False
+            router.supervisor.commands.append(command)
+            return Reply(True, "loading")  # taken, and never published
+        return await real(command)
+
+    async def scenario() -> None:
+        async with serving(router):
+            [api] = [
+                r.endpoint.__self__  # type: ignore[attr-defined]
+                for r in router.app.routes
+                if getattr(r, "path", "") == "/v1/models/load"
+            ]
+            api.loader.commander = forgetful
+            got = await call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
+            assert got.status == 200
+            assert loads(router) == ["chat", "chat"]
 
     run(scenario())
