@@ -200,6 +200,15 @@ class Loader:
             finally:
                 timer.cancel()
 
+    def _last_used(self, role: str) -> float:
+        """When (router clock) the model last finished a request, or became ready if
+        that was later: what its idle TTL and the swap hold count from."""
+        last = self.gates[role].last_release
+        model = self.models.get(role)
+        if model is not None and model.ready_seen_at is not None:
+            last = max(last, model.ready_seen_at)
+        return last
+
     def _holders(self, states: Mapping[str, BackendState | None]) -> list[Holder]:
         """Every model holding memory: as published, and the ones this router just
         asked to load (the state file may not show it yet)."""
@@ -211,9 +220,7 @@ class Loader:
             if state is None or (state.state not in HOLDING and not asked):
                 continue
             gate = self.gates[spec.role]
-            last = gate.last_release
-            if model is not None and model.ready_seen_at is not None:
-                last = max(last, model.ready_seen_at)
+            last = self._last_used(spec.role)
             unloading = state.state == "unloading" or (model is not None and model.unload_sent)
             holders.append(
                 Holder(
@@ -349,7 +356,7 @@ class Loader:
             if ttl is None or state is None or state.state != "ready" or model.unload_sent:
                 continue
             gate = self.gates[role]
-            last = max(gate.last_release, model.ready_seen_at or 0.0)
+            last = self._last_used(role)
             if gate.idle and model.waiting is None and now - last >= ttl:
                 await self._unload(model, "idle_ttl")
 
@@ -447,9 +454,7 @@ class Loader:
         entry = spec.entry
         ttl_remaining = None
         if entry.idle_ttl is not None and name == "ready" and gate is not None and gate.idle:
-            model = self.models.get(spec.role)
-            seen = model.ready_seen_at if model is not None else None
-            last = max(gate.last_release, seen or 0.0)
+            last = self._last_used(spec.role)
             ttl_remaining = round(max(0.0, entry.idle_ttl - (self.clock() - last)), 1)
         last_used_at = None
         if gate is not None:
