@@ -27,13 +27,14 @@ from slm_server.errors import GatewayError, HttpStatusError
 from slm_server.metrics import Metrics
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate
-from slm_server.router.auth import ApiKeys
+from slm_server.router.auth import Keys
 from slm_server.router.backend_state import StateSource, StateView
 from slm_server.router.dashboard import Dashboard
 from slm_server.router.drain import Drain
 from slm_server.router.engine_metrics import EngineMetrics
 from slm_server.router.exchange import exchange_of
-from slm_server.router.hosts import HostCheck
+from slm_server.router.front import Front, Handler
+from slm_server.router.hosts import AllowedHosts
 from slm_server.router.info import Info, error_response
 from slm_server.router.loader import Commander, Loader
 from slm_server.router.middleware import RequestObserver
@@ -221,16 +222,21 @@ def create_app(
         Route("/ui", dashboard.page, methods=["GET"]),
         Route("/ui/{asset}", dashboard.page, methods=["GET"]),
     ]
+    # The proxied POST paths go straight to their handlers (see router/front.py); the
+    # routes stay for every other method, and as the one list of what is served.
+    direct: dict[str, Handler] = {path: proxy.proxy for path in PROXIED_PATHS}
+    direct["/v1/responses"] = proxy.responses
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
         middleware=[
             Middleware(RequestObserver, telemetry=telemetry, metrics=metrics, recent=recent),
-            Middleware(HostCheck, names=(*settings.serving.allowed_hosts, settings.router_host)),
             Middleware(
-                ApiKeys,
-                keys=settings.serving.api_keys,
-                metrics_need_key=settings.serving.metrics_need_key,
+                Front,
+                hosts=AllowedHosts((*settings.serving.allowed_hosts, settings.router_host)),
+                keys=Keys(settings.serving.api_keys, settings.serving.metrics_need_key),
+                direct=direct,
+                on_error=_gateway_error,
             ),
         ],
         exception_handlers={

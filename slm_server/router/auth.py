@@ -9,15 +9,14 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from slm_server.errors import Unauthorized
+from slm_server.errors import GatewayError, Unauthorized
 from slm_server.router.reject import reject
 
 
-class ApiKeys:
-    """Pure-ASGI middleware refusing ``/v1/*`` requests without a valid key (401)."""
+class Keys:
+    """Which requests need a key and whether they came with a valid one."""
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...], metrics_need_key: bool = True) -> None:
-        self.app = app
+    def __init__(self, keys: tuple[str, ...], metrics_need_key: bool = True) -> None:
         self.keys = tuple(key.encode() for key in keys)
         self.metrics_need_key = metrics_need_key
 
@@ -33,16 +32,29 @@ class ApiKeys:
             matched |= hmac.compare_digest(presented, key)
         return matched
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.keys or scope["type"] != "http" or not self.guarded(scope["path"]):
-            await self.app(scope, receive, send)
-            return
+    def refusal(self, scope: Scope) -> GatewayError | None:
+        """401 when keys are set, the path is guarded and no valid key came; else None."""
+        if not self.keys or not self.guarded(scope["path"]):
+            return None
         header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         if self.allowed(header):
-            await self.app(scope, receive, send)
-            return
-        error = Unauthorized(
+            return None
+        return Unauthorized(
             "Missing or invalid API key: send 'Authorization: Bearer <key>' with a key "
             "from SLM_API_KEYS or SLM_API_KEYS_FILE"
         )
-        await reject(scope, send, error)
+
+
+class ApiKeys(Keys):
+    """Pure-ASGI middleware refusing ``/v1/*`` requests without a valid key (401)."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], metrics_need_key: bool = True) -> None:
+        super().__init__(keys, metrics_need_key)
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self.refusal(scope) if scope["type"] == "http" else None
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        await reject(scope, send, refusal)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from slm_server.errors import InvalidRequest, MisdirectedRequest
+from slm_server.errors import GatewayError, InvalidRequest, MisdirectedRequest
 from slm_server.router.reject import reject
 
 MAX_SHOWN = 100
@@ -33,11 +33,10 @@ def host_name(header: str) -> str:
     return host.rstrip(".")
 
 
-class HostCheck:
-    """Pure-ASGI middleware: 421 ``host_not_allowed`` for a ``Host`` not allowed."""
+class AllowedHosts:
+    """Which ``Host`` values may pass: the judgement, with no ASGI in it."""
 
-    def __init__(self, app: ASGIApp, names: Iterable[str]) -> None:
-        self.app = app
+    def __init__(self, names: Iterable[str]) -> None:
         listed = {host_name(name) for name in names if name.strip()}
         self.allow_all = "*" in listed
         self.names = frozenset(listed - {"*"})
@@ -62,25 +61,37 @@ class HostCheck:
             return name == "localhost" or name.endswith(".localhost") or name in self.names
         return True
 
+    def refusal(self, scope: Scope) -> GatewayError | None:
+        """Why the request may not pass (two ``Host`` headers, or one not allowed), or
+        None when it may."""
+        hosts = [v for k, v in scope["headers"] if k == b"host"]
+        if len(hosts) > 1:  # RFC 9112 3.2: which one would the backend believe?
+            return InvalidRequest(
+                "The request has more than one Host header", code="duplicate_host"
+            )
+        header = hosts[0].decode("latin-1") if hosts else None
+        if self.allowed(header):
+            return None
+        shown = (header or "")[:MAX_SHOWN].encode("unicode_escape").decode("ascii")
+        return MisdirectedRequest(
+            f"The Host '{shown}' is not one this router serves: use 127.0.0.1 or "
+            "localhost, or list the name in SLM_ALLOWED_HOSTS"
+        )
+
+
+class HostCheck(AllowedHosts):
+    """Pure-ASGI middleware: 421 ``host_not_allowed`` for a ``Host`` not allowed."""
+
+    def __init__(self, app: ASGIApp, names: Iterable[str]) -> None:
+        super().__init__(names)
+        self.app = app
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        hosts = [v for k, v in scope["headers"] if k == b"host"]
-        if len(hosts) > 1:  # RFC 9112 3.2: which one would the backend believe?
-            await reject(
-                scope,
-                send,
-                InvalidRequest("The request has more than one Host header", code="duplicate_host"),
-            )
-            return
-        header = hosts[0].decode("latin-1") if hosts else None
-        if self.allowed(header):
+        refusal = self.refusal(scope)
+        if refusal is None:
             await self.app(scope, receive, send)
             return
-        shown = (header or "")[:MAX_SHOWN].encode("unicode_escape").decode("ascii")
-        error = MisdirectedRequest(
-            f"The Host '{shown}' is not one this router serves: use 127.0.0.1 or "
-            "localhost, or list the name in SLM_ALLOWED_HOSTS"
-        )
-        await reject(scope, send, error)
+        await reject(scope, send, refusal)
