@@ -125,6 +125,7 @@ def cmd_backends(settings: Settings) -> int:
 def cmd_router(settings: Settings) -> int:
     import uvicorn
 
+    from slm_server.gc_tuning import tune_for_serving
     from slm_server.router.app import production_app
     from slm_server.router.door import door_protocol
     from slm_server.router.drain import Drain, DrainingServer
@@ -155,6 +156,7 @@ def cmd_router(settings: Settings) -> int:
         # uvicorn's own limit comes after ours, so our streams end with a clean error.
         timeout_graceful_shutdown=math.ceil(settings.serving.drain_timeout_seconds) + 5,
     )
+    tune_for_serving()
     DrainingServer(config, drain).run()
     return 0
 

@@ -1,0 +1,73 @@
+"""The router's request path leaves no reference cycles behind (so the collector tuned
+by :mod:`slm_server.gc_tuning` has nothing to find), and the tuning itself."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slm_server import gc_tuning
+from tests.unit.router.inprocess import Sent, call, make_router, sse, whole
+from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta
+
+
+@pytest.fixture
+def saved_collector() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    yield
+    gc.set_threshold(*thresholds)
+    gc.unfreeze()
+    gc.set_debug(0)
+    gc.garbage.clear()
+
+
+async def answer(sent: Sent) -> object:
+    if sent.json().get("stream"):
+        return sse(delta("Hello"), delta(" there", "stop"))
+    return whole(ANSWER)
+
+
+def test_proxied_answers_whole_streamed_and_refused_make_no_reference_cycles(
+    tmp_path: Path, saved_collector: None
+) -> None:
+    router = make_router(tmp_path, answer)  # type: ignore[arg-type]
+
+    async def scenario() -> Counter[str]:
+        async with router.app.router.lifespan_context(router.app):
+            requests = [
+                (CHAT, chat()),
+                (CHAT, chat(stream=True)),
+                (CHAT, {**chat(), "model": "no-such-model"}),  # 404 from the handler
+                (CHAT, b"{not json"),  # 400
+                ("/v1/models", b""),
+            ]
+            for path, body in requests:  # first use: lazy imports, caches
+                await call(router.app, path, body, method="GET" if path == "/v1/models" else "POST")
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            for _ in range(20):
+                for path, body in requests:
+                    method = "GET" if path == "/v1/models" else "POST"
+                    got = await call(router.app, path, body, method=method)
+                    assert got.status in (200, 400, 404)
+            gc.collect()
+            found = Counter(type(o).__qualname__ for o in gc.garbage)
+            gc.set_debug(0)
+            gc.garbage.clear()
+            return found
+
+    found = asyncio.run(scenario())
+    assert not found, f"objects left in reference cycles by 100 requests: {found.most_common(10)}"
+
+
+def test_tuning_freezes_what_startup_made_and_spaces_out_young_collections(
+    saved_collector: None,
+) -> None:
+    gc_tuning.tune_for_serving()
+    assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == (gc_tuning.YOUNG_THRESHOLD, *gc_tuning.OLDER_THRESHOLDS)
