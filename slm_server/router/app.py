@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slm_server import commands
+from slm_server import commands, logging_setup
 from slm_server.config import ModelSpec, RegistryFile
 from slm_server.errors import GatewayError, HttpStatusError
 from slm_server.metrics import Metrics
@@ -190,6 +190,7 @@ def create_app(
             log.warning("%s", warning)
         telemetry.start()
         drain.bind(asyncio.get_running_loop())
+        logging_setup.bind_to_loop(asyncio.get_running_loop())
         loader.start()
 
         async def end_waiting_requests() -> None:
@@ -204,6 +205,7 @@ def create_app(
             await loader.stop()
             await upstream.aclose()
             await telemetry.shutdown()
+            logging_setup.bind_to_loop(None)
 
     routes = [Route(path, proxy.proxy, methods=["POST"]) for path in PROXIED_PATHS]
     routes += [

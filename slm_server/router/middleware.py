@@ -26,7 +26,7 @@ from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from slm_server.logging_setup import REQUEST_ID
+from slm_server.logging_setup import REQUEST_ID, direct_line_handler
 from slm_server.metrics import Metrics
 from slm_server.router.exchange import EMIT_PATHS, Exchange, attach_exchange, new_request_id
 from slm_server.router.recent import RecentRequests
@@ -142,13 +142,31 @@ class RequestObserver:
     @staticmethod
     def _log(exchange: Exchange, outcome: str | None) -> None:
         level = logging.DEBUG if exchange.path in QUIET_PATHS else logging.INFO
-        if not access_log.isEnabledFor(level):
+        direct = direct_line_handler(access_log, level)
+        if direct is None and not access_log.isEnabledFor(level):
             return
         model = exchange.spec.entry.id if exchange.spec is not None else exchange.model
         # Never let a client's string (a path with %0d%0a, a model id) forge a line.
         model = None if model is None else shown(model)
         path = shown(exchange.path)
         duration_ms = round(exchange.duration * 1000, 1)
+        status = exchange.status if exchange.status is not None else "-"
+        fields = {
+            "method": exchange.method,
+            "path": path,
+            "model": model,
+            "status": exchange.status,
+            "duration_ms": duration_ms,
+            "outcome": outcome,
+        }
+        if direct is not None:  # the line the record would have made, without the record
+            message = f"{exchange.method} {path} {status} {duration_ms:.1f}ms model={model or '-'}"
+            name = logging.getLevelName(level)
+            line = direct.lines.line(
+                time.time(), name, access_log.name, message, exchange.request_id, fields
+            )
+            direct.write_line(line, level)
+            return
         # The record is made here rather than by ``access_log.log``, which would first
         # walk the stack for a caller no formatter shows.
         record = access_log.makeRecord(
@@ -157,21 +175,8 @@ class RequestObserver:
             __file__,
             0,
             "%s %s %s %.1fms model=%s",
-            (
-                exchange.method,
-                path,
-                exchange.status if exchange.status is not None else "-",
-                duration_ms,
-                model or "-",
-            ),
+            (exchange.method, path, status, duration_ms, model or "-"),
             None,
-            extra={
-                "method": exchange.method,
-                "path": path,
-                "model": model,
-                "status": exchange.status,
-                "duration_ms": duration_ms,
-                "outcome": outcome,
-            },
+            extra=fields,
         )
         access_log.handle(record)

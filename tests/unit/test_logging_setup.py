@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
 import re
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +23,9 @@ from slm_server.logging_setup import (
     PlainFormatter,
     RequestIdFilter,
     Stamps,
+    bind_to_loop,
     configure,
+    direct_line_handler,
     utc_stamp,
 )
 
@@ -160,3 +165,92 @@ def test_records_made_after_configure_skip_thread_and_process(
     configure("router", json_lines=True, stream=io.StringIO())
     record = make()
     assert record.process is None and record.thread is None and record.processName is None
+
+
+class Flushed(io.TextIOWrapper):
+    """A text stream whose bytes reach ``written`` only when flushed."""
+
+    def __init__(self) -> None:
+        self.raw_bytes = io.BytesIO()
+        super().__init__(self.raw_bytes, encoding="utf-8", write_through=False)
+
+    @property
+    def written(self) -> str:
+        return self.raw_bytes.getvalue().decode()
+
+
+@pytest.mark.usefixtures("restored_root")
+@pytest.mark.parametrize("json_lines", [False, True])
+def test_a_direct_line_is_the_line_the_record_would_have_made(json_lines: bool) -> None:
+    stream = io.StringIO()
+    handler = configure("router", json_lines, stream)
+    access = logging.getLogger("slm_server.access")
+    assert direct_line_handler(access, logging.INFO) is handler
+    fields = {"method": "POST", "status": 200, "model": None, "duration_ms": 1.5}
+    handler.write_line(
+        handler.lines.line(CREATED, "INFO", access.name, "POST /x 200", "r-9", fields),
+        logging.INFO,
+    )
+    record = logging.LogRecord(access.name, logging.INFO, __file__, 0, "POST /x 200", (), None)
+    record.created = CREATED
+    record.request_id = "r-9"
+    for key, value in fields.items():
+        setattr(record, key, value)
+    handler.handle(record)
+    direct, made = stream.getvalue().splitlines()
+    assert direct == made
+
+
+@pytest.mark.usefixtures("restored_root")
+def test_no_direct_line_when_anything_else_would_see_the_record() -> None:
+    handler = configure("router", False, io.StringIO())
+    access = logging.getLogger("slm_server.access")
+    assert direct_line_handler(access, logging.DEBUG) is None  # the level is off
+    extra = logging.Handler()
+    logging.root.addHandler(extra)  # a test's capture, say
+    assert direct_line_handler(access, logging.INFO) is None
+    logging.root.removeHandler(extra)
+    access.addFilter(RequestIdFilter())
+    assert direct_line_handler(access, logging.INFO) is None
+    access.removeFilter(access.filters[0])
+    assert direct_line_handler(access, logging.INFO) is handler
+
+
+@pytest.mark.usefixtures("restored_root")
+def test_info_lines_on_the_bound_loop_are_flushed_together_soon_and_warnings_at_once() -> None:
+    stream = Flushed()
+    handler = configure("router", False, stream)
+    log = logging.getLogger("slm_server.router")
+
+    async def scenario() -> None:
+        bind_to_loop(asyncio.get_running_loop())
+        try:
+            log.info("first")
+            log.info("second")
+            assert stream.written == ""  # not yet: one write for both, soon
+            deadline = time.monotonic() + 5
+            while "second" not in stream.written:
+                assert time.monotonic() < deadline, "the lines were never flushed"
+                await asyncio.sleep(0.01)
+            assert stream.written.count("\n") == 2
+            log.warning("trouble")
+            assert "trouble" in stream.written  # at once
+            log.info("third")
+            worker = threading.Thread(target=log.info, args=("from a thread",))
+            worker.start()
+            worker.join(5)
+            assert "from a thread" in stream.written  # another thread's line: at once
+        finally:
+            bind_to_loop(None)
+
+    asyncio.run(scenario())
+    assert "third" in stream.written  # unbinding flushes what was pending
+    assert handler.stream is stream
+
+
+@pytest.mark.usefixtures("restored_root")
+def test_lines_are_flushed_at_once_when_no_loop_is_bound() -> None:
+    stream = Flushed()
+    configure("backends", False, stream)
+    logging.getLogger("slm_server.supervise").info("started")
+    assert "started" in stream.written
