@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Final
+from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -151,27 +151,34 @@ class RequestObserver:
         duration_ms = round(exchange.duration * 1000, 1)
         # The record is made here rather than by ``access_log.log``, which would first
         # walk the stack for a caller no formatter shows.
+        message = "%s %s %s %.1fms model=%s"
+        args: tuple[Any, ...] = (
+            exchange.method,
+            path,
+            exchange.status if exchange.status is not None else "-",
+            duration_ms,
+            model or "-",
+        )
+        extra: dict[str, Any] = {
+            "method": exchange.method,
+            "path": path,
+            "model": model,
+            "status": exchange.status,
+            "duration_ms": duration_ms,
+            "outcome": outcome,
+        }
+        rule = exchange.routing_rule
+        if rule is not None and exchange.spec is not None:
+            # An entry with replicas: which one served it, and why.
+            extra.update(replica=exchange.spec.role, routing=rule)
+            message += " replica=%s routing=%s"
+            args += (exchange.spec.role, rule)
+            matched = exchange.prefix_match_chars
+            if matched is not None:
+                extra["prefix_match_chars"] = matched
+                message += " match=%d"
+                args += (matched,)
         record = access_log.makeRecord(
-            access_log.name,
-            level,
-            __file__,
-            0,
-            "%s %s %s %.1fms model=%s",
-            (
-                exchange.method,
-                path,
-                exchange.status if exchange.status is not None else "-",
-                duration_ms,
-                model or "-",
-            ),
-            None,
-            extra={
-                "method": exchange.method,
-                "path": path,
-                "model": model,
-                "status": exchange.status,
-                "duration_ms": duration_ms,
-                "outcome": outcome,
-            },
+            access_log.name, level, __file__, 0, message, args, None, extra=extra
         )
         access_log.handle(record)
