@@ -9,10 +9,11 @@ block *i* covers block *i-1*'s hash, so two requests whose block *i* hashes alik
 not hashed: a prompt shorter than one block matches nothing. At most ``MAX_BLOCKS``
 blocks are hashed, so a request costs at most that many hashes however long it is.
 
-Each replica has a :class:`PrefixIndex`, a bounded LRU set of the block hashes it was
-sent recently. A request's blocks are recorded last block first, so a block is never
-older in the index than a later block of the same prefix: the blocks of a prefix that
-are present are always its first ones, and the longest match is found by bisection.
+Each replica has a :class:`PrefixIndex`, a bounded (approximately LRU) set of the
+block hashes it was sent recently. A request's blocks are recorded last block first, so
+a block is never older in the index than a later block of the same prefix: the blocks
+of a prefix that are present are always its first ones, and the longest match is found
+by bisection.
 
 Python's ``hash`` of a string is salted per process, which suits an index that lives
 and dies with the router.
@@ -20,7 +21,6 @@ and dies with the router.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -31,6 +31,7 @@ _LIMIT: Final = BLOCK_CHARS * MAX_BLOCKS
 # Between the parts of the leading text: no text part can forge a role boundary.
 _PART: Final = "\x1e"
 _ROLE: Final = "\x1f"
+_hash = hash  # one dictionary lookup fewer per block
 
 
 def _text_of(content: Any, parts: list[str]) -> int:
@@ -85,53 +86,74 @@ def block_hashes(text: str) -> list[int]:
     chained = 0
     step = BLOCK_CHARS
     for start in range(0, len(text) - step + 1, step):
-        chained = hash((chained, text[start : start + step]))
+        chained = _hash((chained, text[start : start + step]))
         append(chained)
     return hashes
 
 
 class PrefixIndex:
-    """The block hashes one replica was sent recently, at most ``capacity`` of them,
-    least recently sent dropped first."""
+    """The block hashes one replica was sent recently, at most ``capacity`` of them.
 
-    __slots__ = ("_blocks", "capacity")
+    An approximate LRU in two generations: blocks are added to the current one, which,
+    once it holds half the capacity, becomes the previous one, and the previous one
+    is dropped whole. A block is found in either, and sending it again moves it to
+    the current one. Every step is a plain dictionary operation: no per-block
+    bookkeeping of recency, and at most ``capacity`` blocks are kept.
+    """
+
+    __slots__ = ("_current", "_half", "_previous", "capacity")
 
     def __init__(self, capacity: int = INDEX_BLOCKS) -> None:
         self.capacity = capacity
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._half = max(1, capacity // 2)
+        self._current: dict[int, None] = {}
+        self._previous: dict[int, None] = {}
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._current) + sum(1 for b in self._previous if b not in self._current)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._current or block in self._previous
 
     def match(self, hashes: Sequence[int]) -> int:
-        """How many leading blocks of ``hashes`` this replica was sent (bisection: the
-        present blocks of a prefix are always its first ones)."""
-        blocks = self._blocks
-        low, high = 0, len(hashes)
+        """How many leading blocks of ``hashes`` this replica was sent. The present
+        blocks of a prefix are always its first ones, so the first and the last are
+        looked at (the common answers: none, all), then the rest by bisection."""
+        count = len(hashes)
+        if not count or hashes[0] not in self:
+            return 0
+        if hashes[-1] in self:
+            return count
+        low, high = 1, count - 1
         while low < high:
             middle = (low + high + 1) // 2
-            if hashes[middle - 1] in blocks:
+            if hashes[middle - 1] in self:
                 low = middle
             else:
                 high = middle - 1
         return low
 
     def record(self, hashes: Sequence[int]) -> None:
-        """Note that the replica was sent these blocks: last first, so that the first
-        blocks are the most recent and leave the index last."""
-        blocks = self._blocks
-        move = blocks.move_to_end
+        """Note that the replica was sent these blocks: last first, so that a prefix's
+        first blocks are never older than its later ones (the previous generation is
+        only ever dropped whole)."""
+        current = self._current
+        if not hashes or hashes[-1] in current:
+            # Its last block is in the current generation, so are all the earlier
+            # ones (recorded after it, into the same generation or a newer one).
+            return
+        half = self._half
         for block in reversed(hashes):
-            if block in blocks:
-                move(block)
-            else:
-                blocks[block] = None
-        while len(blocks) > self.capacity:
-            blocks.popitem(last=False)
+            if block not in current:
+                if len(current) >= half:
+                    self._previous = current
+                    current = self._current = {}
+                current[block] = None
 
     def clear(self) -> None:
         """Forget everything: the replica's cache is gone (it restarted)."""
-        self._blocks.clear()
+        self._current = {}
+        self._previous = {}
 
 
 __all__ = [

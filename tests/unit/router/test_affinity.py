@@ -100,25 +100,44 @@ def test_the_index_matches_the_longest_recorded_prefix() -> None:
 def test_the_index_is_bounded_and_forgets_the_oldest_prefix_first() -> None:
     index = PrefixIndex(capacity=20)
     old = block_hashes("o" * 64 * 10)
-    index.record(old)
+    index.record(old)  # the current generation is full (10, half the capacity)
     new = block_hashes("n" * 64 * 15)
-    index.record(new)
-    assert len(index) == 20
+    index.record(new)  # 10 into a new one, the old one kept; then 5 more: old dropped
+    assert len(index) <= 20
+    assert index.match(old) == 0
     assert index.match(new) == 15
-    # The old prefix lost its last blocks first: what is left is still its beginning.
-    assert index.match(old) == 5
+    for n in range(100):
+        index.record(block_hashes(f"{n:03d}" * 700))
+        assert len(index) <= 20
 
 
-def test_recording_keeps_a_prefix_s_first_blocks_the_most_recent() -> None:
-    index = PrefixIndex(capacity=14)
+def test_a_prefix_loses_its_last_blocks_first() -> None:
+    index = PrefixIndex(capacity=16)
     shared = "s" * 64 * 4
     a, b = block_hashes(shared + "a" * 64 * 4), block_hashes(shared + "b" * 64 * 4)
-    index.record(a)
-    index.record(b)  # the shared blocks are the most recent again
-    index.record(block_hashes("c" * 64 * 4))  # 16 distinct: "a"'s last two go
-    assert (index.match(a), index.match(b)) == (6, 8)
-    index.record(block_hashes("d" * 64 * 2))  # then "a"'s other two, never the shared
+    index.record(a)  # a4..a1, s4..s1: the current generation is full
+    index.record(b)  # b4..b1 fill a new one; s4..s1 are sent again, to it too
+    assert (index.match(a), index.match(b)) == (8, 8)
+    index.record(block_hashes("c" * 64 * 2))  # a new generation: "a"'s last blocks go
     assert (index.match(a), index.match(b)) == (4, 8)
+
+
+def test_a_prefix_sent_again_is_kept() -> None:
+    index = PrefixIndex(capacity=8)
+    kept = block_hashes("k" * 64 * 2)
+    for n in range(20):
+        index.record(kept)
+        index.record(block_hashes(f"{n:02d}" * 32 * 2))
+        assert index.match(kept) == 2
+
+
+def test_recording_a_prefix_already_current_changes_nothing() -> None:
+    index = PrefixIndex(capacity=100)
+    hashes = block_hashes("r" * 64 * 5)
+    index.record(hashes)
+    index.record(hashes[:3])
+    assert len(index) == 5
+    assert index.match(hashes) == 5
 
 
 def test_clear_forgets_everything() -> None:
