@@ -94,7 +94,7 @@ def index_memory_kib() -> float:
 
 
 def measure(per_round: int) -> dict[str, Any]:
-    four_kb = requests(3500, per_round)
+    four_kb = requests(3700, per_round)
     chars = len(leading_text(four_kb[0]))
     long = requests(40_000, per_round // 4)
     return {

@@ -119,15 +119,20 @@ class PrefixIndex:
         """How many leading blocks of ``hashes`` this replica was sent. The present
         blocks of a prefix are always its first ones, so the first and the last are
         looked at (the common answers: none, all), then the rest by bisection."""
+        current, previous = self._current, self._previous
         count = len(hashes)
-        if not count or hashes[0] not in self:
+        if not count:
             return 0
-        if hashes[-1] in self:
+        first, last = hashes[0], hashes[-1]
+        if first not in current and first not in previous:
+            return 0
+        if last in current or last in previous:
             return count
         low, high = 1, count - 1
         while low < high:
             middle = (low + high + 1) // 2
-            if hashes[middle - 1] in self:
+            block = hashes[middle - 1]
+            if block in current or block in previous:
                 low = middle
             else:
                 high = middle - 1
@@ -136,19 +141,18 @@ class PrefixIndex:
     def record(self, hashes: Sequence[int]) -> None:
         """Note that the replica was sent these blocks: last first, so that a prefix's
         first blocks are never older than its later ones (the previous generation is
-        only ever dropped whole)."""
+        only ever dropped whole). A block found in the current generation ends the
+        walk: the blocks before it were recorded after it, into the same generation
+        (there is none newer)."""
         current = self._current
-        if not hashes or hashes[-1] in current:
-            # Its last block is in the current generation, so are all the earlier
-            # ones (recorded after it, into the same generation or a newer one).
-            return
         half = self._half
         for block in reversed(hashes):
-            if block not in current:
-                if len(current) >= half:
-                    self._previous = current
-                    current = self._current = {}
-                current[block] = None
+            if block in current:
+                return
+            if len(current) >= half:
+                self._previous = current
+                current = self._current = {}
+            current[block] = None
 
     def clear(self) -> None:
         """Forget everything: the replica's cache is gone (it restarted)."""
