@@ -122,8 +122,9 @@ def report(results: dict[str, Any]) -> str:
         f"# Routing cost per request ({results['machine']['date']})",
         "",
         f"Commit {results['machine']['commit']}, {results['machine']['cpu_model']}, "
-        f"Python {results['machine']['python']}; median of {ROUNDS} rounds; "
-        f"the 4 KB prompt is {results['prompt_chars']} characters of leading text.",
+        f"Python {results['machine']['python']}, 1-minute load {results['machine']['load_1m']} "
+        f"(a shared machine); median of {ROUNDS} rounds; the 4 KB prompt is "
+        f"{results['prompt_chars']} characters of leading text.",
         "",
         "| Path | µs per request |",
         "|---|---|",
