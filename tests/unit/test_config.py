@@ -746,3 +746,20 @@ def test_affinity_threshold_needs_prefix_affinity() -> None:
         f"{SOURCE}: model 'chat' (id 'm1'): field 'affinity_threshold': applies to "
         "routing: prefix_affinity only"
     )
+
+
+def test_the_example_s_commented_replicas_entry_is_valid() -> None:
+    text = (PROJECT_ROOT / "config" / "models.yaml.example").read_text()
+    lines = text.splitlines()
+    start = lines.index("  # chat-pool:")
+    block = []
+    for line in lines[start:]:
+        if line.strip() == "#":
+            break
+        block.append(line.replace("  # ", "  ", 1))
+    registry = parse_registry("models:\n" + "\n".join(block) + "\n", SOURCE)
+    assert [(s.role, s.entry.port) for s in registry.models] == [
+        ("chat-pool", 8531),
+        ("chat-pool.2", 8532),
+        ("chat-pool.3", 8533),
+    ]
