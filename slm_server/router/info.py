@@ -154,7 +154,7 @@ class Info:
 
     async def health(self, _request: Request) -> JSONResponse:
         """``GET /health``: the router itself."""
-        return JSONResponse({"status": "ok", "models": len(self.registry.enabled)})
+        return JSONResponse({"status": "ok", "models": len(self.registry.entries)})
 
 
 def error_response(error: GatewayError) -> JSONResponse:

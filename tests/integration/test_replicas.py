@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -119,6 +121,24 @@ def test_replicas_run_as_their_own_backends_and_share_the_traffic(tmp_path: Path
         listed = httpx.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
         assert [m["id"] for m in listed] == [MODEL]
         assert [r["state"] for r in listed[0]["status"]["replicas"]] == ["ready"] * 3
+        assert httpx.get(f"{stack.url}/health", timeout=5).json()["models"] == 1
+        table = subprocess.run(
+            [sys.executable, "-m", "slm_server", "status"],
+            env={**os.environ, **stack.env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert table.returncode == 0, table.stdout + table.stderr
+        rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()}
+        for role in roles(3):
+            assert rows[role][1:5] == [
+                MODEL,
+                str(port_of(stack, role)),
+                "ready",
+                str(stack.pid(role)),
+            ]
         scrape = httpx.get(f"{stack.url}/metrics", timeout=5).text
         for number in (1, 2, 3):
             assert (
