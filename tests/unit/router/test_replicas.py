@@ -314,3 +314,23 @@ def test_span_attributes_name_the_replica_and_the_match() -> None:
     assert attributes["slm.routing.rule"] == "prefix_match"
     assert attributes["slm.routing.prefix_match_chars"] == 640
     assert attributes["server.port"] == 9101
+
+
+def test_a_replica_seen_restarting_loses_its_prefixes(tmp_path: Path) -> None:
+    router = replicas(tmp_path, count=2, routing="prefix_affinity")
+    body = chat("a question", system=SYSTEM.format("kept"))
+
+    async def scenario() -> None:
+        async with router.app.router.lifespan_context(router.app):
+            supervised(router)
+            assert (await call(router.app, CHAT, body)).status == 200
+            home = router.transport.sent[0].spec.role
+            supervised(router, **{home.replace(".", "_"): "restarting"})
+            assert (await call(router.app, CHAT, body)).status == 200  # served elsewhere
+            supervised(router)
+            assert (await call(router.app, CHAT, body)).status == 200
+        roles = [sent.spec.role for sent in router.transport.sent]
+        assert roles[1] != home
+        assert roles[2] == roles[1]  # its cache, not the restarted replica's, holds it
+
+    run(scenario())
