@@ -64,8 +64,13 @@ class Balancer:
     ) -> Pick:
         """A replica among ``serving`` (positions, at least one), given every replica's
         ``outstanding`` requests and the request's block ``hashes``."""
-        if len(serving) == 1 and not self.indexes:
-            return Pick(serving[0], 0, "only")
+        if len(serving) == 1:
+            position = serving[0]
+            matched = 0
+            if self.indexes and hashes:
+                matched = self.indexes[position].match(hashes)
+                self.indexes[position].record(hashes)
+            return Pick(position, matched, "only")
         self._turn += 1
         least = self._least(serving, outstanding)
         if not self.indexes or not hashes:

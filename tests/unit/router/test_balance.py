@@ -100,7 +100,10 @@ def test_a_favourite_that_is_not_serving_is_not_chosen() -> None:
     home = balancer.choose([0, 1], [0, 0], CONVERSATION_A).position
     other = 1 - home
     pick = balancer.choose([other], [0, 0], CONVERSATION_A)
-    assert (pick.position, pick.matched_blocks) == (other, 0)
+    assert (pick.position, pick.matched_blocks, pick.rule) == (other, 0, "only")
+    # What the only one was sent is recorded, and matched the next time.
+    again = balancer.choose([other], [0, 0], CONVERSATION_A)
+    assert (again.matched_blocks, again.rule) == (len(CONVERSATION_A), "only")
 
 
 def test_a_request_too_short_to_hash_goes_by_load() -> None:
