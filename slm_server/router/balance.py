@@ -14,6 +14,9 @@ flight and queued at its gate), and gets a position back.
     ``affinity_threshold``: then, and when nothing matches, least outstanding. The
     request's blocks are recorded for the replica chosen, whichever rule chose it, so a
     conversation that moved stays where it went.
+
+With one replica able to serve, it is chosen (rule ``only``), its match still measured
+and recorded.
 """
 
 from __future__ import annotations
