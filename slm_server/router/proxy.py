@@ -124,7 +124,9 @@ class Proxy:
         """The replica of ``spec``'s entry that serves this request: among those the
         supervisor says can serve (and that did not just refuse the connection), as
         the entry's routing says. With none, the refusal of one that may come back
-        soonest (a 503 with ``Retry-After`` when one is starting or restarting)."""
+        soonest (a 503 with ``Retry-After`` when one is starting or restarting).
+        Whether a replica can serve is :meth:`Reception.down`'s one decision: a replica
+        with no process of its own would be judged there by whatever ejects it."""
         balancer = self.balancers.get(spec.index)
         if balancer is None:
             self.reception.refuse_if_down(spec)
