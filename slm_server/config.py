@@ -88,6 +88,9 @@ MODEL_TYPES_BY_BACKEND: dict[str, frozenset[str]] = {
 }
 
 
+MAX_REPLICAS = 16
+
+
 class ModelEntry(BaseModel):
     """One model server: every field of the registry, with its default.
 
@@ -119,6 +122,11 @@ class ModelEntry(BaseModel):
     load: Literal["always", "on_demand"] = "always"
     idle_ttl: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, ge=1)
+    # Replicas and routing, every backend: ``replicas`` processes of this model on the
+    # consecutive ports from ``port``, and how the router picks one for each request.
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    routing: Literal["least_outstanding", "prefix_affinity"] = "least_outstanding"
+    affinity_threshold: int = Field(default=2, ge=0)
 
     # MLX only.
     enable_auto_tool_choice: bool = False
@@ -197,16 +205,23 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A validated entry with its role (the YAML key) and position in the file."""
+    """A validated entry with its role (the YAML key) and position in the file; one
+    per replica of an entry with ``replicas`` > 1 (see :func:`replica_specs`)."""
 
     role: str
     index: int
     entry: ModelEntry
+    replica: int = 1  # 1..replicas; its port is the entry's port + replica - 1
+
+    @property
+    def base_role(self) -> str:
+        """The YAML key of the entry this replica belongs to."""
+        return self.role if self.replica == 1 else self.role.rsplit(".", 1)[0]
 
     @property
     def label(self) -> str:
-        """How problems name this entry: role and id."""
-        return f"'{self.role}' (id '{self.entry.id}')"
+        """How problems name this entry: its role (the YAML key) and id."""
+        return f"'{self.base_role}' (id '{self.entry.id}')"
 
 
 @dataclass(frozen=True)
@@ -221,6 +236,26 @@ class RegistryFile:
     @property
     def enabled(self) -> tuple[ModelSpec, ...]:
         return tuple(m for m in self.models if m.entry.enabled)
+
+
+def replica_role(role: str, replica: int) -> str:
+    """The role of replica ``replica`` of the entry ``role``: the first keeps the YAML
+    key (an entry of one replica is unchanged), the others are ``<role>.<n>``."""
+    return role if replica == 1 else f"{role}.{replica}"
+
+
+def replica_specs(spec: ModelSpec) -> tuple[ModelSpec, ...]:
+    """An entry's replicas, one spec each, on the consecutive ports from its own."""
+    entry = spec.entry
+    return tuple(
+        ModelSpec(
+            role=replica_role(spec.role, n),
+            index=spec.index,
+            entry=entry if n == 1 else entry.model_copy(update={"port": entry.port + n - 1}),
+            replica=n,
+        )
+        for n in range(1, entry.replicas + 1)
+    )
 
 
 def _entry_label(role: str, raw: Any) -> str:
@@ -285,6 +320,30 @@ def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
         )
     if "idle_ttl" in set_fields and entry.idle_ttl is not None and entry.load != "on_demand":
         problems.append(Problem(source, spec.label, "idle_ttl", "applies to load: on_demand only"))
+    if entry.replicas > 1 and entry.load == "on_demand":
+        problems.append(
+            Problem(
+                source,
+                spec.label,
+                "replicas",
+                "an on_demand model runs one process; use load: always for replicas",
+            )
+        )
+    if entry.replicas > 1 and entry.port + entry.replicas - 1 > 65535:
+        problems.append(
+            Problem(
+                source,
+                spec.label,
+                "replicas",
+                f"ports {entry.port}..{entry.port + entry.replicas - 1} pass 65535",
+            )
+        )
+    if "affinity_threshold" in set_fields and entry.routing != "prefix_affinity":
+        problems.append(
+            Problem(
+                source, spec.label, "affinity_threshold", "applies to routing: prefix_affinity only"
+            )
+        )
     if entry.model_type == "multimodal" and entry.backend == "llamacpp" and not entry.mmproj_path:
         problems.append(
             Problem(source, spec.label, "mmproj_path", "required when model_type is multimodal")
@@ -327,6 +386,46 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _role_problems(source: str, specs: list[ModelSpec]) -> list[Problem]:
+    """A replica's role (``<role>.<n>``) that is also another entry's YAML key."""
+    problems = []
+    keys = {s.role: s for s in specs if s.replica == 1}
+    for spec in specs:
+        other = keys.get(spec.role)
+        if spec.replica > 1 and other is not None:
+            problems.append(
+                Problem(
+                    source,
+                    spec.label,
+                    "replicas",
+                    f"replica {spec.replica} would be named {spec.role!r}, "
+                    f"which is the role of another entry",
+                )
+            )
+    return problems
+
+
+def _port_problems(source: str, enabled: list[ModelSpec]) -> list[Problem]:
+    """Every port used twice among enabled entries, replicas' ports included; one line
+    per entry."""
+    problems: list[Problem] = []
+    by_port: dict[int, list[ModelSpec]] = {}
+    for spec in enabled:
+        by_port.setdefault(spec.entry.port, []).append(spec)
+    seen: set[tuple[int, str]] = set()
+    for spec in enabled:
+        others = [o for o in by_port[spec.entry.port] if o is not spec]
+        if not others or (spec.index, spec.base_role) in seen:
+            continue
+        seen.add((spec.index, spec.base_role))
+        names = ", ".join(repr(o.role) for o in others)
+        what = f"port {spec.entry.port}"
+        if spec.replica > 1:
+            what += f" (replica {spec.replica} of {spec.entry.replicas})"
+        problems.append(Problem(source, spec.label, "port", f"{what} is also used by {names}"))
+    return problems
+
+
 def inspect_registry(text: str, path: Path) -> RegistryFile:
     """Validate registry YAML text, keeping every entry that is valid on its own and
     listing every problem in ``problems``. Raises :class:`ConfigError` only when the
@@ -353,25 +452,20 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
             problems.extend(_validation_problems(source, label, exc))
             continue
         spec = ModelSpec(role=role, index=index, entry=entry)
-        problems.extend(_applicability_problems(source, spec))
-        specs.append(spec)
+        entry_problems = _applicability_problems(source, spec)
+        problems.extend(entry_problems)
+        if any(p.field == "replicas" for p in entry_problems):
+            specs.append(spec)
+        else:
+            specs.extend(replica_specs(spec))
 
+    problems.extend(_role_problems(source, specs))
     enabled = [s for s in specs if s.entry.enabled]
-    port_counts = Counter(s.entry.port for s in enabled)
-    for spec in enabled:
-        if port_counts[spec.entry.port] > 1:
-            others = [o.role for o in enabled if o.entry.port == spec.entry.port and o is not spec]
-            problems.append(
-                Problem(
-                    source,
-                    spec.label,
-                    "port",
-                    f"port {spec.entry.port} is also used by {', '.join(repr(o) for o in others)}",
-                )
-            )
+    problems.extend(_port_problems(source, enabled))
     warnings: list[Problem] = []
-    id_counts = Counter(s.entry.id for s in enabled)
-    for spec in enabled:
+    firsts = [s for s in enabled if s.replica == 1]
+    id_counts = Counter(s.entry.id for s in firsts)
+    for spec in firsts:
         if id_counts[spec.entry.id] > 1:
             warnings.append(
                 Problem(

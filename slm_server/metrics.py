@@ -4,8 +4,9 @@ Each app owns its own ``CollectorRegistry``, so several apps can live in one pro
 Label values are bounded: ``model`` is a model id from the registry (``unknown`` for a
 request that never named a known model), ``emit_path`` one of the emit sites,
 ``outcome`` and ``status_class`` small fixed sets, ``reason`` and ``state`` the
-watchdog's and the supervisor's own vocabularies. Nothing a client sends becomes a
-label value.
+watchdog's and the supervisor's own vocabularies, ``replica`` a backend's replica
+number (1 to the entry's ``replicas``) and ``rule`` one of ``balance.RULES``. Nothing
+a client sends becomes a label value.
 
 Request metrics are recorded once per request, from its finished
 :class:`~slm_server.router.exchange.Exchange`. In-flight counts, backend states and
@@ -192,7 +193,13 @@ class Metrics:
         self.watchdog_failures = Counter(
             "slm_watchdog_failures_total",
             "Watchdog verdicts of failure on a backend's answer, by failure class.",
-            ["model", "reason"],
+            ["model", "replica", "reason"],
+            registry=r,
+        )
+        self.routed = Counter(
+            "slm_routed_requests_total",
+            "Requests to an entry with replicas, by the replica chosen and the rule that chose it.",
+            ["model", "replica", "rule"],
             registry=r,
         )
         self.registry.register(LiveState(registry, states, self.live))
@@ -221,6 +228,9 @@ class Metrics:
             child(self.prompt_tokens, model).inc(exchange.input_tokens)
         if exchange.output_tokens:
             child(self.completion_tokens, model).inc(exchange.output_tokens)
+        rule = exchange.routing_rule
+        if rule is not None and exchange.spec is not None:
+            child(self.routed, model, str(exchange.spec.replica), rule).inc()
         first = exchange.time_to_first_chunk
         if first is not None:
             child(self.first_token, model).observe(first)
@@ -240,7 +250,7 @@ class Metrics:
     def count_failure(self, spec: ModelSpec, outcome: Outcome) -> None:
         """The tripwire's hook: one watchdog failure verdict on ``spec``'s backend."""
         reason = outcome.failure.value if outcome.failure is not None else "other"
-        self.watchdog_failures.labels(spec.entry.id, reason).inc()
+        self.watchdog_failures.labels(spec.entry.id, str(spec.replica), reason).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -294,18 +304,20 @@ class LiveState(Collector):
                 current = "unsupervised"
             else:
                 current = known.state if known.state in BACKEND_STATES else "unknown"
+            replica = str(spec.replica)
             for value in BACKEND_STATES:
-                state.add_metric([entry.id, spec.role, value], 1.0 if value == current else 0.0)
+                on = 1.0 if value == current else 0.0
+                state.add_metric([entry.id, spec.role, replica, value], on)
             by_reason = known.restarts_by_reason if known is not None else {}
             totals: dict[str, int] = {}
             for reason, count in by_reason.items():
                 key = reason if reason in RESTART_REASONS else "other"
                 totals[key] = totals.get(key, 0) + count
             for reason, count in totals.items():
-                restarts.add_metric([entry.id, spec.role, reason], count)
+                restarts.add_metric([entry.id, spec.role, replica, reason], count)
             if known is not None:
                 budget = budget_view(known, wall)
-                labels = [entry.id, spec.role]
+                labels = [entry.id, spec.role, replica]
                 remaining.add_metric(labels, 0 if budget.abandoned else budget.remaining)
                 used.add_metric(labels, budget.used)
                 if budget.frees_at is not None:
@@ -330,26 +342,26 @@ class LiveState(Collector):
             GaugeMetricFamily(
                 "slm_backend_state",
                 "1 for the backend's current supervisor state, 0 for the others.",
-                labels=["model", "role", "state"],
+                labels=["model", "role", "replica", "state"],
             ),
             CounterMetricFamily(
                 "slm_backend_restarts",
                 "Restarts of the backend by the supervisor, by reason.",
-                labels=["model", "role", "reason"],
+                labels=["model", "role", "replica", "reason"],
             ),
             GaugeMetricFamily(
                 "slm_restart_budget_remaining",
                 "Restarts the backend may still have within the window (0 once abandoned).",
-                labels=["model", "role"],
+                labels=["model", "role", "replica"],
             ),
             GaugeMetricFamily(
                 "slm_restart_budget_used",
                 "Restarts of the backend within the sliding window.",
-                labels=["model", "role"],
+                labels=["model", "role", "replica"],
             ),
             GaugeMetricFamily(
                 "slm_restart_budget_frees_in_seconds",
                 "Seconds until the oldest restart in the window leaves it (absent: none).",
-                labels=["model", "role"],
+                labels=["model", "role", "replica"],
             ),
         )

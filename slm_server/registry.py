@@ -20,17 +20,34 @@ ENDPOINT_MODEL_TYPES: dict[str, frozenset[str]] = {
 
 
 class Registry:
-    """The enabled models, by id. Disabled entries are known but never routed to."""
+    """The enabled models, by id. Disabled entries are known but never routed to.
+
+    ``models`` and ``enabled`` hold one spec per replica (an entry with ``replicas: 3``
+    is three backends); :meth:`lookup` and :meth:`route` answer with an entry's first
+    replica and :meth:`replicas` with all of them, in order.
+    """
 
     def __init__(self, models: Sequence[ModelSpec]) -> None:
         self.models = tuple(models)
         self.enabled = tuple(m for m in self.models if m.entry.enabled)
         self._by_id: dict[str, list[ModelSpec]] = {}
+        self._replicas: dict[int, tuple[ModelSpec, ...]] = {}
+        groups: dict[int, list[ModelSpec]] = {}
         for spec in self.enabled:
-            self._by_id.setdefault(spec.entry.id, []).append(spec)
+            groups.setdefault(spec.index, []).append(spec)
+            if spec.replica == 1:
+                self._by_id.setdefault(spec.entry.id, []).append(spec)
+        self._replicas = {index: tuple(specs) for index, specs in groups.items()}
+        # The enabled entries, each by its first replica: one per model id unless ambiguous.
+        self.entries = tuple(s for s in self.enabled if s.replica == 1)
+
+    def replicas(self, spec: ModelSpec) -> tuple[ModelSpec, ...]:
+        """Every replica of ``spec``'s entry (``spec`` itself alone for one replica)."""
+        return self._replicas.get(spec.index, (spec,))
 
     def lookup(self, model_id: str) -> ModelSpec:
-        """The one enabled entry with this id; 404 if none, 409 if several."""
+        """The one enabled entry with this id, by its first replica; 404 if none, 409 if
+        several entries have it."""
         found = self._by_id.get(model_id)
         if not found:
             known = ", ".join(sorted(self._by_id)) or "none"

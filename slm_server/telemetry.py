@@ -132,6 +132,9 @@ HTTP_STATUS: Final = "http.response.status_code"
 EMIT_PATH: Final = "slm.emit_path"
 REQUEST_ID: Final = "slm.request_id"
 CLIENT_TRACE_ID: Final = "slm.client.trace_id"
+REPLICA: Final = "slm.replica"
+ROUTING_RULE: Final = "slm.routing.rule"
+PREFIX_MATCH: Final = "slm.routing.prefix_match_chars"
 
 
 def _package_version() -> str:
@@ -507,6 +510,11 @@ def span_attributes(exchange: Exchange) -> dict[str, Any]:
         attributes[PROVIDER] = PROVIDERS.get(spec.entry.backend, spec.entry.backend)
         attributes[SERVER_ADDRESS] = spec.entry.host
         attributes[SERVER_PORT] = spec.entry.port
+        if exchange.routing_rule is not None:
+            attributes[REPLICA] = spec.replica
+            attributes[ROUTING_RULE] = exchange.routing_rule
+            if exchange.prefix_match_chars is not None:
+                attributes[PREFIX_MATCH] = exchange.prefix_match_chars
     optional = (
         (REQUEST_MODEL, exchange.model[:MAX_TEXT] if exchange.model else None),
         (RESPONSE_MODEL, exchange.response_model),

@@ -1,6 +1,6 @@
 """Each engine's own metrics at the gateway: ``GET /metrics`` on every ready backend
 (llama-server runs with ``--metrics``), re-exported in the router's ``/metrics`` with
-``model`` and ``role`` labels.
+``model``, ``role`` and ``replica`` labels.
 
 A scrape never waits on a stuck backend: the engines are fetched at once, each bounded
 by ``timeout``, and the scrape waits for them at most that long; what a slow engine
@@ -35,7 +35,7 @@ NO_METRICS_SECONDS = 60.0
 STALE_SECONDS = 30.0  # an engine that has not answered for this long shows nothing
 MAX_METRICS_BYTES = 2 * 1024 * 1024
 # Labels the gateway adds; an engine's own label of the same name is kept as engine_*.
-ADDED_LABELS = ("model", "role")
+ADDED_LABELS = ("model", "role", "replica")
 
 
 @dataclass
@@ -147,8 +147,9 @@ class EngineMetrics(Collector):
 
 
 def _labelled(families: list[Metric], spec: ModelSpec) -> list[Metric]:
-    """``families`` with the gateway's ``model`` and ``role`` labels on every sample."""
-    added = {"model": spec.entry.id, "role": spec.role}
+    """``families`` with the gateway's ``model``, ``role`` and ``replica`` labels on every
+    sample."""
+    added = {"model": spec.entry.id, "role": spec.role, "replica": str(spec.replica)}
     labelled: list[Metric] = []
     for family in families:
         copy = Metric(family.name, family.documentation, family.type, family.unit)

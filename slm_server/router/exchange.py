@@ -87,6 +87,10 @@ class Exchange:
     upstream_headers: dict[str, str] = field(default_factory=dict)
     # The client went away before the answer ended (set by the middleware).
     disconnected: bool = False
+    # For an entry with replicas: the rule that chose ``spec`` (balance.RULES) and the
+    # leading characters its prefix index matched (prefix_affinity only).
+    routing_rule: str | None = None
+    prefix_match_chars: int | None = None
 
     @property
     def emit_path(self) -> str:

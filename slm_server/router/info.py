@@ -46,7 +46,27 @@ class Info:
         return self._model(spec)
 
     def _model(self, spec: ModelSpec) -> dict[str, Any]:
-        """One model as ``/v1/models`` lists it: OpenAI's four fields, then ours."""
+        """One model as ``/v1/models`` lists it: OpenAI's four fields, then ours. An
+        entry with replicas is one model, its status ``ready`` when any replica is and
+        each replica listed under ``status.replicas``."""
+        status = self.status(spec)
+        if spec.entry.replicas > 1:
+            replicas = []
+            for replica in self.registry.replicas(spec):
+                gate = self.gates.get(replica.role)
+                replicas.append(
+                    {
+                        "replica": replica.replica,
+                        "role": replica.role,
+                        "port": replica.entry.port,
+                        "state": self.status(replica)["state"],
+                        "in_flight": gate.active if gate is not None else None,
+                        "queued": gate.queued if gate is not None else None,
+                    }
+                )
+            if any(r["state"] == "ready" for r in replicas):
+                status["state"] = "ready"
+            status["replicas"] = replicas
         return {
             "id": spec.entry.id,
             "object": "model",
@@ -59,12 +79,14 @@ class Info:
             "context_length": spec.entry.context_length,
             "quantization": spec.entry.quantization,
             "supports_function_calling": spec.entry.supports_function_calling,
-            "status": self.status(spec),
+            "replicas": spec.entry.replicas,
+            "routing": spec.entry.routing,
+            "status": status,
         }
 
     async def models(self, _request: Request) -> JSONResponse:
         """``GET /v1/models``: the enabled models and their settings."""
-        data = [self._model(spec) for spec in self.registry.enabled]
+        data = [self._model(spec) for spec in self.registry.entries]
         return JSONResponse({"object": "list", "data": data})
 
     async def model(self, request: Request) -> JSONResponse:
@@ -87,6 +109,8 @@ class Info:
                 "backend": entry.backend,
                 "port": entry.port,
                 "model_type": entry.model_type,
+                "replica": spec.replica,
+                "replicas": entry.replicas,
             }
             probe = by_role.get(spec.role)
             if not entry.enabled or probe is None:
@@ -130,7 +154,7 @@ class Info:
 
     async def health(self, _request: Request) -> JSONResponse:
         """``GET /health``: the router itself."""
-        return JSONResponse({"status": "ok", "models": len(self.registry.enabled)})
+        return JSONResponse({"status": "ok", "models": len(self.registry.entries)})
 
 
 def error_response(error: GatewayError) -> JSONResponse:

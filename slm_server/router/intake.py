@@ -118,26 +118,37 @@ class Reception:
         return Intake(spec, payload, raw, hidden_usage)
 
     def refuse_if_down(self, spec: ModelSpec) -> None:
-        """Answer for the supervisor when it says the backend cannot serve: abandoned
-        or failed (503, with why), or (re)starting (503 with ``Retry-After``). These are
-        the router's own refusals, never counted against the backend."""
+        """Answer for the supervisor when it says the backend cannot serve (see
+        :meth:`down`)."""
+        refusal = self.down(spec)
+        if refusal is not None:
+            raise refusal
+
+    def down(self, spec: ModelSpec) -> BackendUnavailable | None:
+        """Why the supervisor says the backend cannot serve, None when it can (or no
+        supervisor says anything): abandoned or failed (503, with why), or
+        (re)starting (503 with ``Retry-After``). These are the router's own refusals,
+        never counted against the backend."""
         state = self.states.get(spec.role, spec.entry.port)
         if state is None or not self.states.launcher_alive():
-            return
+            return None
         name = f"The backend for '{spec.entry.id}'"
+        if spec.entry.replicas > 1:
+            name += f" (replica {spec.replica} of {spec.entry.replicas})"
         if state.state in ("abandoned", "failed"):
             verb = "was abandoned by the watchdog" if state.state == "abandoned" else "failed"
-            raise BackendUnavailable(
+            return BackendUnavailable(
                 f"{name} {verb}: {state.reason or 'no reason recorded'}",
                 code=f"backend_{state.state}",
             )
         if state.state in ("starting", "restarting"):
             why = f" ({state.reason})" if state.reason else ""
-            raise BackendUnavailable(
+            return BackendUnavailable(
                 f"{name} is {state.state}{why}; retry shortly",
                 code=f"backend_{state.state}",
                 retry_after=RETRY_AFTER_SECONDS,
             )
+        return None
 
 
 __all__ = ["OFF_LOOP_BYTES", "Intake", "Reception"]

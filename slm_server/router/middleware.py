@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Final
+from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -151,7 +151,8 @@ class RequestObserver:
         path = shown(exchange.path)
         duration_ms = round(exchange.duration * 1000, 1)
         status = exchange.status if exchange.status is not None else "-"
-        fields = {
+        message = f"{exchange.method} {path} {status} {duration_ms:.1f}ms model={model or '-'}"
+        fields: dict[str, Any] = {
             "method": exchange.method,
             "path": path,
             "model": model,
@@ -159,8 +160,16 @@ class RequestObserver:
             "duration_ms": duration_ms,
             "outcome": outcome,
         }
+        rule = exchange.routing_rule
+        if rule is not None and exchange.spec is not None:
+            # An entry with replicas: which one served it, and why.
+            fields.update(replica=exchange.spec.role, routing=rule)
+            message += f" replica={exchange.spec.role} routing={rule}"
+            matched = exchange.prefix_match_chars
+            if matched is not None:
+                fields["prefix_match_chars"] = matched
+                message += f" match={matched:d}"
         if direct is not None:  # the line the record would have made, without the record
-            message = f"{exchange.method} {path} {status} {duration_ms:.1f}ms model={model or '-'}"
             name = logging.getLevelName(level)
             line = direct.lines.line(
                 time.time(), name, access_log.name, message, exchange.request_id, fields
@@ -168,15 +177,9 @@ class RequestObserver:
             direct.write_line(line, level)
             return
         # The record is made here rather than by ``access_log.log``, which would first
-        # walk the stack for a caller no formatter shows.
+        # walk the stack for a caller no formatter shows. (``message`` is made already:
+        # no client string in it can be taken for a format.)
         record = access_log.makeRecord(
-            access_log.name,
-            level,
-            __file__,
-            0,
-            "%s %s %s %.1fms model=%s",
-            (exchange.method, path, status, duration_ms, model or "-"),
-            None,
-            extra=fields,
+            access_log.name, level, __file__, 0, "%s", (message,), None, extra=fields
         )
         access_log.handle(record)

@@ -6,20 +6,25 @@ call to its endpoint's handler (:mod:`~slm_server.router.passthrough`,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
+from slm_server.config import ModelSpec
+from slm_server.errors import BackendUnavailable
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate
+from slm_server.router.affinity import BLOCK_CHARS, block_hashes, leading_text
 from slm_server.router.backend_state import StateSource
+from slm_server.router.balance import Balancer
 from slm_server.router.budget import BodyBudget, Held
 from slm_server.router.call import Call, Deadline
 from slm_server.router.drain import Drain
-from slm_server.router.exchange import exchange_of
+from slm_server.router.exchange import Exchange, exchange_of
 from slm_server.router.guard import client_of, running_loop
-from slm_server.router.intake import Reception
+from slm_server.router.intake import Intake, Reception
 from slm_server.router.loader import Loader
 from slm_server.router.passthrough import PassThrough
 from slm_server.router.reply import Replies
@@ -31,6 +36,8 @@ from slm_server.settings import Settings
 from slm_server.supervise.tripwire import Tripwire
 
 RESPONSES = "/v1/responses"
+# A replica that refused the connection never saw the request: it is sent to another.
+UNREACHABLE = "backend_unreachable"
 
 
 class Proxy:
@@ -49,6 +56,15 @@ class Proxy:
     ) -> None:
         serving = settings.serving
         self.gates = gates
+        self.registry = registry
+        # One per entry with replicas, by the entry's position in the file.
+        self.balancers = {
+            spec.index: Balancer(
+                spec.entry.replicas, spec.entry.routing, spec.entry.affinity_threshold
+            )
+            for spec in registry.entries
+            if spec.entry.replicas > 1
+        }
         self.bodies = BodyBudget(serving.max_bodies_in_flight_bytes)
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
@@ -84,12 +100,76 @@ class Proxy:
     async def _serve_held(self, request: Request, endpoint: str, held: Held) -> Response | ASGIApp:
         exchange = exchange_of(request.scope)
         intake = await self.reception.take(request, endpoint, exchange, held)
-        spec = intake.spec
-        self.reception.refuse_if_down(spec)
+        entry = intake.spec.entry
         seconds, shortened = request_timeout(
-            spec.entry.default_timeout, request.headers.get("x-request-timeout")
+            entry.default_timeout, request.headers.get("x-request-timeout")
         )
-        deadline = Deadline(seconds, running_loop().time)
+        tried: list[str] = []  # replicas that refused the connection
+        while True:
+            spec = self.choose(intake.spec, intake.payload, exchange, tried)
+            if not tried:  # one deadline, however many replicas are tried
+                deadline = Deadline(seconds, running_loop().time)
+            try:
+                return await self._send(request, endpoint, intake, spec, deadline, shortened)
+            except BackendUnavailable as error:
+                if error.code != UNREACHABLE or entry.replicas == 1:
+                    raise
+                tried.append(spec.role)
+                if len(tried) == entry.replicas:
+                    raise
+
+    def choose(
+        self, spec: ModelSpec, payload: dict[str, Any], exchange: Exchange, tried: list[str]
+    ) -> ModelSpec:
+        """The replica of ``spec``'s entry that serves this request: among those the
+        supervisor says can serve (and that did not just refuse the connection), as
+        the entry's routing says. With none, the refusal of one that may come back
+        soonest (a 503 with ``Retry-After`` when one is starting or restarting).
+        Whether a replica can serve is :meth:`Reception.down`'s one decision: a replica
+        with no process of its own would be judged there by whatever ejects it."""
+        balancer = self.balancers.get(spec.index)
+        if balancer is None:
+            self.reception.refuse_if_down(spec)
+            return spec
+        group = self.registry.replicas(spec)
+        serving: list[int] = []
+        refusals: list[BackendUnavailable] = []
+        for position, replica in enumerate(group):
+            refusal = self.reception.down(replica)
+            if refusal is not None:
+                refusals.append(refusal)
+                balancer.forget(position)
+            elif replica.role not in tried:
+                serving.append(position)
+        if not serving:
+            if not refusals:
+                raise BackendUnavailable(
+                    f"No replica of '{spec.entry.id}' can be reached; retry shortly",
+                    retry_after=1.0,
+                )
+            raise next((r for r in refusals if r.retry_after is not None), refusals[0])
+        gates = self.gates
+        outstanding = [gates[r.role].active + gates[r.role].queued for r in group]
+        hashes = block_hashes(leading_text(payload)) if balancer.indexes else ()
+        pick = balancer.choose(serving, outstanding, hashes)
+        chosen = group[pick.position]
+        exchange.spec = chosen
+        exchange.routing_rule = pick.rule
+        if balancer.indexes:
+            exchange.prefix_match_chars = pick.matched_blocks * BLOCK_CHARS
+        return chosen
+
+    async def _send(
+        self,
+        request: Request,
+        endpoint: str,
+        intake: Intake,
+        spec: ModelSpec,
+        deadline: Deadline,
+        shortened: bool,
+    ) -> Response | ASGIApp:
+        """Admit the request to ``spec``'s backend and hand it to its handler."""
+        exchange = exchange_of(request.scope)
         client = client_of(request.scope, request.receive)
         slot = await self.sender.admit(client, spec, exchange, deadline)
         try:

@@ -29,6 +29,8 @@ FIELDS: Final = (
     "output_tokens",
     "stream",
     "error_type",
+    "replica",
+    "prefix_match_chars",
 )
 
 Row = tuple[
@@ -44,6 +46,8 @@ Row = tuple[
     int | None,
     bool,
     str | None,
+    str | None,
+    int | None,
 ]
 
 
@@ -74,6 +78,9 @@ class RecentRequests:
                 exchange.output_tokens,
                 exchange.stream,
                 exchange.error_type,
+                # An entry with replicas: the one that served it, and its prefix match.
+                spec.role if spec is not None and exchange.routing_rule is not None else None,
+                exchange.prefix_match_chars,
             )
         )
 

@@ -543,7 +543,7 @@ class Supervisor:
             "supervisor_started",
             pid=os.getpid(),
             config=str(self.registry.path),
-            models=[m.entry.id for m in self.registry.enabled],
+            models=list(dict.fromkeys(m.entry.id for m in self.registry.enabled)),
             **self.watchdog.tunables(),
             stop_timeout_seconds=self.settings.stop_timeout_seconds,
             ready_timeout_seconds=self.settings.ready_timeout_seconds,

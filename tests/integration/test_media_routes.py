@@ -370,7 +370,12 @@ def test_a_backend_5xx_is_judged_by_the_watchdog(
     assert failures()[-1]["status"] == 500
     assert failures()[-1]["reason"] == "5xx"
     after = scrape(http)
-    assert moved(before, after, "slm_watchdog_failures_total", model="scribe", reason="5xx") == 1
+    assert (
+        moved(
+            before, after, "slm_watchdog_failures_total", model="scribe", replica="1", reason="5xx"
+        )
+        == 1
+    )
     failed = {"model": "scribe", "emit_path": "transcriptions", "status_class": "5xx"}
     assert moved(before, after, "slm_requests_total", **failed, outcome="backend_error") == 1
 

@@ -222,10 +222,17 @@ def test_backend_state_and_restarts_come_from_the_supervisor(http: httpx.Client)
         ("off", "disabled"): 1,
     }
     assert (
-        value(samples, "slm_backend_restarts_total", model="alpha", role="alpha", reason="stall")
+        value(
+            samples,
+            "slm_backend_restarts_total",
+            model="alpha",
+            role="alpha",
+            replica="1",
+            reason="stall",
+        )
         == 2
     )
-    sick = {"model": "sick", "role": "sick"}
+    sick = {"model": "sick", "role": "sick", "replica": "1"}
     assert value(samples, "slm_backend_restarts_total", **sick, reason="exited") == 3
     assert value(samples, "slm_backend_restarts_total", **sick, reason="5xx") == 1
 
@@ -237,6 +244,9 @@ def test_watchdog_failure_verdicts_are_counted(
     fakes["sick"].script(status=500)
     assert http.post(CHAT, json={"model": "sick", "messages": HELLO}).status_code == 500
     after = scrape(http)
-    assert moved(before, after, "slm_watchdog_failures_total", model="sick", reason="5xx") == 1
+    assert (
+        moved(before, after, "slm_watchdog_failures_total", model="sick", replica="1", reason="5xx")
+        == 1
+    )
     failed = {"model": "sick", "emit_path": "chat", "status_class": "5xx"}
     assert moved(before, after, "slm_requests_total", **failed, outcome="backend_error") == 1

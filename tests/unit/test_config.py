@@ -654,3 +654,112 @@ def test_shipped_example_registry_is_valid() -> None:
     assert registry.enabled
     assert registry.warnings == ()
     assert all(isinstance(s.entry, ModelEntry) for s in registry.models)
+
+
+# --- replicas and routing ---------------------------------------------------------------
+
+
+def test_replicas_expand_into_one_spec_each_on_consecutive_ports() -> None:
+    registry = parse({"chat": llama(replicas=3), "other": llama(id="o", port=8504)})
+    assert [(s.role, s.replica, s.entry.port) for s in registry.models] == [
+        ("chat", 1, 8501),
+        ("chat.2", 2, 8502),
+        ("chat.3", 3, 8503),
+        ("other", 1, 8504),
+    ]
+    assert {s.index for s in registry.models[:3]} == {0}
+    assert {s.base_role for s in registry.models[:3]} == {"chat"}
+    assert registry.warnings == ()  # one entry's replicas share its id without a 409
+
+
+def test_one_replica_is_the_entry_unchanged() -> None:
+    (spec,) = parse({"chat": llama()}).models
+    assert (spec.role, spec.replica, spec.entry.replicas) == ("chat", 1, 1)
+    assert spec.entry.routing == "least_outstanding"
+    assert spec.entry.affinity_threshold == 2
+
+
+def test_replica_port_overlapping_another_entry_is_refused() -> None:
+    lines = problems({"chat": llama(replicas=3), "other": llama(id="o", port=8503)})
+    assert lines == [
+        f"{SOURCE}: model 'chat' (id 'm1'): field 'port': port 8503 (replica 3 of 3) "
+        "is also used by 'other'",
+        f"{SOURCE}: model 'other' (id 'o'): field 'port': port 8503 is also used by 'chat.3'",
+    ]
+
+
+def test_replicas_of_two_entries_overlapping_are_refused() -> None:
+    lines = problems({"a": llama(replicas=2), "b": llama(id="b", port=8502, replicas=2)})
+    assert lines == [
+        f"{SOURCE}: model 'a' (id 'm1'): field 'port': port 8502 (replica 2 of 2) "
+        "is also used by 'b'",
+        f"{SOURCE}: model 'b' (id 'b'): field 'port': port 8502 is also used by 'a.2'",
+    ]
+
+
+def test_disabled_entry_replicas_may_overlap() -> None:
+    registry = parse({"a": llama(replicas=2), "b": llama(id="b", port=8502, enabled=False)})
+    assert [s.role for s in registry.enabled] == ["a", "a.2"]
+
+
+@pytest.mark.parametrize("count", [0, 17, -1])
+def test_replicas_out_of_bounds(count: int) -> None:
+    (line,) = problems({"chat": llama(replicas=count)})
+    assert line.startswith(f"{SOURCE}: model 'chat' (id 'm1'): field 'replicas': ")
+
+
+def test_replicas_past_the_last_port_are_refused() -> None:
+    (line,) = problems({"chat": llama(port=65534, replicas=3)})
+    assert line == (
+        f"{SOURCE}: model 'chat' (id 'm1'): field 'replicas': ports 65534..65536 pass 65535"
+    )
+
+
+def test_replicas_on_demand_are_refused() -> None:
+    (line,) = problems({"chat": llama(replicas=2, load="on_demand")})
+    assert line == (
+        f"{SOURCE}: model 'chat' (id 'm1'): field 'replicas': an on_demand model runs one "
+        "process; use load: always for replicas"
+    )
+
+
+def test_replica_role_taken_by_another_entry_is_refused() -> None:
+    lines = problems({"chat": llama(replicas=2), "chat.2": llama(id="x", port=8600)})
+    assert lines == [
+        f"{SOURCE}: model 'chat' (id 'm1'): field 'replicas': replica 2 would be named "
+        "'chat.2', which is the role of another entry"
+    ]
+
+
+def test_routing_values() -> None:
+    (spec,) = parse({"chat": llama(routing="prefix_affinity", affinity_threshold=0)}).models
+    assert (spec.entry.routing, spec.entry.affinity_threshold) == ("prefix_affinity", 0)
+    (line,) = problems({"chat": llama(routing="round_robin")})
+    assert "field 'routing'" in line
+    (line,) = problems({"chat": llama(routing="prefix_affinity", affinity_threshold=-1)})
+    assert "field 'affinity_threshold'" in line
+
+
+def test_affinity_threshold_needs_prefix_affinity() -> None:
+    (line,) = problems({"chat": llama(affinity_threshold=3)})
+    assert line == (
+        f"{SOURCE}: model 'chat' (id 'm1'): field 'affinity_threshold': applies to "
+        "routing: prefix_affinity only"
+    )
+
+
+def test_the_example_s_commented_replicas_entry_is_valid() -> None:
+    text = (PROJECT_ROOT / "config" / "models.yaml.example").read_text()
+    lines = text.splitlines()
+    start = lines.index("  # chat-pool:")
+    block = []
+    for line in lines[start:]:
+        if line.strip() == "#":
+            break
+        block.append(line.replace("  # ", "  ", 1))
+    registry = parse_registry("models:\n" + "\n".join(block) + "\n", SOURCE)
+    assert [(s.role, s.entry.port) for s in registry.models] == [
+        ("chat-pool", 8531),
+        ("chat-pool.2", 8532),
+        ("chat-pool.3", 8533),
+    ]

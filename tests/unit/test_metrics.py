@@ -142,8 +142,9 @@ def test_watchdog_failures_are_counted_by_class(tmp_path: Path) -> None:
     m.count_failure(ALPHA, STALLED)
     m.count_failure(ALPHA, TIMED_OUT)
     m.count_failure(ALPHA, TIMED_OUT)
-    assert sample(m, "slm_watchdog_failures_total", model="alpha", reason="stall") == 1
-    assert sample(m, "slm_watchdog_failures_total", model="alpha", reason="timeout") == 2
+    assert sample(m, "slm_watchdog_failures_total", model="alpha", replica="1", reason="stall") == 1
+    alpha = {"model": "alpha", "replica": "1"}
+    assert sample(m, "slm_watchdog_failures_total", **alpha, reason="timeout") == 2
 
 
 def test_two_apps_keep_separate_registries(tmp_path: Path) -> None:
@@ -198,7 +199,7 @@ def test_backend_states_and_restarts_come_from_the_published_state(tmp_path: Pat
     )
     m = metrics(tmp_path)
     assert current_states(m) == {"alpha": "restarting", "embed": "unknown", "off": "disabled"}
-    restarts = {"model": "alpha", "role": "alpha"}
+    restarts = {"model": "alpha", "role": "alpha", "replica": "1"}
     assert sample(m, "slm_backend_restarts_total", **restarts, reason="stall") == 2
     assert sample(m, "slm_backend_restarts_total", **restarts, reason="exited") == 1
     assert sample(m, "slm_backend_restarts_total", **restarts, reason="other") == 4
@@ -217,12 +218,12 @@ def test_the_restart_budget_is_exported_as_it_stands_now(tmp_path: Path) -> None
         ],
     )
     m = metrics(tmp_path)
-    alpha = {"model": "alpha", "role": "alpha"}
+    alpha = {"model": "alpha", "role": "alpha", "replica": "1"}
     assert sample(m, "slm_restart_budget_used", **alpha) == 2
     assert sample(m, "slm_restart_budget_remaining", **alpha) == 3
     frees_in = sample(m, "slm_restart_budget_frees_in_seconds", **alpha)
     assert frees_in is not None and 495 < frees_in <= 500
-    embed = {"model": "embed", "role": "embed"}
+    embed = {"model": "embed", "role": "embed", "replica": "1"}
     assert sample(m, "slm_restart_budget_remaining", **embed) == 0
     assert sample(m, "slm_restart_budget_used", **embed) == 5
 

@@ -6,7 +6,7 @@ from typing import Any, get_args
 
 import pytest
 
-from slm_server.config import ModelEntry, ModelSpec, ModelType
+from slm_server.config import ModelEntry, ModelSpec, ModelType, replica_specs
 from slm_server.errors import AmbiguousModel, InvalidRequest, ModelNotFound, UnsupportedEndpoint
 from slm_server.registry import ENDPOINT_MODEL_TYPES, Registry
 
@@ -175,3 +175,22 @@ def test_every_model_type_has_an_endpoint() -> None:
 def test_route_unknown_model_is_404_before_endpoint_check(registry: Registry) -> None:
     with pytest.raises(ModelNotFound):
         registry.route("nope", "/v1/rerank")
+
+
+def test_replicas_of_one_entry_are_one_model() -> None:
+    specs = replica_specs(spec("chat", "chat-model", 8601, replicas=3))
+    registry = Registry([*specs, EMBED])
+    assert registry.lookup("chat-model") is specs[0]
+    assert registry.route("chat-model", "/v1/chat/completions") is specs[0]
+    assert registry.replicas(specs[0]) == specs
+    assert registry.replicas(specs[2]) == specs
+    assert registry.replicas(EMBED) == (EMBED,)
+    assert registry.entries == (specs[0], EMBED)
+    assert [s.entry.port for s in registry.enabled] == [8601, 8602, 8603, 8502]
+
+
+def test_two_entries_with_replicas_and_one_id_are_ambiguous() -> None:
+    first = replica_specs(spec("a", "same", 8601, replicas=2))
+    second = replica_specs(spec("b", "same", 8701, replicas=2))
+    with pytest.raises(AmbiguousModel, match="'a', 'b'"):
+        Registry([*first, *second]).lookup("same")

@@ -62,8 +62,8 @@ def test_every_ready_engine_is_relabelled_and_merged_into_one_family(tmp_path: P
         found = families(got.body)
         samples = sorted(found["llamacpp:prompt_tokens"], key=lambda s: s[0]["role"])
         assert samples == [
-            ({"model": "org/chat-model", "role": "chat"}, 30.0),
-            ({"model": "second-model", "role": "second"}, 30.0),
+            ({"model": "org/chat-model", "role": "chat", "replica": "1"}, 30.0),
+            ({"model": "second-model", "role": "second", "replica": "1"}, 30.0),
         ]
         # The engine's own "model" label is kept as engine_model.
         [(labels, _value), _other] = found["llamacpp:requests_processing"]
