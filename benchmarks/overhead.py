@@ -22,9 +22,11 @@ RSS of the gateway and of the backend (:mod:`benchmarks.meter`).
 * ``defaults`` compares ``slm_server`` with ``slm_server_default``, the defaults a user
   gets: spans exported to a local collector that answers 200
   (:mod:`benchmarks.otlp_sink`), metrics, the INFO access log.
-* ``dashboard`` compares ``slm_server`` with ``slm_server_ui``, the same router with
-  the dashboard open in a headless chromium (issue 14: the page must not slow the
-  proxy path measurably).
+* ``dashboard`` compares ``slm_server_pinned`` with ``slm_server_ui``, the same router
+  with the dashboard open in a headless chromium (issue 14: the page must not slow the
+  proxy path measurably); in both the router has the first CPU to itself and the load
+  generator, the backends and the browser share the others
+  (:func:`benchmarks.servers.pinned`).
 * ``peer`` adds LiteLLM's proxy (one worker) on the same fakes: throughput ratios.
 """
 
@@ -48,6 +50,7 @@ from benchmarks.servers import (
     fast_fake,
     litellm_proxy,
     slm_router,
+    slm_router_pinned,
     slm_router_watched,
 )
 
@@ -108,6 +111,7 @@ STARTERS: dict[str, Starter] = {
     "slm_server_default": lambda workdir, backends: slm_router(
         workdir, backends, telemetry=True, collector=True
     ),
+    "slm_server_pinned": slm_router_pinned,
     "slm_server_ui": slm_router_watched,
     "litellm": litellm_proxy,
 }
@@ -116,7 +120,8 @@ LABELS = {
     "slm_server": "slm_server",
     "slm_server_otel": "slm_server, telemetry on",
     "slm_server_default": "slm_server, defaults (spans to a collector)",
-    "slm_server_ui": "slm_server, dashboard open",
+    "slm_server_pinned": "slm_server, pinned",
+    "slm_server_ui": "slm_server, pinned, dashboard open",
     "litellm": "LiteLLM proxy",
 }
 
@@ -133,6 +138,8 @@ async def measure_cell(
     pids = {"server": server.pid}
     if backend.pid != server.pid:
         pids["backend"] = backend.pid
+    if server.companion is not None:
+        pids["companion"] = server.companion
     meter = ProcessMeter(pids)
     async with meter:
         run = await closed_loop(workload, cell.concurrency, duration=plan.duration)
@@ -144,6 +151,8 @@ async def measure_cell(
     served["cpu_us_per_chunk"] = served["cpu_s"] / tokens * 1e6 if cell.stream and tokens else None
     summary["server"] = served
     summary["backend"] = processes.get("backend", served)
+    if "companion" in processes:
+        summary["companion"] = processes["companion"]
     return {"cell": cell.key, "kind": cell.kind, "concurrency": cell.concurrency} | summary
 
 
@@ -386,22 +395,77 @@ def overhead_tables(rounds: Rounds, targets: tuple[str, ...]) -> str:
 def headroom_table(rounds: Rounds, targets: tuple[str, ...]) -> str:
     """Who used how much CPU: the client and the backend must not be the bottleneck."""
     header = ["target", "level", "client CPU share", "backend CPU share", "gateway CPU share"]
+    companions = [t for t in targets if t in COMPANIONS]
+    header += [f"{COMPANIONS[t]} CPU share" for t in companions]
     rows = []
     for target in targets:
         for cell in WHOLE + STREAM + BURST:
             gateway = (
                 DASH if target == "direct" else show(rounds.stat(target, cell, "server.cpu_share"))
             )
-            rows.append(
-                [
-                    LABELS[target],
-                    cell,
-                    show(rounds.stat(target, cell, "client_cpu_share")),
-                    show(rounds.stat(target, cell, "backend.cpu_share")),
-                    gateway,
-                ]
-            )
+            row = [
+                LABELS[target],
+                cell,
+                show(rounds.stat(target, cell, "client_cpu_share")),
+                show(rounds.stat(target, cell, "backend.cpu_share")),
+                gateway,
+            ]
+            for other in companions:
+                path = "companion.cpu_share"
+                row.append(show(rounds.stat(target, cell, path)) if other == target else DASH)
+            rows.append(row)
     return table(header, rows)
+
+
+# What runs beside a target's gateway and is measured with it.
+COMPANIONS = {"slm_server_ui": "browser"}
+
+
+def change_beyond_noise(
+    rounds: Rounds, changed: str, reference: str, cell: str, path: str, worse: float = 1.0
+) -> dict[str, Any]:
+    """How far ``changed``'s median moved from ``reference``'s, in units of what counts
+    as noise: the larger of 5 % of the reference's median and the reference's own
+    spread across rounds (max - min). ``worse`` is +1 when more is worse (CPU), -1 when
+    less is (throughput); up to 1 is no measurable change for the worse."""
+    mine, theirs = rounds.stat(changed, cell, path), rounds.stat(reference, cell, path)
+    if mine["median"] is None or theirs["median"] is None:
+        return spread([])
+    noise = max(0.05 * theirs["median"], theirs["max"] - theirs["min"])
+    moved = worse * (mine["median"] - theirs["median"])
+    return spread([moved / noise if noise else 0.0])
+
+
+def dashboard_checks(rounds: Rounds) -> list[Check]:
+    """The page open must not slow the proxy path measurably (issue 14): at every load
+    level, the gateway's CPU per answer or chunk no higher, and its throughput no
+    lower, than the same router's with no page open by more than the noise
+    (:func:`change_beyond_noise`)."""
+    found = []
+    open_, closed = "slm_server_ui", "slm_server_pinned"
+    for cell in WHOLE + STREAM:
+        unit = "server.cpu_us_per_chunk" if cell in STREAM else "server.cpu_us_per_request"
+        what = "chunk" if cell in STREAM else "whole answer"
+        kind = "streams" if cell in STREAM else "whole answers"
+        level = cell.split("-c")[1]
+        found.append(
+            Check(
+                f"dashboard open: gateway CPU per {what}, c={level}, more than closed ÷ noise",
+                1.0,
+                TIMES,
+                change_beyond_noise(rounds, open_, closed, cell, unit),
+            )
+        )
+        slower = change_beyond_noise(rounds, open_, closed, cell, "throughput_rps", worse=-1.0)
+        found.append(
+            Check(
+                f"dashboard open: throughput, {kind}, c={level}, less than closed ÷ noise",
+                1.0,
+                TIMES,
+                slower,
+            )
+        )
+    return found
 
 
 def peer_table(rounds: Rounds) -> str:

@@ -100,11 +100,10 @@ def run_defaults(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
 
 
 def run_dashboard(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
-    plan = _fake_plan(("direct", "slm_server", "slm_server_ui"), quick, rounds)
+    plan = _fake_plan(("direct", "slm_server_pinned", "slm_server_ui"), quick, rounds)
     runs = overhead.run_rounds(plan, workdir, say)
     found = overhead.Rounds(runs)
-    checks = overhead.overhead_checks(found, "slm_server")
-    checks += overhead.overhead_checks(found, "slm_server_ui")
+    checks = overhead.dashboard_checks(found)
     markdown = "\n\n".join(
         [
             overhead.overhead_tables(found, plan.targets),

@@ -15,6 +15,7 @@ registry entries, waited on until every backend is ready.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import httpx
+import psutil
 import yaml
 
 from tests.processes import ROOT, Command, free_port, pid_alive, poll, running_router, start_command
@@ -48,6 +50,9 @@ class Server:
     pid: int
     url: str
     model: str
+    # A process tree running beside the server and measured with it (the dashboard's
+    # browser), or None.
+    companion: int | None = None
 
     @property
     def port(self) -> int:
@@ -207,7 +212,56 @@ def slm_router_watched(workdir: Path, backends: Sequence[Server]) -> Iterator[Se
         WebDriverWait(driver, 30, poll_frequency=0.1).until(
             lambda d: len(d.find_elements(By.CSS_SELECTOR, "#models tbody tr")) == len(backends)
         )
+        browser = driver.service.process.pid
+        with pinned(router, backends, browser):
+            yield dataclasses.replace(router, companion=browser)
+
+
+@contextlib.contextmanager
+def slm_router_pinned(workdir: Path, backends: Sequence[Server]) -> Iterator[Server]:
+    """:func:`slm_router`, :func:`pinned` as beside the dashboard."""
+    with slm_router(workdir, backends) as router, pinned(router, backends):
         yield router
+
+
+def _pin(pid: int, cpus: Sequence[int]) -> None:
+    """Every thread of ``pid`` and of its descendants onto ``cpus``."""
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for member in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error, OSError):
+                for thread in member.threads():
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(thread.id, cpus)
+
+
+@contextlib.contextmanager
+def pinned(
+    router: Server, backends: Sequence[Server], browser: int | None = None
+) -> Iterator[None]:
+    """The router alone on the first CPU, everything else on the others: the load
+    generator (this process), the backends and the browser. On a machine with two
+    cores a browser competes with the router for CPU time and, worse, for the moments
+    it is woken; kept off the router's CPU, what is left to measure is what serving
+    the page costs the router. Nothing is pinned on a single CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        yield
+        return
+    first, rest = cpus[:1], cpus[1:]
+    _pin(router.pid, first)
+    for pid in [*(b.pid for b in backends), *([browser] if browser is not None else [])]:
+        _pin(pid, rest)
+    mine = {t.id for t in psutil.Process().threads()}
+    for tid in mine:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, rest)
+    try:
+        yield
+    finally:
+        for tid in mine:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cpus)
 
 
 def litellm_venv(report: Any = print) -> Path:

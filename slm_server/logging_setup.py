@@ -233,10 +233,15 @@ def direct_line_handler(logger: logging.Logger, levelno: int) -> LineHandler | N
     :meth:`LineHandler.write_line`, skipping the record (~10 µs a line). None when any
     other handler or filter is in the way (a test's capture, say), or the level is off."""
     root = logging.root
-    if logger.handlers or logger.filters or not logger.propagate or logger.parent is not root:
+    if logger.filters or logger.disabled or not logger.isEnabledFor(levelno):
         return None
+    node: logging.Logger | None = logger
+    while node is not None and node is not root:  # loggers on the way pass it on untouched
+        if node.handlers or not node.propagate:
+            return None
+        node = node.parent
     handlers = root.handlers
-    if len(handlers) != 1 or root.filters or not logger.isEnabledFor(levelno):
+    if len(handlers) != 1 or root.filters:
         return None
     handler = handlers[0]
     if type(handler) is not LineHandler or levelno < handler.level or len(handler.filters) != 1:

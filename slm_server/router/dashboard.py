@@ -164,7 +164,8 @@ class Dashboard:
         while True:
             if not follower.behind:
                 await asyncio.sleep(POLL_SECONDS)
-            lines = await asyncio.to_thread(follower.poll)
+            # Most looks find nothing new; a stat says so without a worker thread.
+            lines = [] if follower.unchanged() else await asyncio.to_thread(follower.poll)
             if lines:
                 quiet = 0.0
                 yield b"".join(event_data(line) for line in lines)

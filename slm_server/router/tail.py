@@ -7,7 +7,9 @@ left off in chunks of at most ``CHUNK_BYTES``. When the file is replaced (rename
 and truncates it), reading starts again from its beginning. A line longer than
 ``MAX_LINE_BYTES`` is cut there and the rest of it skipped, so one hostile line costs a
 bounded amount of memory. :func:`last_lines` reads the end of a file once, bounded the
-same way. Both are blocking calls, meant for a worker thread.
+same way. Both are blocking calls, meant for a worker thread;
+:meth:`Follower.unchanged` is one ``stat``, for the caller to skip a poll that would
+find nothing.
 """
 
 from __future__ import annotations
@@ -89,6 +91,16 @@ class Follower:
             self.partial, self.skipping = b"", True
         lines = complete.split(b"\n") if complete else []
         return [_line(raw) for raw in lines[-count:]] if count > 0 else []
+
+    def unchanged(self) -> bool:
+        """True when the file is the one followed and has grown by nothing: one
+        ``stat``, cheap enough for the event loop, that spares a worker thread the
+        poll."""
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return True  # gone for now: nothing to read
+        return not self.behind and info.st_ino == self.inode and info.st_size == self.offset
 
     def _reset(self, inode: int | None) -> None:
         self.offset, self.inode, self.partial, self.skipping = 0, inode, b"", False

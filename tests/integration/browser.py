@@ -11,7 +11,6 @@ from contextlib import contextmanager
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.remote.webdriver import WebDriver
 
 ARGUMENTS = (
     "--headless=new",
@@ -50,7 +49,7 @@ def browser_paths() -> tuple[str, str]:
 
 
 @contextmanager
-def headless_chromium() -> Iterator[WebDriver]:
+def headless_chromium() -> Iterator[webdriver.Chrome]:
     """A headless chromium, quit afterwards."""
     binary, driver_path = browser_paths()
     options = webdriver.ChromeOptions()

@@ -214,6 +214,12 @@ def test_no_direct_line_when_anything_else_would_see_the_record() -> None:
     assert direct_line_handler(access, logging.INFO) is None
     access.removeFilter(access.filters[0])
     assert direct_line_handler(access, logging.INFO) is handler
+    parent = logging.getLogger("slm_server")  # a logger on the way passes records on
+    assert access.parent is parent
+    assert direct_line_handler(access, logging.INFO) is handler
+    parent.addHandler(extra)  # ... unless it has a handler of its own
+    assert direct_line_handler(access, logging.INFO) is None
+    parent.removeHandler(extra)
 
 
 @pytest.mark.usefixtures("restored_root")

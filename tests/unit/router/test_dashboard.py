@@ -339,3 +339,26 @@ def test_a_published_log_outside_the_log_directory_is_not_read(tmp_path: Path) -
             assert got.json()["lines"] == [] and got.json()["log_path"] is None
 
     run(scenario())
+
+
+def test_the_follower_says_unchanged_without_reading_only_when_nothing_was_appended(
+    tmp_path: Path,
+) -> None:
+    from slm_server.router.tail import Follower
+
+    log = tmp_path / "watchdog.jsonl"
+    log.write_text('{"event": "a"}\n')
+    follower = Follower(log)
+    follower.start(10)
+    assert follower.unchanged()
+    with log.open("a") as handle:
+        handle.write('{"event": "b"}\n')
+    assert not follower.unchanged()
+    assert [line.text for line in follower.poll()] == ['{"event": "b"}']
+    assert follower.unchanged()
+    replaced = tmp_path / "new.jsonl"
+    replaced.write_text('{"event": "c"}\n')
+    replaced.replace(log)  # same size, another file
+    assert not follower.unchanged()
+    log.unlink()
+    assert follower.unchanged()  # gone for now: nothing to read
