@@ -21,8 +21,8 @@ Measured per policy and round, every run on fresh servers, the policies' order
 rotating from round to round: time to first token (p50, p95) of the streamed turns,
 turns per second from the first request to the last answer, and the backends' own
 account of their prompt cache: the ``timings`` object of the last chunk of each
-streamed answer, ``cache_n`` (prompt tokens reused from the slot's cache) against
-``prompt_n`` (prompt tokens processed).
+streamed answer, ``cache_n`` (prompt tokens reused, from the slot or from
+llama-server's host-memory prompt cache) against ``prompt_n`` (prompt tokens processed).
 """
 
 from __future__ import annotations
