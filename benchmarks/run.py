@@ -5,6 +5,7 @@
     uv run python -m benchmarks.run dashboard            # with and without the dashboard open
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
+    uv run python -m benchmarks.run affinity             # routing policies on two replicas
     uv run python -m benchmarks.run overhead --quick     # a short run to try things out
 
 Each scenario first waits (up to ``--max-wait`` seconds) for the 1-minute load average
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import overhead, real, recovery, swap
+from benchmarks import affinity, overhead, real, recovery, swap
 from benchmarks.machine import describe_machine, load_average, source_digest, wait_for_quiet
 from benchmarks.report import DASH, Check, checks_table, machine_line, show, write_results
 from benchmarks.servers import litellm_version
@@ -186,6 +187,22 @@ def run_swap(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_affinity(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = affinity.Plan(rounds=rounds)
+    if quick:
+        plan = replace(plan, rounds=1, turns=2)
+    runs = affinity.run_rounds(plan, workdir, say)
+    return Outcome(
+        "Affinity: round robin, least outstanding and prefix affinity over two llama-server "
+        "replicas (SmolLM2 135M)",
+        asdict(plan),
+        runs,
+        affinity.checks(runs),
+        affinity.tables(runs, plan),
+        affinity.csv_rows(runs),
+    )
+
+
 SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "overhead": run_overhead,
     "defaults": run_defaults,
@@ -194,6 +211,7 @@ SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "real": run_real,
     "recovery": run_recovery,
     "swap": run_swap,
+    "affinity": run_affinity,
 }
 
 

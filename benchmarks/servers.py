@@ -382,7 +382,9 @@ def launcher(
             lambda: (
                 command.popen.poll() is not None
                 or (
-                    len(launched.states()) == len(models)
+                    # One state per replica.
+                    len(launched.states())
+                    == sum(int(m.get("replicas", 1)) for m in models.values())
                     # An on-demand model waits unloaded for its first request.
                     and all(
                         s.get("state") in ("ready", "unloaded") for s in launched.states().values()

@@ -125,7 +125,7 @@ class ModelEntry(BaseModel):
     # Replicas and routing, every backend: ``replicas`` processes of this model on the
     # consecutive ports from ``port``, and how the router picks one for each request.
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
-    routing: Literal["least_outstanding", "prefix_affinity"] = "least_outstanding"
+    routing: Literal["least_outstanding", "round_robin", "prefix_affinity"] = "least_outstanding"
     affinity_threshold: int = Field(default=2, ge=0)
 
     # MLX only.

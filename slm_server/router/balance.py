@@ -7,6 +7,11 @@ flight and queued at its gate), and gets a position back.
     counter of choices picks among the tied), so equal replicas share the traffic
     instead of the first taking all of it.
 
+``round_robin``
+    The serving replicas in turn, whatever their load: the ``n``-th choice takes the
+    ``n``-th of them (modulo how many can serve). Blind to load and to caches; there for
+    comparison, and for users of gateways where it is the default.
+
 ``prefix_affinity``
     The replica whose :class:`~slm_server.router.affinity.PrefixIndex` matches most
     leading blocks of the request (ties: least outstanding among them, in turn), unless
@@ -27,10 +32,10 @@ from typing import Final, Literal
 
 from slm_server.router.affinity import INDEX_BLOCKS, PrefixIndex
 
-Routing = Literal["least_outstanding", "prefix_affinity"]
+Routing = Literal["least_outstanding", "round_robin", "prefix_affinity"]
 # Why a replica was chosen, as the span and the access log show it.
-Rule = Literal["only", "least_outstanding", "prefix_match", "prefix_overloaded"]
-RULES: Final = ("only", "least_outstanding", "prefix_match", "prefix_overloaded")
+Rule = Literal["only", "least_outstanding", "round_robin", "prefix_match", "prefix_overloaded"]
+RULES: Final = ("only", "least_outstanding", "round_robin", "prefix_match", "prefix_overloaded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,8 @@ class Balancer:
                 self.indexes[position].record(hashes)
             return Pick(position, matched, "only")
         self._turn += 1
+        if self.routing == "round_robin":
+            return Pick(serving[self._turn % len(serving)], 0, "round_robin")
         least = self._least(serving, outstanding)
         if not self.indexes or not hashes:
             return Pick(least, 0, "least_outstanding")

@@ -734,7 +734,9 @@ def test_replica_role_taken_by_another_entry_is_refused() -> None:
 def test_routing_values() -> None:
     (spec,) = parse({"chat": llama(routing="prefix_affinity", affinity_threshold=0)}).models
     assert (spec.entry.routing, spec.entry.affinity_threshold) == ("prefix_affinity", 0)
-    (line,) = problems({"chat": llama(routing="round_robin")})
+    (spec,) = parse({"chat": llama(routing="round_robin")}).models
+    assert spec.entry.routing == "round_robin"
+    (line,) = problems({"chat": llama(routing="random")})
     assert "field 'routing'" in line
     (line,) = problems({"chat": llama(routing="prefix_affinity", affinity_threshold=-1)})
     assert "field 'affinity_threshold'" in line

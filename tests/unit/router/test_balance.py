@@ -109,3 +109,15 @@ def test_a_favourite_that_is_not_serving_is_not_chosen() -> None:
 def test_a_request_too_short_to_hash_goes_by_load() -> None:
     balancer = Balancer(2, "prefix_affinity")
     assert balancer.choose([0, 1], [1, 0], []).position == 1
+
+
+def test_round_robin_takes_the_serving_replicas_in_turn_whatever_their_load() -> None:
+    balancer = Balancer(3, "round_robin")
+    assert balancer.indexes == ()
+    picks = [balancer.choose([0, 1, 2], [5, 0, 0], CONVERSATION_A) for _ in range(6)]
+    assert [p.position for p in picks] == [1, 2, 0, 1, 2, 0]
+    assert {(p.matched_blocks, p.rule) for p in picks} == {(0, "round_robin")}
+    # A replica that cannot serve is skipped; the others share.
+    chosen = Counter(balancer.choose([0, 2], [0, 0, 0]).position for _ in range(10))
+    assert chosen == {0: 5, 2: 5}
+    assert balancer.choose([1], [0, 0, 0]).rule == "only"
