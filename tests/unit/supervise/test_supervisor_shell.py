@@ -23,7 +23,8 @@ from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
 from slm_server.records import budget_view, read_state
 from slm_server.settings import Settings
-from slm_server.supervise.confirm import Evidence, ProcessStatus
+from slm_server.supervise.confirm import Evidence, Probe, ProcessStatus
+from slm_server.supervise.confirm import Reply as ProbeReply
 from slm_server.supervise.evidence import Target
 from slm_server.supervise.requests import RestartRequest, write_request
 from slm_server.supervise.states import State
@@ -68,12 +69,17 @@ class FakeChild:
         return self.status
 
 
+HEALTHY = Probe(ProbeReply.OK, status=200)
+
+
 class FakeControl:
     """:class:`ProcessControl` in memory."""
 
     def __init__(self) -> None:
         self.next_pid = 4000
         self.children: list[FakeChild] = []
+        self.remote_probes: list[str] = []  # the remotes probed, by id
+        self.remote_answers: list[tuple[Probe, Probe]] = []  # then healthy
         self.plans: list[LaunchPlan] = []
         self.ends_on: dict[str, frozenset[int]] = {}  # role -> signals its children obey
         self.health: dict[int, bool | None] = {}  # port -> answer (None: hang)
@@ -133,6 +139,10 @@ class FakeControl:
         self, base_url: str, target: Target, budget_seconds: float
     ) -> Evidence:
         return Evidence(process=ProcessStatus.STOPPED)
+
+    async def probe_remote(self, entry: ModelEntry, budget_seconds: float) -> tuple[Probe, Probe]:
+        self.remote_probes.append(entry.id)
+        return self.remote_answers.pop(0) if self.remote_answers else (HEALTHY, HEALTHY)
 
     def trim_log(self, path: Path, max_bytes: int) -> int | None:
         if self.trim_error is not None:
