@@ -112,7 +112,7 @@ class Remotes:
             self.events.emit(
                 "stale_request_discarded",
                 **found.ids(),
-                reason=request.reason,
+                requested_reason=request.reason,
                 why="the request does not name this remote (model id or port differ)",
             )
             return
@@ -153,7 +153,7 @@ class Remotes:
                 **found.ids(),
                 reason=request.reason,
                 rule=decision.rule,
-                detail=decision.reason,
+                why=decision.reason,
                 evidence=found.evidence,
             )
             return
@@ -164,7 +164,7 @@ class Remotes:
                 **found.ids(),
                 reason=request.reason,
                 rule=decision.rule,
-                detail=decision.reason,
+                why=decision.reason,
                 evidence=found.evidence,
                 action="counted towards ejection",
                 consecutive=ejection.consecutive,
@@ -202,7 +202,7 @@ class Remotes:
                 "remote_readmitted",
                 **found.ids(),
                 rule=decision.rule,
-                detail=decision.reason,
+                why=decision.reason,
                 ejections=ejection.ejections,
                 evidence=found.evidence,
             )

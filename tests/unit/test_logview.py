@@ -198,11 +198,11 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
             "model_id": "qwen3",
             "url": "http://10.0.0.5:8080/v1",
             "rule": "canary_ok",
-            "detail": "a one-token canary answered 200",
+            "why": "a one-token canary answered 200",
             "ejections": 1,
         },
         "gpu-box (qwen3)  url=http://10.0.0.5:8080/v1 rule=canary_ok"
-        ' detail="a one-token canary answered 200" ejections=1',
+        ' why="a one-token canary answered 200" ejections=1',
     ),
 }
 
