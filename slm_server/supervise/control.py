@@ -168,12 +168,14 @@ class RealControl:
     async def probe_remote(
         self, entry: ModelEntry, budget_seconds: float
     ) -> tuple[ConfirmProbe, ConfirmProbe]:
-        http = self._probes.get(entry.origin)
+        # One probe per remote and key: two entries on one server may use two keys.
+        where = f"{entry.origin} {entry.api_key_env or ''}"
+        http = self._probes.get(where)
         if http is None:
             headers = remote.auth_headers(entry, self.env)
             connect = min(self.connect_timeout, 5.0)
             http = Http1Probe(entry.origin, connect_timeout=connect, headers=headers)
-            self._probes[entry.origin] = http
+            self._probes[where] = http
         model, prefix = entry.upstream_model, entry.path_prefix
         clock = MonotonicClock()
         return await gather_remote(http, entry.model_type, model, prefix, budget_seconds, clock)

@@ -8,6 +8,7 @@ a remote one keeps serving from the local one meanwhile."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,8 +21,9 @@ import pytest
 
 from slm_server.supervise.requests import RestartRequest, write_request
 from tests.fakes.control import FakeBackend
+from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, fake_entry, watched
-from tests.processes import poll
+from tests.processes import ROOT, free_port, http_ok, poll
 
 KEY_ENV = "SLM_TEST_REMOTE_KEY"
 KEY = "sk-test-3f9a1c7e-never-logged"
@@ -183,3 +185,87 @@ def test_a_mixed_model_serves_from_its_local_replica_while_the_remote_is_ejected
         answers = [chat(stack, "fake-chat").status_code for _ in range(6)]
         assert answers == [200] * 6
         assert len(chats(far)) == before
+
+
+def test_another_slm_server_is_a_remote_and_gets_the_key_its_door_asks_for(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "far").mkdir()
+    (tmp_path / "near").mkdir()
+    far_models = {"chat": fake_entry(tmp_path / "far", "chat")}
+    with watched(tmp_path / "far", far_models, SLM_API_KEYS=KEY) as far:
+        body = {"model": "fake-chat", "messages": [{"role": "user", "content": "hi"}]}
+        keyless = httpx.post(f"{far.url}/v1/chat/completions", json=body, timeout=10)
+        assert keyless.status_code == 401
+        near_models = {
+            "far": remote_entry(far.url, remote_model="fake-chat"),
+            "wrong": remote_entry(far.url, id="far-wrong", remote_model="no-such-model"),
+        }
+        with remote_stack(tmp_path / "near", near_models) as near:
+            answer = chat(near)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "fake-chat"
+            health = httpx.get(f"{near.url}/v1/backends/health", timeout=5).json()["far"]
+            assert (health["status"], health["state"]) == ("healthy", "ready")
+            # The far gateway's own 404 (a model it does not know) is a client error
+            # here too: it never counts, so it never ejects.
+            for _ in range(4):
+                assert chat(near, "far-wrong").status_code == 404
+            assert near.events("backend_failure") == near.events("remote_ejected") == []
+            assert chat(near).status_code == 200
+        assert_key_never_logged(far)
+
+
+@contextmanager
+def real_llama_server(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A llama-server on ``port``, asking for the key, started by the test."""
+    registry = example_registry({"standard": 0, "gemma": 0, "embeddings": 0}, roles=("standard",))
+    model = str(ROOT / registry["models"]["standard"]["model_path"])
+    command = [llama_server_bin(), "-m", model, "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--api-key", KEY, "--ctx-size", "2048", "--parallel", "1"]
+    with log.open("ab") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        poll(
+            lambda: http_ok(f"http://127.0.0.1:{port}/health") or server.poll() is not None,
+            60,
+            "llama-server to load",
+        )
+        assert server.poll() is None, log.read_text(errors="replace")
+        yield server
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(5)
+
+
+@pytest.mark.real_model
+def test_a_real_llama_server_elsewhere_is_served_ejected_when_gone_and_readmitted(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    log = tmp_path / "llama-server.log"
+    url = f"http://127.0.0.1:{port}"
+    models = {"far": remote_entry(url, remote_model="anything", default_timeout=60)}
+    with real_llama_server(port, log) as server:
+        keyless = httpx.get(f"{url}/v1/models", timeout=10)
+        assert keyless.status_code == 401  # so a 200 below means the key arrived
+        with remote_stack(tmp_path, models) as stack:
+            answer = chat(stack)
+            assert answer.status_code == 200, answer.text
+            server.send_signal(signal.SIGKILL)
+            server.wait(10)
+            poll(
+                lambda: chat(stack).status_code == 503 and stack.state("far")["state"] == "ejected",
+                20,
+                "the gone llama-server to be ejected",
+            )
+            ejected = stack.wait_event("remote_ejected", role="far")
+            assert ejected["rule"] == "remote_probe_failed"
+            with real_llama_server(port, log):
+                stack.wait_event("remote_readmitted", timeout=30)
+                poll(lambda: chat(stack).status_code == 200, 30, "an answer after re-admission")
