@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from slm_server import logging_setup
+from slm_server import logging_setup, remote
 from slm_server.config import (
     ConfigError,
     ModelEntry,
@@ -55,6 +55,10 @@ def cmd_check(settings: Settings) -> int:
     for spec in registry.models:
         if not spec.entry.enabled:
             print(f"{spec.role} ({spec.entry.id}): disabled, skipped")
+        elif spec.entry.remote:
+            name = remote.missing_key(spec.entry, load_environment())
+            key = f"; {name} is not set, no key will be sent" if name is not None else ""
+            print(f"{spec.role} ({spec.entry.id}) -> remote {remote.shown_url(spec.entry)}{key}")
     budget = settings.memory.budget_mb
     memory_problems: list[Problem] = []
     always_mb = 0
