@@ -39,6 +39,7 @@ class Remote:
         self.since = since  # wall clock of the last change of standing
         self.confirming = False  # a trip's confirmation is out
         self.evidence: dict[str, object] = {}  # the last confirmation's probes
+        self.stopped = False  # the supervisor is gone: nobody judges it any more
 
     def ids(self) -> dict[str, object]:
         entry = self.spec.entry
@@ -53,7 +54,7 @@ class Remote:
             model_id=entry.id,
             backend=entry.backend,
             port=entry.port,
-            state=ejection.standing.value,
+            state="stopped" if self.stopped else ejection.standing.value,
             pid=None,
             since=self.since,
             started_at=None,
@@ -102,6 +103,12 @@ class Remotes:
 
     def snapshots(self, now: float, wall: float) -> list[BackendState]:
         return [r.snapshot(now, wall) for r in self.by_role.values()]
+
+    def stop(self) -> None:
+        """Published ``stopped`` on shutdown, as the local backends are."""
+        for found in self.by_role.values():
+            found.stopped = True
+            found.since = self.wall()
 
     def trip(self, request: RestartRequest) -> None:
         """The router's trip on a remote: confirmed against it before it counts. A

@@ -716,6 +716,7 @@ class Supervisor:
             if backend.life.state in SUPERVISED:
                 backend.life.phase = Done(State.STOPPED)
                 backend.life.since = self.wall()
+        self.remotes.stop()
         self.dirty = True
         self.publish()
 

@@ -133,6 +133,11 @@ def test_400s_never_eject_a_remote_and_confirmed_5xx_do_until_it_answers_again(
         assert refused.status_code == 503
         assert float(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["code"] == "backend_ejected"
+        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["far"]
+        assert health["state"] == "ejected" and health["ejected_until"] > 0
+        metrics = httpx.get(f"{stack.url}/metrics", timeout=5).text
+        ejected_line = 'slm_backend_state{model="far-chat",replica="1",role="far",state="ejected"}'
+        assert f"{ejected_line} 1.0" in metrics
         # Still failing when the second wait is over: ejected again, for twice as long.
         again = stack.wait_event("remote_ejected", ejections=2)
         assert again["seconds"] == 2 and again["reason"].startswith("re-admission probe failed")

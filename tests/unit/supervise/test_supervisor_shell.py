@@ -744,6 +744,8 @@ def test_a_remote_is_started_never_and_published_ready_without_a_pid(tmp_path: P
     )
     assert far["url"] == "http://10.0.0.5:8080/v1"
     assert "sk-unit-secret" not in supervisor.settings.state_path.read_text()
+    asyncio.run(supervisor.stop_all())
+    assert published(supervisor)["state"] == "stopped"
 
 
 def test_a_request_that_does_not_name_the_remote_is_discarded_unprobed(tmp_path: Path) -> None:
