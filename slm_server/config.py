@@ -498,10 +498,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _role_problems(source: str, specs: list[ModelSpec]) -> list[Problem]:
     """A replica's role (``<role>.<n>``) that is also another entry's YAML key."""
     problems = []
-    keys = {s.role: s for s in specs if s.replica == 1}
+    keys = {s.role: s for s in specs if s.replica == 1 or s.joins is not None}
     for spec in specs:
         other = keys.get(spec.role)
-        if spec.replica > 1 and other is not None:
+        if spec.replica > 1 and spec.joins is None and other is not None:
             problems.append(
                 Problem(
                     source,

@@ -906,3 +906,11 @@ def test_replica_of_names_the_entry_itself_not_another_joiner() -> None:
         f"{SOURCE}: model 'b' (id 'm1'): field 'replica_of': 'a' itself joins 'standard'; "
         "name 'standard'"
     ]
+
+
+def test_a_joiner_keyed_like_another_entrys_replica_is_refused() -> None:
+    lines = problems({"standard": llama(replicas=2), "standard.2": remote(replica_of="standard")})
+    assert lines == [
+        f"{HEAD}: field 'replicas': replica 2 would be named 'standard.2', "
+        "which is the role of another entry"
+    ]
