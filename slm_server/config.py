@@ -104,7 +104,15 @@ class ModelEntry(BaseModel):
 
     Fields in ``MLX_ONLY_FIELDS`` apply to ``backend: mlx`` only and fields in
     ``LLAMACPP_ONLY_FIELDS`` to ``backend: llamacpp`` only; setting one on another
-    backend is an error rather than silently ignored.
+    backend is an error rather than silently ignored. ``backend: remote`` names a
+    server elsewhere (``REMOTE_ONLY_FIELDS``) and refuses ``LOCAL_ONLY_FIELDS``::
+
+        big:
+          id: qwen3-32b
+          backend: remote
+          url: http://10.0.0.5:8000/v1
+          api_key_env: GPU_BOX_KEY
+          default_timeout: 300
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
