@@ -46,11 +46,21 @@ class Info:
         """One model as ``GET /v1/models/{id}`` shows it."""
         return self._model(spec)
 
+    def _status(self, spec: ModelSpec) -> dict[str, Any]:
+        """The model's ``status``; a remote's with ``url`` and, while it is ejected,
+        ``ejected_until`` (wall clock)."""
+        status = self.status(spec)
+        if spec.entry.remote:
+            known = self.states.get(spec.role, spec.entry.port)
+            status["url"] = remote.shown_url(spec.entry)
+            status["ejected_until"] = known.ejected_until if known is not None else None
+        return status
+
     def _model(self, spec: ModelSpec) -> dict[str, Any]:
         """One model as ``/v1/models`` lists it: OpenAI's four fields, then ours. An
         entry with replicas is one model, its status ``ready`` when any replica is and
         each replica listed under ``status.replicas``."""
-        status = self.status(spec)
+        status = self._status(spec)
         size = self.registry.size(spec)
         if size > 1:
             replicas = []
@@ -62,6 +72,7 @@ class Info:
                         "role": replica.role,
                         "backend": replica.entry.backend,
                         "port": None if replica.entry.remote else replica.entry.port,
+                        "url": remote.shown_url(replica.entry),
                         "state": self.status(replica)["state"],
                         "in_flight": gate.active if gate is not None else None,
                         "queued": gate.queued if gate is not None else None,

@@ -65,6 +65,14 @@ def test_an_ejected_remote_gets_nothing_while_the_local_replica_serves(tmp_path:
         for _ in range(4):
             assert (await call(router.app, CHAT, BODY)).status == 200
 
+        listed = (await call(router.app, "/v1/models", b"", method="GET")).json()["data"]
+        replicas = listed[0]["status"]["replicas"]
+        assert [(r["role"], r["backend"], r["port"], r["url"], r["state"]) for r in replicas] == [
+            ("chat", "llamacpp", 18001, None, "ready"),
+            ("far", "remote", None, "http://10.0.0.5:8080/v1", "ejected"),
+        ]
+        assert listed[0]["status"]["state"] == "ready"
+
     asyncio.run(scenario())
     assert {sent.spec.role for sent in router.transport.sent} == {"chat"}
 
