@@ -236,7 +236,7 @@ def _print_table(
             (
                 b.role,
                 b.model_id,
-                b.url or "-" if far else str(b.port),
+                (b.url or "-") if far else str(b.port),
                 state,
                 str(b.pid) if b.pid is not None and alive else "-",
                 uptime,
