@@ -90,6 +90,12 @@ def test_a_remote_is_served_with_its_key_and_its_own_model_name(
         assert [(m["id"], m["backend"], m["port"]) for m in listed] == [
             ("far-chat", "remote", None)
         ]
+        status = listed[0]["status"]
+        assert (status["state"], status["url"], status["ejected_until"]) == (
+            "ready",
+            f"{far.url}/v1",
+            None,
+        )
         health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["far"]
         assert (health["status"], health["state"], health["url"]) == (
             "healthy",
