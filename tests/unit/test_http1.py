@@ -851,3 +851,35 @@ def test_an_https_request_is_answered_over_verified_tls(
             await server.wait_closed()
 
     run(scenario())
+
+
+def test_upstream_sends_a_remote_its_path_prefix_and_key(run: Any) -> None:
+    async def scenario() -> None:
+        server = keep_alive_server()
+        async with server:
+            registry = f"""
+models:
+  far:
+    id: far
+    backend: remote
+    url: http://127.0.0.1:{server.port}/openai/v1
+    api_key_env: FAR_KEY
+    default_timeout: 5
+"""
+            [spec] = parse_registry(registry, Path("models.yaml")).models
+            upstream = Upstream((spec,), 1.0, 0.5, env={"FAR_KEY": "sk-far"})
+            response = await upstream.open(spec, "/v1/chat/completions", b"{}", {"x-a": "1"})
+            assert await read_all(spec, response, 1000) == b"hello"
+            assert (await upstream.probe(spec)).status == "healthy"
+            assert await upstream.fetch(spec, "/metrics", 1.0, 1000) == (200, b"hello")
+            await upstream.aclose()
+        heads = [request.partition(b"\r\n\r\n")[0] for request in server.requests]
+        assert [head.split(b"\r\n")[0] for head in heads] == [
+            b"POST /openai/v1/chat/completions HTTP/1.1",
+            b"GET /openai/v1/models HTTP/1.1",
+            b"GET /openai/metrics HTTP/1.1",
+        ]
+        assert all(b"authorization: Bearer sk-far" in head for head in heads)
+        assert b"x-a: 1" in heads[0]
+
+    run(scenario())
