@@ -25,7 +25,14 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Backend = Literal["llamacpp", "mlx", "mlx-rerank", "remote"]
 ModelType = Literal[
@@ -185,17 +192,26 @@ class ModelEntry(BaseModel):
     mmproj_path: str | None = None
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None
 
+    @field_validator("url")
+    @classmethod
+    def _url_port(cls, url: str | None) -> str | None:
+        """A url's port must be a port (the pattern lets any digits through)."""
+        if url is not None:
+            try:
+                port = urlsplit(url).port
+            except ValueError:
+                raise ValueError("the port must be 1-65535") from None
+            if port == 0:
+                raise ValueError("the port must be 1-65535")
+        return url
+
     @model_validator(mode="after")
     def _remote_port(self) -> ModelEntry:
         """A remote entry's ``port`` is its url's (how requests and states name it).
         Set past the frozen model's guard so that it does not count as set in the file."""
         if self.url is not None and "port" not in self.model_fields_set:
             parts = urlsplit(self.url)
-            default = 443 if parts.scheme == "https" else 80
-            try:
-                port = parts.port or default
-            except ValueError:
-                port = default
+            port = parts.port or (443 if parts.scheme == "https" else 80)
             object.__setattr__(self, "port", port)
         return self
 

@@ -914,3 +914,10 @@ def test_a_joiner_keyed_like_another_entrys_replica_is_refused() -> None:
         f"{HEAD}: field 'replicas': replica 2 would be named 'standard.2', "
         "which is the role of another entry"
     ]
+
+
+@pytest.mark.parametrize("url", ["http://h:99999/v1", "http://h:0/v1"])
+def test_a_remote_url_port_must_be_a_port(url: str) -> None:
+    assert problems({"standard": remote(url=url)}) == [
+        f"{HEAD}: field 'url': Value error, the port must be 1-65535 (got {url!r})"
+    ]
