@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from slm_server import logging_setup
+from slm_server import logging_setup, remote
 from slm_server.config import (
     ConfigError,
     ModelEntry,
@@ -55,6 +55,10 @@ def cmd_check(settings: Settings) -> int:
     for spec in registry.models:
         if not spec.entry.enabled:
             print(f"{spec.role} ({spec.entry.id}): disabled, skipped")
+        elif spec.entry.remote:
+            name = remote.missing_key(spec.entry, load_environment())
+            key = f"; {name} is not set, no key will be sent" if name is not None else ""
+            print(f"{spec.role} ({spec.entry.id}) -> remote {remote.shown_url(spec.entry)}{key}")
     budget = settings.memory.budget_mb
     memory_problems: list[Problem] = []
     always_mb = 0
@@ -222,7 +226,8 @@ def _print_table(
     for b in backends:
         alive = b.pid is not None and pid_alive(b.pid)
         state = b.state
-        if b.state in ("starting", "loading", "ready") and not (running and alive):
+        far = b.backend == "remote"  # no process here: no pid, uptime or budget
+        if b.state in ("starting", "loading", "ready") and not (running and (alive or far)):
             state = "dead"
         uptime = _duration(now - b.started_at) if b.started_at and alive else "-"
         left = router.get(b.model_id, {}).get("idle_ttl_remaining")
@@ -231,7 +236,7 @@ def _print_table(
             (
                 b.role,
                 b.model_id,
-                str(b.port),
+                (b.url or "-") if far else str(b.port),
                 state,
                 str(b.pid) if b.pid is not None and alive else "-",
                 uptime,
@@ -239,8 +244,8 @@ def _print_table(
                 b.load,
                 _duration(left) if isinstance(left, int | float) else "-",
                 str(b.restarts),
-                f"{budget.remaining}/{budget.max_restarts}",
-                _duration(budget.frees_at - now) if budget.frees_at is not None else "-",
+                "-" if far else f"{budget.remaining}/{budget.max_restarts}",
+                _frees_in(b, budget.frees_at, now),
                 b.last_exit or "-",
             )
         )
@@ -254,6 +259,13 @@ def _print_table(
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     for note in notes:
         print(note)
+
+
+def _frees_in(b: BackendState, frees_at: float | None, now: float) -> str:
+    """When the restart budget frees up; for an ejected remote, when its ejection ends."""
+    if b.ejected_until is not None:
+        return _duration(max(0.0, b.ejected_until - now))
+    return _duration(frees_at - now) if frees_at is not None else "-"
 
 
 def _duration(seconds: float) -> str:
@@ -270,7 +282,9 @@ def _ready_count(running: bool, backends: list[BackendState]) -> int:
     on-demand models waiting unloaded (no failure: they load on their first request)."""
     if not running:
         return 0
-    ready = sum(1 for b in backends if b.state == "ready" and pid_alive(b.pid))
+    ready = sum(
+        1 for b in backends if b.state == "ready" and (b.backend == "remote" or pid_alive(b.pid))
+    )
     return ready + sum(1 for b in backends if b.state == "unloaded")
 
 

@@ -22,11 +22,19 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-Backend = Literal["llamacpp", "mlx", "mlx-rerank"]
+Backend = Literal["llamacpp", "mlx", "mlx-rerank", "remote"]
 ModelType = Literal[
     "lm", "multimodal", "image-generation", "image-edit", "embeddings", "rerank", "whisper"
 ]
@@ -85,7 +93,14 @@ MODEL_TYPES_BY_BACKEND: dict[str, frozenset[str]] = {
         {"lm", "multimodal", "image-generation", "image-edit", "embeddings", "whisper"}
     ),
     "mlx-rerank": frozenset({"rerank"}),
+    "remote": frozenset({"lm", "multimodal", "embeddings", "rerank"}),
 }
+# The fields only a remote entry has, and the fields that describe a process this
+# gateway starts, which a remote entry refuses (nothing is started for it).
+REMOTE_ONLY_FIELDS = frozenset({"url", "api_key_env", "remote_model"})
+LOCAL_ONLY_FIELDS = frozenset({"port", "host", "model_path", "quantization", "memory_mb"})
+# Required of every entry that runs a local process.
+LOCAL_REQUIRED_FIELDS = ("port", "model_path", "quantization")
 
 
 MAX_REPLICAS = 16
@@ -96,18 +111,27 @@ class ModelEntry(BaseModel):
 
     Fields in ``MLX_ONLY_FIELDS`` apply to ``backend: mlx`` only and fields in
     ``LLAMACPP_ONLY_FIELDS`` to ``backend: llamacpp`` only; setting one on another
-    backend is an error rather than silently ignored.
+    backend is an error rather than silently ignored. ``backend: remote`` names a
+    server elsewhere (``REMOTE_ONLY_FIELDS``) and refuses ``LOCAL_ONLY_FIELDS``::
+
+        big:
+          id: qwen3-32b
+          backend: remote
+          url: http://10.0.0.5:8000/v1
+          api_key_env: GPU_BOX_KEY
+          default_timeout: 300
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    # Every backend.
+    # Every backend (``port``, ``model_path`` and ``quantization`` are required of a
+    # local one and refused on a remote one, whose ``port`` is its url's).
     id: str = Field(min_length=1)
     backend: Backend
-    port: int = Field(ge=1, le=65535)
-    model_path: str = Field(min_length=1)
+    port: int = Field(default=0, ge=1, le=65535)
+    model_path: str = Field(default="", min_length=1)
     default_timeout: float = Field(gt=0)
-    quantization: str = Field(min_length=1)
+    quantization: str = Field(default="", min_length=1)
     model_type: ModelType = "lm"
     context_length: int | None = Field(default=None, ge=1)
     max_concurrency: int = Field(default=1, ge=1)
@@ -127,6 +151,14 @@ class ModelEntry(BaseModel):
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     routing: Literal["least_outstanding", "round_robin", "prefix_affinity"] = "least_outstanding"
     affinity_threshold: int = Field(default=2, ge=0)
+    # One more replica of the entry with this YAML key (same id, same model_type): how
+    # entries on other hosts, or of another backend, join one model's replicas.
+    replica_of: str | None = Field(default=None, min_length=1)
+
+    # Remote only: an OpenAI-compatible server this gateway starts nothing for.
+    url: str | None = Field(default=None, pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?/v1/?$")
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    remote_model: str | None = Field(default=None, min_length=1)
 
     # MLX only.
     enable_auto_tool_choice: bool = False
@@ -160,9 +192,60 @@ class ModelEntry(BaseModel):
     mmproj_path: str | None = None
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None
 
+    @field_validator("url")
+    @classmethod
+    def _url_port(cls, url: str | None) -> str | None:
+        """A url's port must be a port (the pattern lets any digits through)."""
+        if url is not None:
+            try:
+                port = urlsplit(url).port
+            except ValueError:
+                raise ValueError("the port must be 1-65535") from None
+            if port == 0:
+                raise ValueError("the port must be 1-65535")
+        return url
+
+    @model_validator(mode="after")
+    def _remote_port(self) -> ModelEntry:
+        """A remote entry's ``port`` is its url's (how requests and states name it).
+        Set past the frozen model's guard so that it does not count as set in the file."""
+        if self.url is not None and "port" not in self.model_fields_set:
+            parts = urlsplit(self.url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            object.__setattr__(self, "port", port)
+        return self
+
+    @property
+    def remote(self) -> bool:
+        """Whether this entry is a remote server: nothing is started for it."""
+        return self.backend == "remote"
+
+    @property
+    def origin(self) -> str:
+        """``scheme://host:port`` of a remote's url (of the local base url otherwise)."""
+        if self.url is None:
+            return self.base_url
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
+
+    @property
+    def path_prefix(self) -> str:
+        """What goes before ``/v1/...`` on the remote: its url's path without ``/v1``."""
+        if self.url is None:
+            return ""
+        return urlsplit(self.url).path.rstrip("/")[: -len("/v1")]
+
+    @property
+    def upstream_model(self) -> str:
+        """The model name the backend knows: ``remote_model``, else the id."""
+        return self.remote_model or self.id
+
     @property
     def base_url(self) -> str:
-        """Where the router reaches this backend (a wildcard bind is reached on loopback)."""
+        """Where the router reaches this backend (a wildcard bind is reached on loopback;
+        a remote at its url's origin)."""
+        if self.url is not None:
+            return self.origin
         host = self.host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
@@ -212,11 +295,16 @@ class ModelSpec:
     index: int
     entry: ModelEntry
     replica: int = 1  # 1..replicas; its port is the entry's port + replica - 1
+    # The YAML key of the entry whose replicas this one joins (``replica_of``); its
+    # ``index`` is then that entry's and ``replica`` numbers it after that entry's own.
+    joins: str | None = None
 
     @property
     def base_role(self) -> str:
         """The YAML key of the entry this replica belongs to."""
-        return self.role if self.replica == 1 else self.role.rsplit(".", 1)[0]
+        if self.joins is not None or self.replica == 1:
+            return self.role
+        return self.role.rsplit(".", 1)[0]
 
     @property
     def label(self) -> str:
@@ -258,6 +346,12 @@ def replica_specs(spec: ModelSpec) -> tuple[ModelSpec, ...]:
     )
 
 
+def _field_order(field: str | None) -> int:
+    """Where ``field`` is declared in :class:`ModelEntry` (unknown fields first)."""
+    names = list(ModelEntry.model_fields)
+    return names.index(field) if field in names else -1
+
+
 def _entry_label(role: str, raw: Any) -> str:
     if isinstance(raw, dict) and isinstance(raw.get("id"), str):
         return f"'{role}' (id '{raw['id']}')"
@@ -289,8 +383,47 @@ def _validation_problems(source: str, label: str, exc: ValidationError) -> list[
 _UNION_FIELDS = {"flash_attn": "true, false or 'auto'"}
 
 
-def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
+def _remote_problems(source: str, spec: ModelSpec) -> list[Problem]:
+    """A remote entry names a server and a key; a local one a process to start."""
     entry, problems = spec.entry, []
+    set_fields = entry.set_fields()
+    if not entry.remote:
+        for name in sorted(set_fields & REMOTE_ONLY_FIELDS):
+            problems.append(Problem(source, spec.label, name, "applies to backend remote only"))
+        return problems
+    if entry.url is None:
+        problems.append(
+            Problem(
+                source, spec.label, "url", "required for backend remote (e.g. http://host:8080/v1)"
+            )
+        )
+    for name in sorted(set_fields & LOCAL_ONLY_FIELDS):
+        problems.append(
+            Problem(
+                source,
+                spec.label,
+                name,
+                "does not apply to backend remote (nothing is started for it; "
+                "its host and port are the url's)",
+            )
+        )
+    if entry.load != "always":
+        problems.append(Problem(source, spec.label, "load", "a remote is never loaded or unloaded"))
+    if entry.replicas > 1:
+        problems.append(
+            Problem(
+                source,
+                spec.label,
+                "replicas",
+                "a remote is one server; list each other one as an entry with replica_of",
+            )
+        )
+    return problems
+
+
+def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
+    entry = spec.entry
+    problems = _remote_problems(source, spec)
     set_fields = entry.set_fields()
     if entry.backend != "mlx":
         for name in sorted(set_fields & MLX_ONLY_FIELDS):
@@ -389,10 +522,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _role_problems(source: str, specs: list[ModelSpec]) -> list[Problem]:
     """A replica's role (``<role>.<n>``) that is also another entry's YAML key."""
     problems = []
-    keys = {s.role: s for s in specs if s.replica == 1}
+    keys = {s.role: s for s in specs if s.replica == 1 or s.joins is not None}
     for spec in specs:
         other = keys.get(spec.role)
-        if spec.replica > 1 and other is not None:
+        if spec.replica > 1 and spec.joins is None and other is not None:
             problems.append(
                 Problem(
                     source,
@@ -405,11 +538,80 @@ def _role_problems(source: str, specs: list[ModelSpec]) -> list[Problem]:
     return problems
 
 
+def _join_problems(source: str, spec: ModelSpec, target: ModelSpec | None) -> list[Problem]:
+    entry, entry_key = spec.entry, spec.entry.replica_of
+
+    def problem(field: str, message: str) -> Problem:
+        return Problem(source, spec.label, field, message)
+
+    if target is None:
+        return [problem("replica_of", f"no entry has the key {entry_key!r}")]
+    if target.entry.replica_of is not None:
+        return [
+            problem(
+                "replica_of",
+                f"{entry_key!r} itself joins {target.entry.replica_of!r}; "
+                f"name {target.entry.replica_of!r}",
+            )
+        ]
+    problems = []
+    if entry.id != target.entry.id:
+        problems.append(
+            problem(
+                "id",
+                f"must be {target.entry.id!r}, the id of {entry_key!r}, whose replicas it joins",
+            )
+        )
+    if entry.model_type != target.entry.model_type:
+        problems.append(
+            problem("model_type", f"must be that of {entry_key!r} ({target.entry.model_type!r})")
+        )
+    for field in ("routing", "affinity_threshold"):
+        if field in entry.set_fields():
+            problems.append(problem(field, f"is set on {entry_key!r}, whose replicas it joins"))
+    if entry.replicas > 1:
+        problems.append(problem("replicas", "an entry joining another's replicas is one backend"))
+    if entry.enabled and not target.entry.enabled:
+        problems.append(problem("replica_of", f"{entry_key!r} is disabled"))
+    return problems
+
+
+def _join_replicas(source: str, specs: list[ModelSpec]) -> tuple[list[ModelSpec], list[Problem]]:
+    """Entries with ``replica_of`` made replicas of the entry they name (numbered after
+    its own, placed after them); a joiner that cannot join stays an entry of its own
+    and a problem says why. Only an explicit ``replica_of`` joins: two entries that
+    merely share an id stay ambiguous (409)."""
+    keys = {s.role: s for s in specs if s.replica == 1 and s.joins is None}
+    problems: list[Problem] = []
+    kept = [s for s in specs if s.entry.replica_of is None]
+    for spec in specs:
+        entry = spec.entry
+        if entry.replica_of is None:
+            continue
+        target = keys.get(entry.replica_of)
+        found = _join_problems(source, spec, target)
+        problems.extend(found)
+        if found or target is None or not entry.enabled:
+            kept.append(spec)
+            continue
+        group = [i for i, s in enumerate(kept) if s.index == target.index and s.entry.enabled]
+        joined = ModelSpec(
+            role=spec.role,
+            index=target.index,
+            entry=entry,
+            replica=len(group) + 1,
+            joins=target.role,
+        )
+        kept.insert(group[-1] + 1, joined)
+    return kept, problems
+
+
 def _port_problems(source: str, enabled: list[ModelSpec]) -> list[Problem]:
     """Every port used twice among enabled entries, replicas' ports included; one line
-    per entry."""
+    per entry. A remote's port is on another host and collides with nothing here."""
     problems: list[Problem] = []
     by_port: dict[int, list[ModelSpec]] = {}
+    enabled = [s for s in enabled if not s.entry.remote]
     for spec in enabled:
         by_port.setdefault(spec.entry.port, []).append(spec)
     seen: set[tuple[int, str]] = set()
@@ -446,10 +648,19 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
         if not isinstance(raw, dict):
             problems.append(Problem(source, label, None, "an entry must be a mapping of fields"))
             continue
+        missing = [
+            Problem(source, label, name, "required field is missing")
+            for name in LOCAL_REQUIRED_FIELDS
+            if raw.get("backend") != "remote" and name not in raw
+        ]
         try:
             entry = ModelEntry.model_validate(raw)
         except ValidationError as exc:
-            problems.extend(_validation_problems(source, label, exc))
+            found = _validation_problems(source, label, exc)
+            problems.extend(sorted([*found, *missing], key=lambda p: _field_order(p.field)))
+            continue
+        if missing:
+            problems.extend(missing)
             continue
         spec = ModelSpec(role=role, index=index, entry=entry)
         entry_problems = _applicability_problems(source, spec)
@@ -459,6 +670,8 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
         else:
             specs.extend(replica_specs(spec))
 
+    specs, join_problems = _join_replicas(source, specs)
+    problems.extend(join_problems)
     problems.extend(_role_problems(source, specs))
     enabled = [s for s in specs if s.entry.enabled]
     problems.extend(_port_problems(source, enabled))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import ssl
 from collections.abc import Iterator, Mapping
 from typing import Final, cast, overload
 from urllib.parse import urlsplit
@@ -446,10 +447,14 @@ class Pool:
         idle_expiry: float = IDLE_EXPIRY,
     ) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme != "http" or parts.hostname is None:
-            raise ValueError(f"not an http:// URL with a host: {base_url!r}")
+        if parts.scheme not in ("http", "https") or parts.hostname is None:
+            raise ValueError(f"not an http:// or https:// URL with a host: {base_url!r}")
         self.host = parts.hostname
-        self.port = parts.port or 80
+        # https (a remote engine's url): TLS with the system's trust store, verified.
+        self.ssl: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self.ssl = ssl.create_default_context()
+        self.port = parts.port or (443 if self.ssl is not None else 80)
         self.authority = parts.netloc.rsplit("@", 1)[-1]
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -556,7 +561,7 @@ class Pool:
             try:
                 async with asyncio.timeout(limit):
                     _, conn = await loop.create_connection(
-                        lambda: _Connection(self, loop), self.host, self.port
+                        lambda: _Connection(self, loop), self.host, self.port, ssl=self.ssl
                     )
             except TimeoutError:
                 raise ConnectTimeout(f"no connection to {where} within {limit:g}s") from None

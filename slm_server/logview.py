@@ -34,8 +34,8 @@ _EVENT_WIDTH = max(len(name) for name in EVENTS)
 _FAILURES = "backend_failure backend_exited restart_failed backend_abandoned model_path_missing"
 _EVENT_COLOURS = {
     **dict.fromkeys(EVENTS, YELLOW),
-    **dict.fromkeys((*_FAILURES.split(), "stray_kill_refused"), RED),
-    **dict.fromkeys(("restart_succeeded", "supervisor_started"), GREEN),
+    **dict.fromkeys((*_FAILURES.split(), "stray_kill_refused", "remote_ejected"), RED),
+    **dict.fromkeys(("restart_succeeded", "supervisor_started", "remote_readmitted"), GREEN),
     **dict.fromkeys(("supervisor_stopped", "backend_log_trimmed"), DIM),
 }
 # How the backend an event concerns is named: ``reasoning (unsloth/qwen3) :8502``.

@@ -48,10 +48,10 @@ OUTCOMES: Final = (
     "stream_error",
     "router_error",
 )
-# What ``slm_backend_state`` can report: the supervisor's states, plus
-# ``unsupervised`` (published by a launcher that is gone) and ``unknown`` (never
-# published).
-BACKEND_STATES: Final = (*(s.value for s in State), "unsupervised", "unknown")
+# What ``slm_backend_state`` can report: the supervisor's states, plus ``ejected``
+# (a remote the watchdog keeps traffic off), ``unsupervised`` (published by a launcher
+# that is gone) and ``unknown`` (never published).
+BACKEND_STATES: Final = (*(s.value for s in State), "ejected", "unsupervised", "unknown")
 _Metric = TypeVar("_Metric", Counter, Histogram)
 RESTART_REASONS: Final = frozenset(
     {"exited", "exited while starting", "launch_failed", *(f.value for f in FailureClass)}
@@ -315,7 +315,7 @@ class LiveState(Collector):
                 totals[key] = totals.get(key, 0) + count
             for reason, count in totals.items():
                 restarts.add_metric([entry.id, spec.role, replica, reason], count)
-            if known is not None:
+            if known is not None and not entry.remote:  # a remote has no restart budget
                 budget = budget_view(known, wall)
                 labels = [entry.id, spec.role, replica]
                 remaining.add_metric(labels, 0 if budget.abandoned else budget.remaining)

@@ -127,6 +127,11 @@ class BackendState:
     memory_measured_mb: int | None = None
     footprint_mb: int | None = None
     loaded_at: float | None = None
+    # A remote (backend ``remote``): its url (no credentials), and while it is
+    # ``ejected`` until when (wall clock) and how many ejections in a row it is on.
+    url: str | None = None
+    ejected_until: float | None = None
+    ejections: int = 0
 
 
 def write_state(

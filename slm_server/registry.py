@@ -23,8 +23,9 @@ class Registry:
     """The enabled models, by id. Disabled entries are known but never routed to.
 
     ``models`` and ``enabled`` hold one spec per replica (an entry with ``replicas: 3``
-    is three backends); :meth:`lookup` and :meth:`route` answer with an entry's first
-    replica and :meth:`replicas` with all of them, in order.
+    is three backends, an entry with ``replica_of`` one more of the entry it names);
+    :meth:`lookup` and :meth:`route` answer with an entry's first replica and
+    :meth:`replicas` with all of them, in order.
     """
 
     def __init__(self, models: Sequence[ModelSpec]) -> None:
@@ -42,8 +43,13 @@ class Registry:
         self.entries = tuple(s for s in self.enabled if s.replica == 1)
 
     def replicas(self, spec: ModelSpec) -> tuple[ModelSpec, ...]:
-        """Every replica of ``spec``'s entry (``spec`` itself alone for one replica)."""
+        """Every replica of ``spec``'s entry (``spec`` itself alone for one replica),
+        the entries that join it with ``replica_of`` after its own."""
         return self._replicas.get(spec.index, (spec,))
+
+    def size(self, spec: ModelSpec) -> int:
+        """How many replicas ``spec``'s model has: its entry's and those joining it."""
+        return len(self.replicas(spec))
 
     def lookup(self, model_id: str) -> ModelSpec:
         """The one enabled entry with this id, by its first replica; 404 if none, 409 if

@@ -133,6 +133,12 @@ class WatchdogSettings:
     log_path: Path
     backend_log_max_mb: float
     confirm_seconds: float = 10.0
+    # Remotes (``backend: remote``) are ejected, not restarted: the first ejection's
+    # length, the longest (each repeated one doubles), and the confirmed trips in a
+    # row that eject.
+    remote_eject_base_seconds: float = 30.0
+    remote_eject_max_seconds: float = 300.0
+    remote_eject_after: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], log_dir: Path) -> WatchdogSettings:
@@ -149,6 +155,13 @@ class WatchdogSettings:
             log_path=_path(env, "SLM_WATCHDOG_LOG_PATH", log_dir / "watchdog.jsonl"),
             backend_log_max_mb=_float(env, "SLM_BACKEND_LOG_MAX_MB", 100.0),
             confirm_seconds=_float(env, "SLM_WATCHDOG_CONFIRM_SECONDS", 10.0, minimum=0.001),
+            remote_eject_base_seconds=_float(
+                env, "SLM_REMOTE_EJECT_BASE_SECONDS", 30.0, minimum=0.001
+            ),
+            remote_eject_max_seconds=_float(
+                env, "SLM_REMOTE_EJECT_MAX_SECONDS", 300.0, minimum=0.001
+            ),
+            remote_eject_after=_int(env, "SLM_REMOTE_EJECT_AFTER", 1, minimum=1),
         )
 
     def tunables(self) -> dict[str, object]:
@@ -166,6 +179,9 @@ class WatchdogSettings:
             "log_path": str(self.log_path),
             "backend_log_max_mb": self.backend_log_max_mb,
             "confirm_seconds": self.confirm_seconds,
+            "remote_eject_base_seconds": self.remote_eject_base_seconds,
+            "remote_eject_max_seconds": self.remote_eject_max_seconds,
+            "remote_eject_after": self.remote_eject_after,
         }
 
 

@@ -206,10 +206,13 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
 def plan_registry(
     registry: RegistryFile, tools: Toolchain, log_dir: Path
 ) -> tuple[list[LaunchPlan], list[tuple[ModelSpec, PlanError]]]:
-    """Plans for every enabled entry, and the entries that cannot be planned."""
+    """Plans for every enabled entry but the remotes (nothing is started for one), and
+    the entries that cannot be planned."""
     plans: list[LaunchPlan] = []
     failures: list[tuple[ModelSpec, PlanError]] = []
     for spec in registry.enabled:
+        if spec.entry.remote:
+            continue
         try:
             plans.append(plan_launch(spec, tools, log_dir, str(registry.path)))
         except PlanError as exc:

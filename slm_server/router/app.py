@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slm_server import commands, logging_setup
+from slm_server import commands, logging_setup, remote
 from slm_server.config import ModelSpec, RegistryFile
 from slm_server.errors import GatewayError, HttpStatusError
 from slm_server.metrics import Metrics
@@ -43,7 +43,7 @@ from slm_server.router.proxy import Proxy
 from slm_server.router.recent import RecentRequests
 from slm_server.router.room import Rules
 from slm_server.router.upstream import Transport, Upstream
-from slm_server.settings import Settings
+from slm_server.settings import Settings, load_environment
 from slm_server.supervise.events import EventLog, EventSink
 from slm_server.supervise.tripwire import Tripwire
 from slm_server.telemetry import Telemetry
@@ -115,11 +115,17 @@ def production_dependencies(
         planned = states.planned(spec.role, spec.entry.port)
         return planned.health_path if planned is not None else "/health"
 
+    env = load_environment()
+    for spec in registry.enabled:
+        name = remote.missing_key(spec.entry, env)
+        if name is not None:
+            log.warning("%s: %s is not set; the remote is sent no key", spec.role, name)
     upstream = Upstream(
         registry.enabled,
         settings.connect_timeout_seconds,
         settings.health_probe_timeout_seconds,
         health_path,
+        env,
     )
     return Dependencies(
         upstream=upstream,

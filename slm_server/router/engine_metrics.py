@@ -36,6 +36,9 @@ STALE_SECONDS = 30.0  # an engine that has not answered for this long shows noth
 MAX_METRICS_BYTES = 2 * 1024 * 1024
 # Labels the gateway adds; an engine's own label of the same name is kept as engine_*.
 ADDED_LABELS = ("model", "role", "replica")
+# The gateway's own families: an engine that has them is another slm_server (a remote
+# entry), whose slm_* would collide with this router's; they are left out.
+GATEWAY_PREFIX = "slm_"
 
 
 @dataclass
@@ -121,6 +124,7 @@ class EngineMetrics(Collector):
         except (ValueError, TypeError, IndexError) as exc:
             log.info("the metrics of %s are not Prometheus text: %s", spec.entry.id, exc)
             families = []
+        families = [f for f in families if not f.name.startswith(GATEWAY_PREFIX)]
         self._cache[spec.role] = _Cached(_labelled(families, spec), now)
 
     def collect(self) -> Iterable[Metric]:

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from slm_server import remote
 from slm_server.config import ModelSpec
 from slm_server.errors import GatewayError
 from slm_server.records import budget_view
@@ -45,12 +46,23 @@ class Info:
         """One model as ``GET /v1/models/{id}`` shows it."""
         return self._model(spec)
 
+    def _status(self, spec: ModelSpec) -> dict[str, Any]:
+        """The model's ``status``; a remote's with ``url`` and, while it is ejected,
+        ``ejected_until`` (wall clock)."""
+        status = self.status(spec)
+        if spec.entry.remote:
+            known = self.states.get(spec.role, spec.entry.port)
+            status["url"] = remote.shown_url(spec.entry)
+            status["ejected_until"] = known.ejected_until if known is not None else None
+        return status
+
     def _model(self, spec: ModelSpec) -> dict[str, Any]:
         """One model as ``/v1/models`` lists it: OpenAI's four fields, then ours. An
         entry with replicas is one model, its status ``ready`` when any replica is and
         each replica listed under ``status.replicas``."""
-        status = self.status(spec)
-        if spec.entry.replicas > 1:
+        status = self._status(spec)
+        size = self.registry.size(spec)
+        if size > 1:
             replicas = []
             for replica in self.registry.replicas(spec):
                 gate = self.gates.get(replica.role)
@@ -58,7 +70,9 @@ class Info:
                     {
                         "replica": replica.replica,
                         "role": replica.role,
-                        "port": replica.entry.port,
+                        "backend": replica.entry.backend,
+                        "port": None if replica.entry.remote else replica.entry.port,
+                        "url": remote.shown_url(replica.entry),
                         "state": self.status(replica)["state"],
                         "in_flight": gate.active if gate is not None else None,
                         "queued": gate.queued if gate is not None else None,
@@ -74,12 +88,12 @@ class Info:
             "owned_by": "slm_server",
             "role": spec.role,
             "backend": spec.entry.backend,
-            "port": spec.entry.port,
+            "port": None if spec.entry.remote else spec.entry.port,
             "model_type": spec.entry.model_type,
             "context_length": spec.entry.context_length,
-            "quantization": spec.entry.quantization,
+            "quantization": spec.entry.quantization or None,
             "supports_function_calling": spec.entry.supports_function_calling,
-            "replicas": spec.entry.replicas,
+            "replicas": size,
             "routing": spec.entry.routing,
             "status": status,
         }
@@ -107,10 +121,10 @@ class Info:
             item: dict[str, Any] = {
                 "model_id": entry.id,
                 "backend": entry.backend,
-                "port": entry.port,
+                "port": None if entry.remote else entry.port,
                 "model_type": entry.model_type,
                 "replica": spec.replica,
-                "replicas": entry.replicas,
+                "replicas": self.registry.size(spec),
             }
             probe = by_role.get(spec.role)
             if not entry.enabled or probe is None:
@@ -124,7 +138,19 @@ class Info:
                     item["http_status"] = probe.http_status
                 known = self.states.get(spec.role, entry.port)
                 streak = self.tripwire.open_streak(spec.role)
-                if known is not None:
+                if entry.remote:
+                    item["url"] = remote.shown_url(entry)
+                if known is not None and entry.remote:
+                    state = known.state if launcher_alive else "unsupervised"
+                    if state == "ready" and streak:
+                        state = "degraded"
+                    item.update(
+                        state=state,
+                        reason=known.reason,
+                        ejected_until=known.ejected_until,
+                        ejections=known.ejections,
+                    )
+                elif known is not None:
                     state = known.state if launcher_alive else "unsupervised"
                     if state == "ready" and streak:
                         state = "degraded"

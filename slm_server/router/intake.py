@@ -5,6 +5,7 @@ refusals for a backend the supervisor says cannot serve."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +118,20 @@ class Reception:
             raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
         return Intake(spec, payload, raw, hidden_usage)
 
+    async def for_backend(self, intake: Intake, spec: ModelSpec, endpoint: str) -> Intake:
+        """The request as ``spec``'s backend is sent it: a remote that knows the model
+        by another name (``remote_model``) gets its name in ``model``. A multipart form
+        goes byte for byte, its ``model`` unchanged."""
+        entry = spec.entry
+        if not entry.remote or entry.upstream_model == intake.payload.get("model"):
+            return intake
+        if endpoint in FORM_ENDPOINTS:
+            return intake
+        payload = {**intake.payload, "model": entry.upstream_model}
+        large = len(intake.raw) > OFF_LOOP_BYTES
+        raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
+        return Intake(intake.spec, payload, raw, intake.hidden_usage)
+
     def refuse_if_down(self, spec: ModelSpec) -> None:
         """Answer for the supervisor when it says the backend cannot serve (see
         :meth:`down`)."""
@@ -127,14 +142,24 @@ class Reception:
     def down(self, spec: ModelSpec) -> BackendUnavailable | None:
         """Why the supervisor says the backend cannot serve, None when it can (or no
         supervisor says anything): abandoned or failed (503, with why), or
-        (re)starting (503 with ``Retry-After``). These are the router's own refusals,
+        (re)starting (503 with ``Retry-After``), a remote ejected (503 with
+        ``Retry-After`` until its ejection ends). These are the router's own refusals,
         never counted against the backend."""
         state = self.states.get(spec.role, spec.entry.port)
         if state is None or not self.states.launcher_alive():
             return None
         name = f"The backend for '{spec.entry.id}'"
-        if spec.entry.replicas > 1:
-            name += f" (replica {spec.replica} of {spec.entry.replicas})"
+        size = self.registry.size(spec)
+        if size > 1:
+            name += f" (replica {spec.replica} of {size})"
+        if state.state == "ejected":
+            until = state.ejected_until
+            wait = max(1.0, until - time.time()) if until is not None else RETRY_AFTER_SECONDS
+            return BackendUnavailable(
+                f"{name} is a remote the watchdog ejected: {state.reason or 'no reason recorded'}",
+                code="backend_ejected",
+                retry_after=round(wait, 1),
+            )
         if state.state in ("abandoned", "failed"):
             verb = "was abandoned by the watchdog" if state.state == "abandoned" else "failed"
             return BackendUnavailable(

@@ -60,10 +60,10 @@ class Proxy:
         # One per entry with replicas, by the entry's position in the file.
         self.balancers = {
             spec.index: Balancer(
-                spec.entry.replicas, spec.entry.routing, spec.entry.affinity_threshold
+                registry.size(spec), spec.entry.routing, spec.entry.affinity_threshold
             )
             for spec in registry.entries
-            if spec.entry.replicas > 1
+            if registry.size(spec) > 1
         }
         self.bodies = BodyBudget(serving.max_bodies_in_flight_bytes)
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
@@ -101,6 +101,7 @@ class Proxy:
         exchange = exchange_of(request.scope)
         intake = await self.reception.take(request, endpoint, exchange, held)
         entry = intake.spec.entry
+        size = self.registry.size(intake.spec)
         seconds, shortened = request_timeout(
             entry.default_timeout, request.headers.get("x-request-timeout")
         )
@@ -112,10 +113,10 @@ class Proxy:
             try:
                 return await self._send(request, endpoint, intake, spec, deadline, shortened)
             except BackendUnavailable as error:
-                if error.code != UNREACHABLE or entry.replicas == 1:
+                if error.code != UNREACHABLE or size == 1:
                     raise
                 tried.append(spec.role)
-                if len(tried) == entry.replicas:
+                if len(tried) == size:
                     raise
 
     def choose(
@@ -171,6 +172,7 @@ class Proxy:
         """Admit the request to ``spec``'s backend and hand it to its handler."""
         exchange = exchange_of(request.scope)
         client = client_of(request.scope, request.receive)
+        intake = await self.reception.for_backend(intake, spec, endpoint)
         slot = await self.sender.admit(client, spec, exchange, deadline)
         try:
             loader = self.loader

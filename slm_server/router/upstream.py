@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
+from slm_server import remote
 from slm_server.config import ModelSpec
 from slm_server.errors import (
     AnswerTooLarge,
@@ -173,9 +174,17 @@ class Upstream:
         connect_timeout: float,
         probe_timeout: float,
         health_path: Callable[[ModelSpec], str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.probe_timeout = probe_timeout
         self.health_path = health_path or (lambda _spec: "/health")
+        # A remote's requests go under its url's path, with its key (from ``env``).
+        self._prefix = {spec.role: spec.entry.path_prefix for spec in models}
+        self._auth = {
+            spec.role: remote.auth_headers(spec.entry, env or {})
+            for spec in models
+            if spec.entry.remote
+        }
         # Idle connections are dropped well before a backend's own keep-alive timeout
         # (llama-server and uvicorn: 5 s), so a request never lands on a connection
         # the backend is closing; one that does anyway is sent once more.
@@ -197,7 +206,11 @@ class Upstream:
     ) -> UpstreamResponse:
         """POST ``body`` to the backend and return once its status and headers arrived;
         the caller reads (or relays) the body and must close the response."""
+        auth = self._auth.get(spec.role)
+        if auth:
+            headers = {**headers, **auth}
         try:
+            path = self._prefix[spec.role] + path
             return await self._pools[spec.role].request("POST", path, headers, body)
         except HttpError as exc:
             raise translate(exc, spec) from exc
@@ -207,7 +220,9 @@ class Upstream:
     ) -> tuple[int, bytes] | None:
         pool = self._pools[spec.role]
         try:
-            response = await pool.request("GET", path, timeout=timeout)
+            path = self._prefix[spec.role] + path
+            headers = self._auth.get(spec.role)
+            response = await pool.request("GET", path, headers, timeout=timeout)
             body = await read_all(spec, response, max_bytes)
         except (HttpError, AnswerTooLarge, BackendProtocolError, BackendTimeout):
             return None
@@ -216,11 +231,12 @@ class Upstream:
         return response.status_code, body
 
     async def probe(self, spec: ModelSpec) -> Probe:
-        """``GET /health`` on the backend with a short timeout."""
+        """``GET /health`` on the backend with a short timeout (a remote's model list)."""
         pool = self._pools[spec.role]
-        path = self.health_path(spec)
+        path = remote.probe_path(spec.entry) if spec.entry.remote else self.health_path(spec)
         try:
-            response = await pool.request("GET", path, timeout=self.probe_timeout)
+            headers = self._auth.get(spec.role)
+            response = await pool.request("GET", path, headers, timeout=self.probe_timeout)
             content = await response.read()
         except ConnectTimeout:
             return Probe("timeout", f"no connection for /health within {self.probe_timeout:g}s")

@@ -14,11 +14,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+from slm_server import remote
+from slm_server.config import ModelEntry
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan
 from slm_server.memory import measure
 from slm_server.supervise.confirm import Evidence
-from slm_server.supervise.evidence import MonotonicClock, ProbeError, Target, gather
+from slm_server.supervise.confirm import Probe as ConfirmProbe
+from slm_server.supervise.evidence import (
+    MonotonicClock,
+    ProbeError,
+    Target,
+    gather,
+    gather_remote,
+)
 from slm_server.supervise.probes import Http1Probe, PsutilProbe
 
 
@@ -80,6 +89,12 @@ class ProcessControl(Protocol):
     def trim_log(self, path: Path, max_bytes: int) -> int | None: ...
 
     def tail(self, path: Path, count: int) -> list[str]: ...
+
+    async def probe_remote(
+        self, entry: ModelEntry, budget_seconds: float
+    ) -> tuple[ConfirmProbe, ConfirmProbe]:
+        """A remote's model list and canary, with its key (see ``evidence.gather_remote``)."""
+        ...
 
     def resident_mb(self, pid: int) -> int | None:
         """The resident memory of the process tree ``pid`` leads, None once gone."""
@@ -149,6 +164,21 @@ class RealControl:
 
     def resident_mb(self, pid: int) -> int | None:
         return measure.resident_mb(pid)
+
+    async def probe_remote(
+        self, entry: ModelEntry, budget_seconds: float
+    ) -> tuple[ConfirmProbe, ConfirmProbe]:
+        # One probe per remote and key: two entries on one server may use two keys.
+        where = f"{entry.origin} {entry.api_key_env or ''}"
+        http = self._probes.get(where)
+        if http is None:
+            headers = remote.auth_headers(entry, self.env)
+            connect = min(self.connect_timeout, 5.0)
+            http = Http1Probe(entry.origin, connect_timeout=connect, headers=headers)
+            self._probes[where] = http
+        model, prefix = entry.upstream_model, entry.path_prefix
+        clock = MonotonicClock()
+        return await gather_remote(http, entry.model_type, model, prefix, budget_seconds, clock)
 
     async def aclose(self) -> None:
         for http in self._probes.values():

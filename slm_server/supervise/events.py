@@ -50,6 +50,8 @@ EVENTS = frozenset(
         "backend_loaded",
         "backend_unloaded",
         "load_failed",
+        "remote_ejected",
+        "remote_readmitted",
     }
 )
 

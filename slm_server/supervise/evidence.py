@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 from slm_server.supervise.confirm import (
+    NOT_RUN_DECIDED,
     Evidence,
     NotRun,
     Probe,
@@ -257,3 +258,29 @@ def _finish(
         window_seconds=budget.clock.now() - window_start,
         seconds=budget.elapsed(),
     )
+
+
+async def gather_remote(
+    http: HttpProbe,
+    model_type: str,
+    model: str,
+    prefix: str,
+    budget_seconds: float,
+    clock: Clock,
+) -> tuple[Probe, Probe]:
+    """A remote's model list (``GET {prefix}/v1/models``) and, when it answers, a
+    one-token canary naming ``model``, within ``budget_seconds``: the evidence
+    :func:`slm_server.supervise.eject.judge` decides on. ``http`` carries the key."""
+    budget = _Budget(clock, budget_seconds)
+    answer = await _call(http, f"{prefix}/v1/models", min(HEALTH_TIMEOUT, budget.left()))
+    models = _probe(answer, not isinstance(answer, ProbeError) and 200 <= answer[0] < 300)
+    if models.reply is not Reply.OK:
+        return models, NOT_RUN_DECIDED
+    request = canary_request(model_type, model)
+    if request is None:
+        return models, Probe(Reply.NOT_RUN, not_run=NotRun.UNSUPPORTED)
+    if budget.left() <= 0:
+        return models, Probe(Reply.NOT_RUN, not_run=NotRun.NO_BUDGET)
+    path, payload = request
+    answer = await _call(http, prefix + path, budget.left(), payload)
+    return models, _probe(answer, not isinstance(answer, ProbeError) and 200 <= answer[0] < 300)

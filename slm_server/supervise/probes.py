@@ -35,19 +35,25 @@ class Http1Probe:
     :meth:`close` when done."""
 
     def __init__(
-        self, base_url: str, *, connect_timeout: float = 1.0, max_body: int = MAX_BODY
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float = 1.0,
+        max_body: int = MAX_BODY,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.pool = http1.Pool(base_url, connect_timeout=connect_timeout, read_timeout=5.0)
         self.max_body = max_body
+        self.headers = dict(headers or {})  # sent with every probe (a remote's key)
 
     async def get(self, path: str, timeout: float) -> tuple[int, bytes]:
-        return await self._exchange("GET", path, {}, b"", timeout)
+        return await self._exchange("GET", path, self.headers, b"", timeout)
 
     async def post_json(
         self, path: str, payload: Mapping[str, object], timeout: float
     ) -> tuple[int, bytes]:
         body = json.dumps(payload, separators=(",", ":")).encode()
-        headers = {"content-type": "application/json"}
+        headers = {**self.headers, "content-type": "application/json"}
         return await self._exchange("POST", path, headers, body, timeout)
 
     async def _exchange(

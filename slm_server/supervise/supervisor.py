@@ -48,7 +48,8 @@ from slm_server.supervise.confirm import judge
 from slm_server.supervise.control import Child, ProcessControl, RealControl
 from slm_server.supervise.events import EventLog
 from slm_server.supervise.evidence import Target
-from slm_server.supervise.requests import take_requests
+from slm_server.supervise.remotes import Remotes
+from slm_server.supervise.requests import RestartRequest, take_requests
 from slm_server.supervise.states import (
     SUPERVISED,
     Confirming,
@@ -184,6 +185,10 @@ class Supervisor:
         self.create_time = process_create_time(os.getpid())
         self.chore_errors: dict[str, str] = {}  # path -> the last error reported for it
         self.footprints = FootprintStore(settings.footprints_path)
+        remotes = [s for s in registry.enabled if s.entry.remote]
+        self.remotes = Remotes(
+            remotes, self.watchdog, self.control, self.events, clock, wall, self.spawn_task
+        )
 
     # -- signals and records --------------------------------------------------------
 
@@ -232,6 +237,8 @@ class Supervisor:
         backends = list(self.backends.values())
         now, wall = self.clock(), self.wall()
         snapshots = [b.snapshot(log_dir, now, wall) for b in backends]
+        snapshots += self.remotes.snapshots(now, wall)
+        self.remotes.dirty = False
         records = [
             PidRecord(
                 pid=b.child.pid,
@@ -571,6 +578,8 @@ class Supervisor:
                 self.watchdog.failure_threshold,
             )
         for spec in self.registry.models:
+            if spec.role in self.remotes:
+                continue  # nothing to start: see Remotes
             budget = RestartBudget(
                 self.watchdog.max_restarts,
                 self.watchdog.restart_window_seconds,
@@ -611,7 +620,10 @@ class Supervisor:
         else:
             self.chore_done(str(directory))
         for request in requests:
-            self.apply(core.Requested(request))
+            if isinstance(request, RestartRequest) and request.role in self.remotes:
+                self.remotes.trip(request)  # ejected, never restarted
+            else:
+                self.apply(core.Requested(request))
         self.remeasure()
         max_bytes = int(self.watchdog.backend_log_max_mb * 1024 * 1024)
         if max_bytes <= 0:
@@ -634,6 +646,8 @@ class Supervisor:
     def running(self) -> bool:
         """Whether any backend is starting, serving, restarting, or unloaded (an
         on-demand model waiting for its first request is no failure)."""
+        if self.remotes.by_role:
+            return True  # a remote is served whatever becomes of the local backends
         return any(b.life.state in SUPERVISED for b in self.backends.values())
 
     def turn(self) -> None:
@@ -643,6 +657,8 @@ class Supervisor:
         while self.inbox:
             self.apply(self.inbox.pop(0))
         self.apply(core.Tick())
+        self.remotes.tick()
+        self.dirty = self.dirty or self.remotes.dirty
 
     async def watch(self) -> int:
         """Supervise until a stop signal (0) or until no backend is left (1)."""
@@ -700,6 +716,7 @@ class Supervisor:
             if backend.life.state in SUPERVISED:
                 backend.life.phase = Done(State.STOPPED)
                 backend.life.since = self.wall()
+        self.remotes.stop()
         self.dirty = True
         self.publish()
 

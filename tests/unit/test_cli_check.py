@@ -491,3 +491,26 @@ def test_missing_config_hints_at_the_example(
         f"{sandbox.config}: file not found "
         "(copy models.yaml.example to models.yaml to start from the defaults)"
     ]
+
+
+def test_a_remote_is_checked_but_never_planned(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    far = {
+        "id": "m1",
+        "backend": "remote",
+        "url": "http://user:secret@10.0.0.5:8080/v1",
+        "api_key_env": "SLM_TEST_UNSET_KEY",
+        "replica_of": "chat",
+        "default_timeout": 60,
+    }
+    config = sandbox.write_registry({"chat": entry("m1", 8601, sandbox.model()), "far": far})
+    monkeypatch.delenv("SLM_TEST_UNSET_KEY", raising=False)
+    run = check_in_process(sandbox, Launch(llama_bin=sandbox.fake_llama), monkeypatch, capsys)
+    assert run.code == 0, run
+    assert (
+        "far (m1) -> remote http://10.0.0.5:8080/v1; SLM_TEST_UNSET_KEY is not set, "
+        "no key will be sent"
+    ) in run.stdout.splitlines()
+    assert "secret" not in run.stdout
+    assert run.stdout.splitlines()[-1] == f"{config}: 1 model(s) ready to launch"

@@ -81,6 +81,17 @@ def text_of(models: Any, **top: Any) -> str:
     return yaml.safe_dump({"models": models, **top}, sort_keys=False)
 
 
+def remote(**fields: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "id": "m1",
+        "backend": "remote",
+        "url": "http://10.0.0.5:8080/v1",
+        "default_timeout": 120,
+    }
+    raw.update(fields)
+    return raw
+
+
 def parse(models: Any) -> RegistryFile:
     return parse_registry(text_of(models), SOURCE)
 
@@ -437,7 +448,10 @@ def test_every_served_model_type_is_accepted(backend: str, model_type: str) -> N
     extra: dict[str, Any] = {}
     if backend == "llamacpp" and model_type == "multimodal":
         extra["mmproj_path"] = "models/mmproj.gguf"
-    (spec,) = parse({"standard": llama(backend=backend, model_type=model_type, **extra)}).models
+    raw = llama(backend=backend, model_type=model_type, **extra)
+    if backend == "remote":
+        raw = remote(model_type=model_type)
+    (spec,) = parse({"standard": raw}).models
     assert (spec.entry.backend, spec.entry.model_type) == (backend, model_type)
 
 
@@ -764,4 +778,148 @@ def test_the_example_s_commented_replicas_entry_is_valid() -> None:
         ("chat-pool", 8531),
         ("chat-pool.2", 8532),
         ("chat-pool.3", 8533),
+    ]
+
+
+# --- remote entries and replica_of ------------------------------------------------------
+
+
+def test_a_remote_needs_no_port_model_path_or_quantization() -> None:
+    (spec,) = parse({"standard": remote(api_key_env="GPU_BOX_KEY", remote_model="qwen3")}).models
+    entry = spec.entry
+    assert (entry.remote, entry.port, entry.origin) == (True, 8080, "http://10.0.0.5:8080")
+    assert (entry.path_prefix, entry.upstream_model) == ("", "qwen3")
+    assert entry.base_url == "http://10.0.0.5:8080"
+
+
+def test_a_remote_url_may_have_a_prefix_and_https() -> None:
+    (spec,) = parse({"standard": remote(url="https://api.example.com/openai/v1")}).models
+    entry = spec.entry
+    assert (entry.port, entry.origin) == (443, "https://api.example.com")
+    assert (entry.path_prefix, entry.upstream_model) == ("/openai", "m1")
+
+
+@pytest.mark.parametrize(
+    "url", ["10.0.0.5:8080/v1", "ftp://h/v1", "http://h:8080", "http://h/v2", "http://h/v1?x=1"]
+)
+def test_a_remote_url_must_be_an_openai_base_url(url: str) -> None:
+    (line,) = problems({"standard": remote(url=url)})
+    assert line.startswith(f"{HEAD}: field 'url': String should match pattern")
+
+
+def test_a_remote_without_url_is_refused() -> None:
+    raw = remote()
+    del raw["url"]
+    assert problems({"standard": raw}) == [
+        f"{HEAD}: field 'url': required for backend remote (e.g. http://host:8080/v1)"
+    ]
+
+
+def test_fields_of_a_started_process_are_refused_on_a_remote() -> None:
+    raw = remote(port=8501, model_path="models/m.gguf", temp=0.5, load="on_demand")
+    lines = problems({"standard": raw})
+    local = (
+        "does not apply to backend remote (nothing is started for it; "
+        "its host and port are the url's)"
+    )
+    assert lines == [
+        f"{HEAD}: field 'model_path': {local}",
+        f"{HEAD}: field 'port': {local}",
+        f"{HEAD}: field 'load': a remote is never loaded or unloaded",
+        f"{HEAD}: field 'temp': applies to backend llamacpp only",
+    ]
+
+
+def test_remote_fields_are_refused_on_a_local_entry() -> None:
+    assert problems({"standard": llama(url="http://h/v1", api_key_env="K")}) == [
+        f"{HEAD}: field 'api_key_env': applies to backend remote only",
+        f"{HEAD}: field 'url': applies to backend remote only",
+    ]
+
+
+def test_api_key_env_is_a_variable_name_never_a_key() -> None:
+    (line,) = problems({"standard": remote(api_key_env="sk-live abc")})
+    assert line.startswith(f"{HEAD}: field 'api_key_env': String should match pattern")
+
+
+def test_a_remote_is_one_server() -> None:
+    assert problems({"standard": remote(replicas=2)}) == [
+        f"{HEAD}: field 'replicas': a remote is one server; "
+        "list each other one as an entry with replica_of"
+    ]
+
+
+def test_remotes_ports_collide_with_nothing_local() -> None:
+    registry = parse({"standard": llama(port=8080), "far": remote(id="m2")})
+    assert [s.entry.port for s in registry.models] == [8080, 8080]
+
+
+def test_replica_of_makes_a_remote_one_more_replica_of_a_local_entry() -> None:
+    registry = parse(
+        {
+            "far": remote(replica_of="standard"),
+            "standard": llama(replicas=2, routing="prefix_affinity"),
+        }
+    )
+    assert registry.warnings == ()
+    standard, second, far = registry.models
+    assert [s.role for s in registry.models] == ["standard", "standard.2", "far"]
+    assert (far.index, far.replica, far.joins, far.base_role) == (
+        standard.index,
+        3,
+        "standard",
+        "far",
+    )
+    assert second.index == standard.index
+
+
+def test_two_entries_sharing_an_id_without_replica_of_stay_ambiguous() -> None:
+    registry = parse({"standard": llama(), "far": remote()})
+    assert [w.field for w in registry.warnings] == ["id", "id"]
+
+
+def test_replica_of_must_name_an_entry_of_the_same_model() -> None:
+    lines = problems(
+        {
+            "standard": llama(),
+            "far": remote(
+                id="other",
+                model_type="embeddings",
+                routing="prefix_affinity",
+                replica_of="standard",
+            ),
+            "lost": remote(id="m3", replica_of="nowhere"),
+        }
+    )
+    far = f"{SOURCE}: model 'far' (id 'other')"
+    assert lines == [
+        f"{far}: field 'id': must be 'm1', the id of 'standard', whose replicas it joins",
+        f"{far}: field 'model_type': must be that of 'standard' ('lm')",
+        f"{far}: field 'routing': is set on 'standard', whose replicas it joins",
+        f"{SOURCE}: model 'lost' (id 'm3'): field 'replica_of': no entry has the key 'nowhere'",
+    ]
+
+
+def test_replica_of_names_the_entry_itself_not_another_joiner() -> None:
+    lines = problems(
+        {"standard": llama(), "a": remote(replica_of="standard"), "b": remote(replica_of="a")}
+    )
+    assert lines == [
+        f"{SOURCE}: model 'b' (id 'm1'): field 'replica_of': 'a' itself joins 'standard'; "
+        "name 'standard'"
+    ]
+
+
+def test_a_joiner_keyed_like_another_entrys_replica_is_refused() -> None:
+    lines = problems({"standard": llama(replicas=2), "standard.2": remote(replica_of="standard")})
+    assert lines == [
+        f"{HEAD}: field 'replicas': replica 2 would be named 'standard.2', "
+        "which is the role of another entry"
+    ]
+
+
+@pytest.mark.parametrize("url", ["http://h:99999/v1", "http://h:0/v1"])
+def test_a_remote_url_port_must_be_a_port(url: str) -> None:
+    assert problems({"standard": remote(url=url)}) == [
+        f"{HEAD}: field 'url': Value error, the port must be 1-65535 (got {url!r})"
     ]

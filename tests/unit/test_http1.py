@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import struct
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -801,5 +803,83 @@ def test_upstream_reads_a_whole_answer_within_its_limit(
                     await read_all(spec, response, limit)
             assert response.closed
             await upstream.aclose()
+
+    run(scenario())
+
+
+def test_an_https_pool_verifies_tls_and_defaults_to_port_443() -> None:
+    pool = Pool("https://api.example.com", connect_timeout=1.0, read_timeout=1.0)
+    assert (pool.host, pool.port, pool.authority) == ("api.example.com", 443, "api.example.com")
+    assert pool.ssl is not None
+    assert pool.ssl.verify_mode is ssl.CERT_REQUIRED and pool.ssl.check_hostname
+    plain = Pool("http://10.0.0.5", connect_timeout=1.0, read_timeout=1.0)
+    assert (plain.port, plain.ssl) == (80, None)
+    with pytest.raises(ValueError, match="http:// or https://"):
+        Pool("ftp://10.0.0.5", connect_timeout=1.0, read_timeout=1.0)
+
+
+def test_an_https_request_is_answered_over_verified_tls(
+    run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    names = "subjectAltName=DNS:localhost,IP:127.0.0.1"
+    command = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    command += ["-subj", "/CN=localhost", "-addext", names]
+    subprocess.run(
+        [*command, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the pool's only trusted authority
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecure")
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=served)
+        port = server.sockets[0].getsockname()[1]
+        pool = Pool(f"https://127.0.0.1:{port}", connect_timeout=5.0, read_timeout=5.0)
+        try:
+            response = await pool.request("GET", "/v1/models")
+            assert (response.status_code, await response.read()) == (200, b"secure")
+        finally:
+            pool.close()
+            server.close()
+            await server.wait_closed()
+
+    run(scenario())
+
+
+def test_upstream_sends_a_remote_its_path_prefix_and_key(run: Any) -> None:
+    async def scenario() -> None:
+        server = keep_alive_server()
+        async with server:
+            registry = f"""
+models:
+  far:
+    id: far
+    backend: remote
+    url: http://127.0.0.1:{server.port}/openai/v1
+    api_key_env: FAR_KEY
+    default_timeout: 5
+"""
+            [spec] = parse_registry(registry, Path("models.yaml")).models
+            upstream = Upstream((spec,), 1.0, 0.5, env={"FAR_KEY": "sk-far"})
+            response = await upstream.open(spec, "/v1/chat/completions", b"{}", {"x-a": "1"})
+            assert await read_all(spec, response, 1000) == b"hello"
+            assert (await upstream.probe(spec)).status == "healthy"
+            assert await upstream.fetch(spec, "/metrics", 1.0, 1000) == (200, b"hello")
+            await upstream.aclose()
+        heads = [request.partition(b"\r\n\r\n")[0] for request in server.requests]
+        assert [head.split(b"\r\n")[0] for head in heads] == [
+            b"POST /openai/v1/chat/completions HTTP/1.1",
+            b"GET /openai/v1/models HTTP/1.1",
+            b"GET /openai/metrics HTTP/1.1",
+        ]
+        assert all(b"authorization: Bearer sk-far" in head for head in heads)
+        assert b"x-a: 1" in heads[0]
 
     run(scenario())

@@ -177,6 +177,33 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         {**BACKEND, "reason": "exited with status 1 while loading"},
         f'{NAMED}  reason="exited with status 1 while loading"',
     ),
+    "remote_ejected": (
+        {
+            "role": "gpu-box",
+            "model_id": "qwen3",
+            "url": "http://10.0.0.5:8080/v1",
+            "reason": "5xx: a one-token canary answered 503",
+            "rule": "canary_5xx",
+            "seconds": 30.0,
+            "ejections": 1,
+            "evidence": {"models": {"reply": "ok", "status": 200}},
+        },
+        'gpu-box (qwen3)  url=http://10.0.0.5:8080/v1 reason="5xx: a one-token canary answered'
+        ' 503" rule=canary_5xx seconds=30 ejections=1'
+        ' evidence={"models":{"reply":"ok","status":200}}',
+    ),
+    "remote_readmitted": (
+        {
+            "role": "gpu-box",
+            "model_id": "qwen3",
+            "url": "http://10.0.0.5:8080/v1",
+            "rule": "canary_ok",
+            "why": "a one-token canary answered 200",
+            "ejections": 1,
+        },
+        "gpu-box (qwen3)  url=http://10.0.0.5:8080/v1 rule=canary_ok"
+        ' why="a one-token canary answered 200" ejections=1',
+    ),
 }
 
 WIDTH = max(len(name) for name in EVENTS)

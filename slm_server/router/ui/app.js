@@ -145,12 +145,13 @@ function renderModels(report) {
     cell(row, "state").className = "state state-" + String(item.state || "none");
     setCell(row, "pid", item.pid);
     setCell(row, "uptime", item.pid ? duration(item.uptime_seconds) : null);
-    setCell(row, "port", item.port);
+    setCell(row, "port", item.port === null && item.url ? item.url : item.port);
     setCell(row, "busy", item.in_flight === undefined ? null : item.in_flight + " / " + item.queued);
     setCell(row, "memory", memory(item.memory_mb));
     setCell(row, "restarts", budget ? budget.used + " / " + budget.max_restarts : item.restarts);
     setCell(row, "left", budget ? budget.remaining : null);
-    setCell(row, "frees", budget && budget.frees_at ? duration(budget.frees_at - now) : null);
+    const ejected = item.ejected_until ? duration(Math.max(0, item.ejected_until - now)) : null;
+    setCell(row, "frees", budget && budget.frees_at ? duration(budget.frees_at - now) : ejected);
     setCell(row, "exit", item.last_exit);
     setCell(row, "reason", item.reason || item.last_restart_reason || item.error);
     setCell(row, "ttl", item.idle_ttl_remaining === null ? null : duration(item.idle_ttl_remaining));

@@ -122,3 +122,22 @@ def test_answers_are_cached_and_an_engine_without_metrics_is_not_asked_again(
         assert b"llamacpp:prompt_tokens_total" in engines.exposition()
 
     asyncio.run(scenario())
+
+
+def test_another_gateways_own_families_are_left_out(tmp_path: Path) -> None:
+    router = ready_router(tmp_path)
+    other_gateway = LLAMA_METRICS + (
+        b"# HELP slm_requests_total Requests.\n# TYPE slm_requests_total counter\n"
+        b'slm_requests_total{model="far"} 7\n'
+    )
+    router.transport.pages[("chat", "/metrics")] = (200, other_gateway)
+
+    async def scenario() -> None:
+        got = await call(router.app, "/metrics", b"", method="GET")
+        assert got.status == 200
+        assert got.body.count(b"# HELP slm_requests_total ") == 1  # no family twice
+        found = families(got.body)
+        assert "llamacpp:prompt_tokens" in found
+        assert all("engine_model" not in labels for labels, _ in found["slm_requests"])
+
+    asyncio.run(scenario())

@@ -23,7 +23,8 @@ from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
 from slm_server.records import budget_view, read_state
 from slm_server.settings import Settings
-from slm_server.supervise.confirm import Evidence, ProcessStatus
+from slm_server.supervise.confirm import Evidence, Probe, ProcessStatus
+from slm_server.supervise.confirm import Reply as ProbeReply
 from slm_server.supervise.evidence import Target
 from slm_server.supervise.requests import RestartRequest, write_request
 from slm_server.supervise.states import State
@@ -68,12 +69,17 @@ class FakeChild:
         return self.status
 
 
+HEALTHY = Probe(ProbeReply.OK, status=200)
+
+
 class FakeControl:
     """:class:`ProcessControl` in memory."""
 
     def __init__(self) -> None:
         self.next_pid = 4000
         self.children: list[FakeChild] = []
+        self.remote_probes: list[str] = []  # the remotes probed, by id
+        self.remote_answers: list[tuple[Probe, Probe]] = []  # then healthy
         self.plans: list[LaunchPlan] = []
         self.ends_on: dict[str, frozenset[int]] = {}  # role -> signals its children obey
         self.health: dict[int, bool | None] = {}  # port -> answer (None: hang)
@@ -133,6 +139,10 @@ class FakeControl:
         self, base_url: str, target: Target, budget_seconds: float
     ) -> Evidence:
         return Evidence(process=ProcessStatus.STOPPED)
+
+    async def probe_remote(self, entry: ModelEntry, budget_seconds: float) -> tuple[Probe, Probe]:
+        self.remote_probes.append(entry.id)
+        return self.remote_answers.pop(0) if self.remote_answers else (HEALTHY, HEALTHY)
 
     def trim_log(self, path: Path, max_bytes: int) -> int | None:
         if self.trim_error is not None:
@@ -666,3 +676,135 @@ def test_the_restart_budget_is_published_with_when_each_restart_was_spent(
     assert (view.used, view.remaining, view.abandoned) == (1, 4, False)
     assert view.frees_at is not None and abs(view.frees_at - (WALL + 600)) < 5
     assert budget_view(published, WALL + 601).used == 0
+
+
+# -- remotes -----------------------------------------------------------------------------
+
+
+def make_remote(tmp_path: Path, now: list[float]) -> tuple[Supervisor, FakeControl]:
+    """A supervisor of one remote entry, role ``r``, on a clock the test moves."""
+    environ = {
+        "SLM_ENV_FILE": str(tmp_path / "no.env"),
+        "SLM_BACKEND_LOG_DIR": str(tmp_path / "logs"),
+        "SLM_CONFIG": str(tmp_path / "models.yaml"),
+        "SLM_REMOTE_EJECT_BASE_SECONDS": "10",
+        "SLM_REMOTE_EJECT_MAX_SECONDS": "15",
+        "REMOTE_KEY": "sk-unit-secret",
+    }
+    entry = ModelEntry.model_validate(
+        {
+            "id": "far",
+            "backend": "remote",
+            "url": "http://10.0.0.5:8080/v1",
+            "api_key_env": "REMOTE_KEY",
+            "default_timeout": 60,
+        }
+    )
+    registry = RegistryFile(
+        path=tmp_path / "models.yaml", models=(ModelSpec(role="r", index=0, entry=entry),)
+    )
+    control = FakeControl()
+    supervisor = Supervisor(
+        Settings.from_env(environ),
+        registry,
+        environ,
+        clock=lambda: now[0],
+        wall=lambda: WALL,
+        control=control,
+        tools=TOOLS,
+    )
+    return supervisor, control
+
+
+def published(supervisor: Supervisor) -> dict[str, Any]:
+    supervisor.dirty = True
+    supervisor.publish()
+    _pid, backends = read_state(supervisor.settings.state_path)
+    (far,) = backends
+    return far.__dict__
+
+
+def trip(supervisor: Supervisor, port: int = 8080, model_id: str = "far") -> None:
+    request = RestartRequest("r", model_id, port, "5xx", WALL, "2 consecutive 5xx")
+    write_request(supervisor.watchdog.request_dir, request)
+    supervisor.sweep()
+
+
+def test_a_remote_is_started_never_and_published_ready_without_a_pid(tmp_path: Path) -> None:
+    supervisor, control = make_remote(tmp_path, [100.0])
+    supervisor.start()
+    assert supervisor.backends == {} and control.plans == []
+    assert supervisor.running()
+    far = published(supervisor)
+    assert (far["state"], far["pid"], far["backend"], far["port"]) == (
+        "ready",
+        None,
+        "remote",
+        8080,
+    )
+    assert far["url"] == "http://10.0.0.5:8080/v1"
+    assert "sk-unit-secret" not in supervisor.settings.state_path.read_text()
+    asyncio.run(supervisor.stop_all())
+    assert published(supervisor)["state"] == "stopped"
+
+
+def test_a_request_that_does_not_name_the_remote_is_discarded_unprobed(tmp_path: Path) -> None:
+    supervisor, control = make_remote(tmp_path, [100.0])
+    supervisor.start()
+    trip(supervisor, port=9999)
+    trip(supervisor, model_id="other")
+    assert control.remote_probes == []
+    assert len(events(supervisor, "stale_request_discarded")) == 2
+
+
+def test_a_trip_the_remote_does_not_confirm_changes_nothing(tmp_path: Path) -> None:
+    supervisor, control = make_remote(tmp_path, [100.0])
+
+    async def scenario() -> None:
+        supervisor.start()
+        trip(supervisor)
+        await until(supervisor, lambda: bool(events(supervisor, "restart_not_confirmed")), "judged")
+
+    asyncio.run(scenario())
+    assert control.remote_probes == ["far"]
+    [refused] = events(supervisor, "restart_not_confirmed")
+    assert (refused["rule"], refused["url"]) == ("canary_ok", "http://10.0.0.5:8080/v1")
+    assert published(supervisor)["state"] == "ready"
+    assert events(supervisor, "remote_ejected") == []
+
+
+def test_a_confirmed_trip_ejects_a_failed_probe_doubles_and_a_healthy_one_readmits(
+    tmp_path: Path,
+) -> None:
+    now = [100.0]
+    supervisor, control = make_remote(tmp_path, now)
+    failing = Probe(ProbeReply.FAILED, status=500)
+    refused = Probe(ProbeReply.REFUSED, detail="refused")
+    control.remote_answers = [(HEALTHY, failing), (refused, Probe(ProbeReply.NOT_RUN))]
+
+    async def scenario() -> None:
+        supervisor.start()
+        trip(supervisor)
+        await until(supervisor, lambda: bool(events(supervisor, "remote_ejected")), "ejected")
+        far = published(supervisor)
+        assert (far["state"], far["ejected_until"], far["ejections"]) == ("ejected", WALL + 10, 1)
+        trip(supervisor)  # while ejected: not even probed
+        now[0] = 109.9
+        supervisor.turn()
+        assert control.remote_probes == ["far"]
+        now[0] = 110.0
+        await until(supervisor, lambda: len(events(supervisor, "remote_ejected")) == 2, "again")
+        now[0] = 125.0  # 15 s: doubled to 20, capped at 15
+        await until(supervisor, lambda: bool(events(supervisor, "remote_readmitted")), "back")
+
+    asyncio.run(scenario())
+    first, second = events(supervisor, "remote_ejected")
+    assert (first["rule"], first["seconds"], first["ejections"]) == ("canary_5xx", 10, 1)
+    assert (second["rule"], second["seconds"], second["ejections"]) == (
+        "remote_probe_failed",
+        15,
+        2,
+    )
+    assert second["reason"].startswith("re-admission probe failed")
+    assert control.remote_probes == ["far"] * 3
+    assert published(supervisor)["state"] == "ready"
