@@ -99,7 +99,12 @@ def test_a_streamed_chat_is_one_child_span_with_usage(
     assert samples[("slm_completion_tokens_total", model)] >= attrs["gen_ai.usage.output_tokens"]
     assert samples[("slm_time_to_first_token_seconds_count", model)] >= 1
     states = {k[1]: v for k, v in samples.items() if k[0] == "slm_backend_state" and v == 1}
-    assert (("model", CHAT_MODEL), ("role", "standard"), ("state", "ready")) in states
+    assert (
+        ("model", CHAT_MODEL),
+        ("replica", "1"),
+        ("role", "standard"),
+        ("state", "ready"),
+    ) in states
 
 
 def test_real_embeddings_span(gateway: tuple[Stack, str], receiver: OtlpReceiver) -> None:
