@@ -71,6 +71,17 @@ class Remote:
         )
 
 
+def _verdict(found: Remote, request: RestartRequest, decision: Decision) -> dict[str, Any]:
+    """The fields every event about a confirmed or unconfirmed trip carries."""
+    return {
+        **found.ids(),
+        "reason": request.reason,
+        "rule": decision.rule,
+        "why": decision.reason,
+        "evidence": found.evidence,
+    }
+
+
 class Remotes:
     """Every enabled remote of one registry, judged by the router's trips."""
 
@@ -155,24 +166,13 @@ class Remotes:
         ejection = found.ejection
         if not decision.restart:
             ejection.not_confirmed()
-            self.events.emit(
-                "restart_not_confirmed",
-                **found.ids(),
-                reason=request.reason,
-                rule=decision.rule,
-                why=decision.reason,
-                evidence=found.evidence,
-            )
+            self.events.emit("restart_not_confirmed", **_verdict(found, request, decision))
             return
         change = ejection.confirmed(self.clock(), f"{request.reason}: {decision.reason}")
         if change.event is None:
             self.events.emit(
                 "restart_confirmed",
-                **found.ids(),
-                reason=request.reason,
-                rule=decision.rule,
-                why=decision.reason,
-                evidence=found.evidence,
+                **_verdict(found, request, decision),
                 action="counted towards ejection",
                 consecutive=ejection.consecutive,
             )
