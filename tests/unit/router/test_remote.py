@@ -8,19 +8,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, whole
+from tests.unit.router.inprocess import Router, call, make_router
+from tests.unit.router.test_replicas import CHAT, MODEL, answer
 
-CHAT = "/v1/chat/completions"
-MODEL = "org/chat-model"
-ANSWER = {
-    "id": "chatcmpl-1",
-    "object": "chat.completion",
-    "created": 1,
-    "model": MODEL,
-    "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-    ],
-}
 REMOTE = """  far:
     id: org/chat-model
     replica_of: chat
@@ -30,10 +20,6 @@ REMOTE = """  far:
     default_timeout: 5
 """
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-
-
-async def answer(_sent: Sent) -> FakeResponse:
-    return whole(ANSWER)
 
 
 def mixed(tmp_path: Path) -> Router:
