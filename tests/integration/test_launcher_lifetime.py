@@ -82,6 +82,9 @@ def test_a_foreign_process_on_the_port_is_named_and_never_killed(tmp_path: Path)
 def test_a_leftover_of_ours_on_the_port_is_killed(tmp_path: Path) -> None:
     with running_backends(tmp_path, roles=("standard",)) as first:
         [old_pid] = first.pids()
+        # The first launcher frozen, as a hung one would be: running, it would restart
+        # its backend once the second had killed it, and the two would take turns.
+        first.launcher.popen.send_signal(signal.SIGSTOP)
         second_dir = tmp_path / "second"
         env = {**first.env, "SLM_BACKEND_LOG_DIR": str(second_dir / "logs")}
         second = start_command("backends", env, tmp_path / "second.out")
@@ -102,3 +105,4 @@ def test_a_leftover_of_ours_on_the_port_is_killed(tmp_path: Path) -> None:
             poll(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 60, "the new backend")
         finally:
             assert second.stop() == 0
+            first.launcher.popen.send_signal(signal.SIGCONT)
