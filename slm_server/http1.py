@@ -17,6 +17,10 @@ as it arrives (:meth:`Response.receive`).
 * **Flow control**: past ``HIGH_WATER`` unread bytes the connection stops reading from
   the socket until the reader takes them, so a slow reader never makes it buffer an
   unbounded stream (the kernel's buffers then push back on the backend).
+* **Splicing**: a body can instead be handed, piece by piece as the parser delivers
+  it, to a callback (:meth:`Response.splice`), with no task woken per piece; the
+  callback's owner pauses and resumes reading (:meth:`Response.pause`,
+  :meth:`Response.resume`) and waits for the end with :meth:`Response.settle`.
 * **Timeouts**: ``connect_timeout`` for a new connection; ``read_timeout`` for any wait
   for the next bytes of a response (the status line, headers or body).
 * **Retries**: a refused connect is tried once more; a request whose *reused*
@@ -35,7 +39,7 @@ import asyncio
 import contextlib
 import re
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Final, cast, overload
 from urllib.parse import urlsplit
 
@@ -168,6 +172,7 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.buffered = 0
         self.error: HttpError | None = None
+        self.sink: Callable[[bytes], None] | None = None
 
     # -- the exchange ---------------------------------------------------------
 
@@ -341,6 +346,13 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            # Spliced: the read timeout counts from these bytes (moved, not re-armed:
+            # the timer checks the deadline when it fires).
+            self.deadline = self.loop.time() + self.read_timeout
+            sink(body)
+            return
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -400,6 +412,61 @@ class Response:
                 raise conn.error
             await conn.wait()
         return conn.take()
+
+    def splice(self, sink: Callable[[bytes], None]) -> None:
+        """From now on hand each piece of the body to ``sink`` as it is parsed (what
+        arrived already first), instead of keeping it for :meth:`receive`. ``sink`` is
+        called from the connection's protocol: it must not raise. A pause by
+        :meth:`pause` holds the pieces back until :meth:`resume`."""
+        conn = self._conn
+        if conn is None:
+            return
+        conn.sink = sink
+        if conn.body:
+            sink(conn.take())
+
+    def unsplice(self) -> None:
+        """Keep the body's pieces for :meth:`receive` again."""
+        if self._conn is not None:
+            self._conn.sink = None
+
+    def pause(self) -> None:
+        """Stop reading from the socket (a spliced body's consumer is full); a
+        :meth:`settle` under way returns."""
+        conn = self._conn
+        if conn is None or conn.paused:
+            return
+        conn.paused = True
+        if conn.transport is not None and not conn.closed:
+            conn.transport.pause_reading()
+        conn._wake()
+
+    def resume(self) -> None:
+        """Read from the socket again after :meth:`pause`."""
+        conn = self._conn
+        if conn is None or not conn.paused:
+            return
+        conn.paused = False
+        if conn.transport is not None and not conn.closed:
+            conn.transport.resume_reading()
+
+    async def settle(self) -> bool:
+        """For a spliced body: wait until it is complete (True, the response closed)
+        or reading is paused (False); a broken body raises its :class:`HttpError`.
+        The wait for the next bytes is bounded by the read timeout, as any is."""
+        conn = self._conn
+        if conn is None:
+            return True
+        while True:
+            if conn.done:
+                self.close()
+                return True
+            if conn.error is not None:
+                self.close()
+                raise conn.error
+            if conn.paused:
+                return False
+            await conn.wait()
 
     async def read(self) -> bytes:
         """The rest of the body, whole."""

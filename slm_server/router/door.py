@@ -24,6 +24,11 @@ write, status line, headers and body together (:class:`HeldTransport`), where
 uvicorn writes the head and the body separately: one system call and one segment
 fewer per answer. Streams are untouched: their head goes out at once.
 
+A stream's body pieces can be written straight to the connection, framed as uvicorn
+frames them, without an ASGI message each (:class:`DirectBody`, in the request's
+``scope["extensions"]`` under :data:`DIRECT_BODY`): the router's stream relay uses it
+to splice a backend's pieces to the client as they are parsed.
+
 We keep uvicorn's
 httptools protocol (the fast parser the router was measured with) and add the checks in
 its parser callbacks and ``data_received``, rather than switching to h11 (which has a
@@ -34,10 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from slm_server.errors import HttpStatusError
 from slm_server.router.alarm import Alarm
@@ -85,6 +90,12 @@ class HeldTransport:
             return
         self._transport.write(data)
 
+    def unheld(self) -> asyncio.Transport:
+        """The real transport, with nothing kept back for it."""
+        if self._held is not None:
+            self.flush()
+        return self._transport
+
     def flush(self) -> None:
         """Send a kept head now."""
         held, self._held = self._held, None
@@ -100,6 +111,50 @@ class HeldTransport:
 
 
 LENGTH_LINE = b"\r\ncontent-length: "
+
+DIRECT_BODY = "slm.direct_body"
+
+
+class DirectBody:
+    """Writes body pieces of a chunked response already started through ASGI, framed
+    as uvicorn frames them, and says when the connection's write buffer is full. The
+    response still ends with an ASGI ``http.response.body`` message (uvicorn writes the
+    last chunk and decides on keep-alive)."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+
+    def write(self, body: bytes) -> bool:
+        """Send ``body`` as one chunk; False when it cannot go this way (the client
+        left, the response is not a started chunked one), and nothing was sent."""
+        cycle = self._cycle
+        if (
+            cycle.disconnected
+            or not cycle.response_started
+            or cycle.response_complete
+            or not cycle.chunked_encoding
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return False
+        transport = cycle.transport
+        if isinstance(transport, HeldTransport):
+            transport = transport.unheld()
+        transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+    @property
+    def full(self) -> bool:
+        """The client reads slower than it is written to: wait for :meth:`drain`."""
+        cycle = self._cycle
+        return cycle.flow.write_paused and not cycle.disconnected
+
+    async def drain(self) -> None:
+        """Until the connection's write buffer has room (or the client left)."""
+        cycle = self._cycle
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
 
 
 # Bytes fed to the parser at a time outside a Content-Length body, so what a head (or a
@@ -327,6 +382,7 @@ class _Door(HttpToolsProtocol):
             if held is None:
                 held = self._held = HeldTransport(self.transport, self.loop)
             cycle.transport = held  # type: ignore[assignment]
+            cycle.scope["extensions"] = cast(Any, {DIRECT_BODY: DirectBody(cycle)})
 
     def on_body(self, body: bytes) -> None:
         self._body_delivered += len(body)

@@ -145,8 +145,10 @@ class Exchange:
             if completion is not None:
                 self.output_tokens = completion
 
-    def note_chunk(self) -> None:
-        now = time.perf_counter()
+    def note_chunk(self, now: float | None = None) -> None:
+        """A piece of the answer arrived (at ``now``, ``time.perf_counter()``)."""
+        if now is None:
+            now = time.perf_counter()
         if self.first_chunk is None:
             self.first_chunk = now
         self.last_chunk = now

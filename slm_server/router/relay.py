@@ -6,6 +6,11 @@ generating: the client disconnects (nothing more is sent), the request's deadlin
 passes, or the router's drain period runs out. A failure after the first byte can no
 longer change the status code; it becomes one in-band ``data: {"error": ...}`` event
 and a clean end of the stream.
+
+Given a :class:`~slm_server.router.splice.Splice` and served by the router's own
+protocol (which offers :class:`~slm_server.router.door.DirectBody`), the relay lets the
+splice write the backend's pieces straight to the client instead of iterating
+``chunks``; everything else (the head, the cuts, the in-band errors, the end) is the same.
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from starlette.types import Message, Receive, Scope, Send
 
 from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
+from slm_server.router.door import DIRECT_BODY, DirectBody
 from slm_server.router.drain import Drain
 from slm_server.router.guard import client_of, running_loop
+
+if TYPE_CHECKING:
+    from slm_server.router.splice import Splice
 
 log = logging.getLogger("slm_server.router")
 
@@ -51,8 +61,10 @@ class StreamRelay:
         deadline: float = math.inf,
         drain: Drain | None = None,
         on_cut: Callable[[GatewayError], None] | None = None,
+        splice: Splice | None = None,
     ) -> None:
         self.chunks = chunks
+        self.splice = splice
         self.close = close
         self.status_code = status_code
         self.media_type = media_type
@@ -96,7 +108,7 @@ class StreamRelay:
             self.drain.subscribe(shutting_down)
         try:
             try:
-                await self._relay(send)
+                await self._relay(scope, send)
             finally:
                 # Nothing cancels this task any more.
                 client.disarm()
@@ -132,9 +144,13 @@ class StreamRelay:
         headers += [(k.encode(), v.encode("latin-1")) for k, v in self.headers.items()]
         return {"type": "http.response.start", "status": self.status_code, "headers": headers}
 
-    async def _relay(self, send: Send) -> None:
+    async def _relay(self, scope: Scope, send: Send) -> None:
         await send(self._start())
+        direct = scope.get("extensions", {}).get(DIRECT_BODY) if self.splice else None
         try:
+            if isinstance(direct, DirectBody) and self.splice is not None:
+                await self.splice.run(direct)
+                return
             async for chunk in self.chunks:
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -14,6 +14,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
+from slm_server import http1
 from slm_server.errors import BackendProtocolError, GatewayError
 from slm_server.router.answer import answer_fields
 from slm_server.router.call import Call
@@ -22,6 +23,7 @@ from slm_server.router.exchange import Exchange
 from slm_server.router.relay import StreamRelay
 from slm_server.router.responses import ResponseStreamTranslator, chat_to_response
 from slm_server.router.sender import Sender
+from slm_server.router.splice import Splice
 from slm_server.router.sse import SseTap
 from slm_server.router.upstream import (
     UpstreamResponse,
@@ -107,6 +109,10 @@ class Replies:
             tap = SseTap(
                 exchange, drop_usage_chunk=call.hidden_usage, max_event_bytes=self.max_event
             )
+            spliced = None
+            if isinstance(upstream, http1.Response):
+                tripwire = self.sender.tripwire
+                spliced = Splice(spec, exchange, upstream, tap, timer, noted, tripwire)
             return StreamRelay(
                 _tapped(chunks, tap),
                 close,
@@ -114,6 +120,7 @@ class Replies:
                 deadline=call.deadline.at,
                 drain=self.drain,
                 on_cut=on_cut,
+                splice=spliced,
             )
         timer.cancel()
         try:

@@ -113,6 +113,12 @@ class SseSplitter:
             self._parts.append(chunk[start:])
             self._size += len(chunk) - start
 
+    @property
+    def owed(self) -> AnswerTooLarge | None:
+        """The refusal :meth:`feed` owes (an event past the limit after whole ones it
+        returned), raised by the next call."""
+        return self._failed
+
     def flush(self) -> bytes:
         """Whatever trailing bytes never formed a whole event (raises a refusal
         :meth:`feed` still owes)."""
@@ -191,6 +197,11 @@ class SseTap:
     def flush(self) -> bytes:
         """Whatever trailing bytes never formed a whole event."""
         return self._splitter.flush()
+
+    @property
+    def owed(self) -> AnswerTooLarge | None:
+        """A refusal the stream is owed already (:attr:`SseSplitter.owed`)."""
+        return self._splitter.owed
 
     def _inspect(self, event: bytes) -> bool:
         """Parse an event if it may matter; False when it is to be kept from the client."""

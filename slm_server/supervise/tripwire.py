@@ -63,6 +63,11 @@ class Progress:
         self.delivered = True
         self.waiting_since = None
 
+    def came(self, now: float) -> None:
+        """Bytes arrived and were dealt with: the reader waits for more from ``now``."""
+        self.delivered = True
+        self.waiting_since = now
+
     def silence(self, now: float) -> float:
         """How long the reader has been waiting with nothing arriving: since the request
         was sent while no byte of the body has come; else since the last bytes, 0 when

@@ -10,7 +10,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from slm_server.router.door import HeldTransport, door_protocol
+from slm_server.router.door import DIRECT_BODY, DirectBody, HeldTransport, door_protocol
 from slm_server.settings import DoorLimits
 
 
@@ -134,3 +134,27 @@ def test_held_transport_keeps_only_a_head_with_a_length() -> None:
         b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbody",
         b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
     ]
+
+
+def test_a_streams_pieces_written_directly_are_framed_as_uvicorn_frames_them() -> None:
+    refused: list[bool] = []
+    full: list[bool] = []
+
+    async def spliced(scope: Scope, receive: Receive, send: Send) -> None:
+        writer = scope["extensions"][DIRECT_BODY]
+        assert isinstance(writer, DirectBody)
+        refused.append(writer.write(b"before the head"))
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        assert writer.write(b"data: 1\n\n")
+        full.append(writer.full)
+        await writer.drain()  # room in the buffer: returns at once
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        refused.append(writer.write(b"after the end"))
+
+    transport = asyncio.run(serve(spliced))
+    head, *rest = transport.writes
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in head
+    assert b"".join(rest) == b"9\r\ndata: 1\n\n\r\n0\r\n\r\n"
+    assert refused == [False, False]
+    assert full == [False]
