@@ -1,6 +1,6 @@
 r"""Profile the router under load: where its CPU time goes, by function.
 
-    uv run python -m benchmarks.profile [--stream] [--concurrency 8] [--seconds 10] \
+    uv run python -m benchmarks.profile [--stream [--chunks 64]] [--concurrency 8] [--seconds 10] \
         [--telemetry [--collector]]
 
 Starts the fast fake backend and the router, drives the router with the load generator,
@@ -85,18 +85,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--collector", action="store_true", help="with --telemetry: to a local sink answering 200"
     )
     parser.add_argument("--chunk-interval", type=float, default=0.001)
+    parser.add_argument("--chunks", type=int, default=64, help="chunks per streamed answer")
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--out", type=Path, default=Path("/tmp/slm-router-profile.txt"))
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
         workdir = Path(tmp)
         with (
-            fast_fake(workdir, interval=args.chunk_interval) as backend,
+            fast_fake(workdir, chunks=args.chunks, interval=args.chunk_interval) as backend,
             slm_router(
                 workdir, [backend], telemetry=args.telemetry, collector=args.collector
             ) as router,
         ):
-            workload = Workload(url=router.url, model=backend.model, stream=args.stream)
+            workload = Workload(
+                url=router.url, model=backend.model, stream=args.stream, max_tokens=args.chunks
+            )
             uvloop.run(closed_loop(workload, args.concurrency, duration=1.0))
             spy = [*py_spy(), "record", "--pid", str(router.pid), "--format", "raw"]
             spy += ["--rate", str(args.rate), "--duration", str(int(args.seconds))]

@@ -121,10 +121,11 @@ class DirectBody:
     response still ends with an ASGI ``http.response.body`` message (uvicorn writes the
     last chunk and decides on keep-alive)."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_raw")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
+        self._raw: asyncio.Transport | None = None  # the real transport, once written to
 
     def write(self, body: bytes) -> bool:
         """Send ``body`` as one chunk; False when it cannot go this way (the client
@@ -138,9 +139,12 @@ class DirectBody:
             or cycle.scope["method"] == "HEAD"
         ):
             return False
-        transport = cycle.transport
-        if isinstance(transport, HeldTransport):
-            transport = transport.unheld()
+        transport = self._raw
+        if transport is None:
+            transport = cycle.transport
+            if isinstance(transport, HeldTransport):
+                transport = transport.unheld()  # a stream's head is never held
+            self._raw = transport
         transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
 

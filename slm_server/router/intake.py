@@ -69,12 +69,9 @@ class Reception:
         the budget for bodies in flight; both on ``Content-Length`` before reading."""
         limit = self.max_body
         declared = request.headers.get("content-length")
-        too_large = PayloadTooLarge(
-            f"The request body is larger than the router's limit of {limit} bytes (SLM_MAX_BODY_MB)"
-        )
         stated = int(declared) if declared is not None and declared.isdigit() else None
         if stated is not None and stated > limit:
-            raise too_large
+            raise _too_large(limit)
         if stated is not None:
             held.take(stated)
         parts: list[bytes] = []
@@ -82,7 +79,7 @@ class Reception:
         async for part in request.stream():
             size += len(part)
             if size > limit:
-                raise too_large
+                raise _too_large(limit)
             if stated is None or size > stated:
                 held.take(len(part))
             parts.append(part)
@@ -174,6 +171,12 @@ class Reception:
                 retry_after=RETRY_AFTER_SECONDS,
             )
         return None
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The request body is larger than the router's limit of {limit} bytes (SLM_MAX_BODY_MB)"
+    )
 
 
 __all__ = ["OFF_LOOP_BYTES", "Intake", "Reception"]

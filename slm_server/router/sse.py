@@ -51,8 +51,7 @@ class SseSplitter:
             raise failed
         if not chunk:
             return []
-        if self._one_whole_event(chunk):
-            self._cr_event_size = len(chunk)
+        if self.take_whole(chunk):
             return [chunk]
         events: list[bytes] = []
         try:
@@ -64,6 +63,14 @@ class SseSplitter:
                 raise
             self._failed = error
         return events
+
+    def take_whole(self, chunk: bytes) -> bool:
+        """True when ``chunk`` is one whole event by itself, as :meth:`feed` would
+        return it (and now has): the common case, for callers that skip the list."""
+        if self._failed is None and self._one_whole_event(chunk):
+            self._cr_event_size = len(chunk)
+            return True
+        return False
 
     def _one_whole_event(self, chunk: bytes) -> bool:
         """The common case, decided without scanning line by line: nothing pending,
@@ -189,6 +196,10 @@ class SseTap:
         self.error: str | None = None
 
     def feed(self, chunk: bytes) -> bytes:
+        if self._splitter.take_whole(chunk):  # the common case, in one step
+            if not self._first and not _WORTH_PARSING.search(chunk):
+                return chunk
+            return chunk if self._inspect(chunk) else b""
         events = self._splitter.feed(chunk)
         if len(events) == 1 and not self._first and not _worth_parsing(events[0]):
             return events[0]
