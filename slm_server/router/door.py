@@ -131,16 +131,17 @@ class DirectBody:
         """Send ``body`` as one chunk; False when it cannot go this way (the client
         left, the response is not a started chunked one), and nothing was sent."""
         cycle = self._cycle
-        if (
-            cycle.disconnected
-            or not cycle.response_started
-            or cycle.response_complete
-            or not cycle.chunked_encoding
-            or cycle.scope["method"] == "HEAD"
-        ):
+        if cycle.disconnected or cycle.response_complete:
             return False
         transport = self._raw
         if transport is None:
+            # Once per response: it has started, chunked, and is not a HEAD's.
+            if (
+                not cycle.response_started
+                or not cycle.chunked_encoding
+                or cycle.scope["method"] == "HEAD"
+            ):
+                return False
             transport = cycle.transport
             if isinstance(transport, HeldTransport):
                 transport = transport.unheld()  # a stream's head is never held

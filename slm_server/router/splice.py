@@ -113,7 +113,9 @@ class Splice:
         self._mark = now
 
     def _piece(self, data: bytes) -> None:
-        """One piece of the body, from the upstream connection's parser: never raises."""
+        """One piece of the body, from the upstream connection's parser: never raises.
+        (The hottest path of a stream: the exchange's and the progress's fields are
+        set here as their ``note_chunk`` and ``came`` would.)"""
         if self._failure is not None or not data:
             return
         exchange = self.exchange
@@ -121,24 +123,26 @@ class Splice:
         exchange.upstream_seconds += now - self._mark
         try:
             if exchange.first_chunk is None:
+                exchange.first_chunk = now
                 self.timer.first_byte()
                 self.tripwire.observe(self.spec, HEALTHY)
-            exchange.note_chunk(now)
-            forward = self.tap.feed(data)
+            exchange.last_chunk = now
+            exchange.chunks += 1
+            tap = self.tap
+            forward = tap.feed(data)
             writer = self._writer
-            if writer is not None:
-                if forward:
-                    writer.write(forward)
-                if writer.full:
-                    self.upstream.pause()
-            if self.tap.owed is not None:  # an event past the limit: the stream ends now
-                self._fail(self.tap.owed)
+            if forward and writer is not None and writer.write(forward) and writer.full:
+                self.upstream.pause()
+            if tap.owed is not None:  # an event past the limit: the stream ends now
+                self._fail(tap.owed)
         except GatewayError as error:
             self._fail(error)
         except Exception as error:  # a bug of ours: logged and reported in band by the relay
             self._fail(error)
         self._mark = now = time.perf_counter()
-        self.progress.came(now)
+        progress = self.progress
+        progress.delivered = True
+        progress.waiting_since = now
 
     def _fail(self, error: BaseException) -> None:
         self._failure = error

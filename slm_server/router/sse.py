@@ -66,18 +66,12 @@ class SseSplitter:
 
     def take_whole(self, chunk: bytes) -> bool:
         """True when ``chunk`` is one whole event by itself, as :meth:`feed` would
-        return it (and now has): the common case, for callers that skip the list."""
-        if self._failed is None and self._one_whole_event(chunk):
-            self._cr_event_size = len(chunk)
-            return True
-        return False
-
-    def _one_whole_event(self, chunk: bytes) -> bool:
-        """The common case, decided without scanning line by line: nothing pending,
-        and ``chunk`` is one LF-framed event within the limit (its only blank line
-        is its last)."""
-        return (
-            not self._parts
+        return it (and now has): the common case, for callers that skip the list,
+        decided without scanning line by line (nothing pending, and ``chunk`` is one
+        LF-framed event within the limit whose only blank line is its last)."""
+        if (
+            self._failed is None
+            and not self._parts
             and self._line_empty
             and not self._after_cr
             and len(chunk) <= self.max_event_bytes
@@ -85,7 +79,10 @@ class SseSplitter:
             and chunk.find(b"\n\n") == len(chunk) - 2
             and chunk[:1] != b"\n"
             and b"\r" not in chunk
-        )
+        ):
+            self._cr_event_size = len(chunk)
+            return True
+        return False
 
     def _split(self, chunk: bytes, events: list[bytes]) -> None:
         start = 0  # where the part of ``chunk`` not yet in an event begins

@@ -13,7 +13,7 @@ from slm_server.router.sse import SseSplitter, _worth_parsing
 class Scanning(SseSplitter):
     """The splitter with the shortcut off."""
 
-    def _one_whole_event(self, chunk: bytes) -> bool:
+    def take_whole(self, chunk: bytes) -> bool:
         return False
 
 
@@ -44,12 +44,12 @@ def test_the_shortcut_splits_as_the_scan_does(reads: list[bytes], limit: int) ->
 
 def test_one_whole_event_per_read_takes_the_shortcut() -> None:
     splitter = SseSplitter(100)
-    assert splitter._one_whole_event(b"data: 1\n\n")
-    assert not splitter._one_whole_event(b"data: 1\n\ndata: 2\n\n")
-    assert not splitter._one_whole_event(b"\ndata: 1\n\n")
-    assert not splitter._one_whole_event(b"data: 1\r\n\r\n")
-    assert not splitter._one_whole_event(b"x")
-    assert not SseSplitter(5)._one_whole_event(b"data: 1\n\n")
+    assert splitter.take_whole(b"data: 1\n\n")
+    assert not splitter.take_whole(b"data: 1\n\ndata: 2\n\n")
+    assert not splitter.take_whole(b"\ndata: 1\n\n")
+    assert not splitter.take_whole(b"data: 1\r\n\r\n")
+    assert not splitter.take_whole(b"x")
+    assert not SseSplitter(5).take_whole(b"data: 1\n\n")
 
 
 def test_worth_parsing() -> None:
