@@ -135,12 +135,7 @@ class DirectBody:
             return False
         transport = self._raw
         if transport is None:
-            # Once per response: it has started, chunked, and is not a HEAD's.
-            if (
-                not cycle.response_started
-                or not cycle.chunked_encoding
-                or cycle.scope["method"] == "HEAD"
-            ):
+            if not self.usable:
                 return False
             transport = cycle.transport
             if isinstance(transport, HeldTransport):
@@ -148,6 +143,20 @@ class DirectBody:
             self._raw = transport
         transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
+
+    @property
+    def usable(self) -> bool:
+        """The response has started, chunked, and is not a HEAD's: its pieces can go
+        this way (asked once, before the first; after it only the client's leaving or
+        the response's end refuse a piece)."""
+        cycle = self._cycle
+        return (
+            cycle.response_started
+            and bool(cycle.chunked_encoding)
+            and cycle.scope["method"] != "HEAD"
+            and not cycle.disconnected
+            and not cycle.response_complete
+        )
 
     @property
     def full(self) -> bool:

@@ -82,7 +82,7 @@ class Proxy:
     async def proxy(self, request: Request) -> Response | ASGIApp:
         """``POST`` chat completions, completions, embeddings, rerank, image
         generations, and the multipart image edits and audio transcriptions."""
-        return await self._serve(request, request.url.path)
+        return await self._serve(request, request.scope["path"])
 
     async def responses(self, request: Request) -> Response | ASGIApp:
         """``POST /v1/responses``: the backend's own, else translated to chat."""

@@ -148,7 +148,7 @@ class StreamRelay:
         await send(self._start())
         direct = scope.get("extensions", {}).get(DIRECT_BODY) if self.splice else None
         try:
-            if isinstance(direct, DirectBody) and self.splice is not None:
+            if isinstance(direct, DirectBody) and direct.usable and self.splice is not None:
                 await self.splice.run(direct)
                 return
             async for chunk in self.chunks:

@@ -139,18 +139,22 @@ def test_held_transport_keeps_only_a_head_with_a_length() -> None:
 def test_a_streams_pieces_written_directly_are_framed_as_uvicorn_frames_them() -> None:
     refused: list[bool] = []
     full: list[bool] = []
+    usable: list[bool] = []
 
     async def spliced(scope: Scope, receive: Receive, send: Send) -> None:
         writer = scope["extensions"][DIRECT_BODY]
         assert isinstance(writer, DirectBody)
         refused.append(writer.write(b"before the head"))
+        usable.append(writer.usable)
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        usable.append(writer.usable)
         assert writer.write(b"data: 1\n\n")
         full.append(writer.full)
         await writer.drain()  # room in the buffer: returns at once
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         refused.append(writer.write(b"after the end"))
+        usable.append(writer.usable)
 
     transport = asyncio.run(serve(spliced))
     head, *rest = transport.writes
@@ -158,3 +162,4 @@ def test_a_streams_pieces_written_directly_are_framed_as_uvicorn_frames_them() -
     assert b"".join(rest) == b"9\r\ndata: 1\n\n\r\n0\r\n\r\n"
     assert refused == [False, False]
     assert full == [False]
+    assert usable == [False, True, False]
