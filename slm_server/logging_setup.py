@@ -184,6 +184,8 @@ class LineHandler(logging.StreamHandler[TextIO]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = -1
         self._pending: asyncio.TimerHandle | None = None
+        self._held: list[str] = []  # lines written on the loop, for the timer
+        self._held_size = 0
 
     def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Flush the lines ``loop``'s thread writes on a timer; None: each at once."""
@@ -206,25 +208,45 @@ class LineHandler(logging.StreamHandler[TextIO]):
     def write_line(self, text: str, levelno: int) -> None:
         """Write one formatted line; flushed at once or soon, as the class says."""
         with self.lock or contextlib.nullcontext():
-            try:
-                self.stream.write(text + self.terminator)
-            except Exception:
-                return
+            line = text + self.terminator
+            self._held.append(line)
             loop = self._loop
-            elsewhere = threading.get_ident() != self._loop_thread
-            if levelno >= logging.WARNING or loop is None or elsewhere:
-                self._flush_locked()
+            if levelno >= logging.WARNING or loop is None:
+                self._write_held()
+                return
+            if threading.get_ident() != self._loop_thread:
+                self._write_held()
+                return
+            self._held_size += len(line)
+            if self._held_size > HOLD_BYTES:
+                self._write_held()
             elif self._pending is None:
                 self._pending = loop.call_later(FLUSH_SECONDS, self._flush_due)
+
+    def flush(self) -> None:
+        """Write the lines held for the timer, and flush the stream."""
+        with self.lock or contextlib.nullcontext():
+            self._write_held()
 
     def _flush_due(self) -> None:
         with self.lock or contextlib.nullcontext():
             self._pending = None
-            self._flush_locked()
+            self._write_held()
 
-    def _flush_locked(self) -> None:
-        with contextlib.suppress(Exception):  # a full disk must not take requests down
+    def _write_held(self) -> None:
+        """The held lines in one write, then a flush (the caller holds the lock). The
+        handler keeps them itself, so they go out together whatever the stream's own
+        buffering (an unbuffered stdout, ``PYTHONUNBUFFERED``, included)."""
+        held = self._held
+        self._held_size = 0
+        # A full disk must not take requests down: the lines are dropped.
+        with contextlib.suppress(Exception):
+            if held:
+                text = held[0] if len(held) == 1 else "".join(held)
+                held.clear()
+                self.stream.write(text)
             self.stream.flush()
+        held.clear()
 
 
 def direct_line_handler(logger: logging.Logger, levelno: int) -> LineHandler | None:
@@ -258,6 +280,8 @@ def bind_to_loop(loop: asyncio.AbstractEventLoop | None) -> None:
 
 # How soon an INFO line written on the event loop reaches the stream.
 FLUSH_SECONDS: Final = 0.05
+# Lines held for that timer past this many characters are written at once.
+HOLD_BYTES: Final = 64 * 1024
 
 
 def configure(process: str, json_lines: bool, stream: TextIO | None = None) -> LineHandler:

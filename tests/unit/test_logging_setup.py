@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slm_server.logging_setup import (
+    HOLD_BYTES,
     REQUEST_ID,
     JsonFormatter,
     PlainFormatter,
@@ -252,6 +253,69 @@ def test_info_lines_on_the_bound_loop_are_flushed_together_soon_and_warnings_at_
     asyncio.run(scenario())
     assert "third" in stream.written  # unbinding flushes what was pending
     assert handler.stream is stream
+
+
+class Unbuffered(io.TextIOWrapper):
+    """A stream like stdout under ``PYTHONUNBUFFERED``: every write reaches the file,
+    each one a write of its own (counted)."""
+
+    def __init__(self) -> None:
+        self.raw_bytes = io.BytesIO()
+        self.writes = 0
+        super().__init__(self.raw_bytes, encoding="utf-8", write_through=True)
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+    @property
+    def written(self) -> str:
+        return self.raw_bytes.getvalue().decode()
+
+
+@pytest.mark.usefixtures("restored_root")
+def test_lines_held_for_the_timer_are_one_write_even_on_an_unbuffered_stream() -> None:
+    stream = Unbuffered()
+    configure("router", False, stream)
+    log = logging.getLogger("slm_server.router")
+
+    async def scenario() -> None:
+        bind_to_loop(asyncio.get_running_loop())
+        try:
+            for n in range(5):
+                log.info("line %d", n)
+            assert stream.written == ""  # held, whatever the stream's own buffering
+            deadline = time.monotonic() + 5
+            while "line 4" not in stream.written:
+                assert time.monotonic() < deadline, "the lines were never written"
+                await asyncio.sleep(0.01)
+            assert stream.writes == 1
+            log.info("held")
+            log.warning("trouble")  # at once, after the line held before it
+            assert stream.written.index("held") < stream.written.index("trouble")
+        finally:
+            bind_to_loop(None)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.usefixtures("restored_root")
+def test_held_lines_past_the_limit_are_written_without_waiting() -> None:
+    stream = Unbuffered()
+    configure("router", False, stream)
+    log = logging.getLogger("slm_server.router")
+
+    async def scenario() -> None:
+        bind_to_loop(asyncio.get_running_loop())
+        try:
+            line = "x" * 1000
+            for _ in range(HOLD_BYTES // 1000 + 1):
+                log.info(line)
+            assert stream.writes == 1  # the limit passed: written, no timer waited for
+        finally:
+            bind_to_loop(None)
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.usefixtures("restored_root")
