@@ -69,18 +69,20 @@ class SseSplitter:
         return it (and now has): the common case, for callers that skip the list,
         decided without scanning line by line (nothing pending, and ``chunk`` is one
         LF-framed event within the limit whose only blank line is its last)."""
+        size = len(chunk)
         if (
-            self._failed is None
+            # The first blank line ends the chunk (so it ends in LF LF and is not empty).
+            size > 2
+            and chunk.find(b"\n\n") == size - 2
+            and chunk[0] != 0x0A
+            and b"\r" not in chunk
+            and size <= self.max_event_bytes
             and not self._parts
             and self._line_empty
             and not self._after_cr
-            and len(chunk) <= self.max_event_bytes
-            and chunk.endswith(b"\n\n")
-            and chunk.find(b"\n\n") == len(chunk) - 2
-            and chunk[:1] != b"\n"
-            and b"\r" not in chunk
+            and self._failed is None
         ):
-            self._cr_event_size = len(chunk)
+            self._cr_event_size = size
             return True
         return False
 
