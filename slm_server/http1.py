@@ -276,8 +276,10 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
+            self._deliver()
             self.fail(ProtocolError("the backend switched protocols"))
         except httptools.HttpParserError as exc:
+            self._deliver()
             cause = exc.__context__
             if isinstance(cause, InvalidStatus):
                 self.fail(cause)
@@ -285,6 +287,8 @@ class _Connection(asyncio.Protocol):
             shown = cause if isinstance(cause, ProtocolError) else exc
             self.fail(ProtocolError(f"malformed response: {shown}"))
             return
+        if self.sink is not None:
+            self._deliver()
         if not self.headers_done and self.head_bytes > MAX_HEAD_BYTES:
             self.fail(ProtocolError(f"a response head larger than {MAX_HEAD_BYTES} bytes"))
 
@@ -345,15 +349,24 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
         self._wake()
 
-    def on_body(self, body: bytes) -> None:
-        sink = self.sink
-        if sink is not None:
-            # Spliced: the read timeout counts from these bytes (moved, not re-armed:
-            # the timer checks the deadline when it fires).
-            self.deadline = self.loop.time() + self.read_timeout
-            sink(body)
+    def _deliver(self) -> None:
+        """Spliced: what one read's pieces of the body make, in one call of the sink
+        (a read may hold many chunks of a chunked body: one write for them all)."""
+        sink, body = self.sink, self.body
+        if sink is None or not body:
             return
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self.buffered = 0
+        # The read timeout counts from these bytes (moved, not re-armed: the timer
+        # checks the deadline when it fires).
+        self.deadline = self.loop.time() + self.read_timeout
+        sink(data)
+
+    def on_body(self, body: bytes) -> None:
         self.body.append(body)
+        if self.sink is not None:
+            return  # spliced: handed on at the end of the read (_deliver)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True

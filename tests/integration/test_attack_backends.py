@@ -6,6 +6,8 @@ an answer over the cap without Content-Length."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,3 +126,41 @@ def test_an_answer_over_the_cap_without_a_content_length_is_502(raw: Raw, framin
     response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20)
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_too_large"
+
+
+def test_a_client_that_stops_reading_holds_the_backend_back_and_loses_nothing(
+    raw: Raw,
+) -> None:
+    """A fast backend, a client that stops reading: the router's memory stays where it
+    was (the backend's socket is paused, not buffered into the router), and when the
+    client reads again every event arrives, in order."""
+    events = 200_000  # about 30 MB of stream
+    piece = delta("x")
+    raw.script(
+        {"send": SSE_HEAD},
+        {"repeat": f"{len(piece):x}\r\n{piece}\r\n", "times": events},
+        {"chunk": "data: [DONE]\n\n"},
+        {"chunk": ""},
+    )
+    before = raw.rss_mb()
+    host, port = raw.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    body = json.dumps({"model": MODEL, "messages": HELLO, "stream": True}).encode()
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    sock.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    received = bytearray(sock.recv(65536))
+    peak = before
+    until = time.monotonic() + 3.0  # the client reads nothing for 3 s
+    while time.monotonic() < until:
+        peak = max(peak, raw.rss_mb())
+        assert raw.healthy_within(1.0)
+    assert peak - before < 15, f"router RSS {before:.0f} → {peak:.0f} MB"
+    while not received.endswith(b"0\r\n\r\n"):
+        data = sock.recv(1 << 20)
+        assert data, "the stream ended early"
+        received += data
+    sock.close()
+    assert received.count(b'"content": "x"') == events
+    assert b"data: [DONE]" in received
+    assert b'"error"' not in received

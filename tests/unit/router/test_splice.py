@@ -144,6 +144,32 @@ def test_pieces_reach_the_client_in_order_and_are_noted(run: Any) -> None:
     run(scenario())
 
 
+def test_the_chunks_of_one_read_go_out_in_one_write(run: Any) -> None:
+    go = asyncio.Event()
+    burst = [event(n) for n in range(50)]
+
+    async def backend(peer: Peer) -> None:
+        await peer.request()
+        peer.send(STREAM_HEAD)
+        await go.wait()
+        peer.send(b"".join(chunked(e) for e in burst) + b"0\r\n\r\n")  # one write
+        await peer.wait_eof()
+
+    async def scenario() -> None:
+        async with Server(backend) as server:
+            pool, response = await open_stream(server)
+            splice, *_ = splice_of(response)
+            writer = Writer()
+            task = asyncio.create_task(splice.run(direct(writer)))
+            go.set()
+            await asyncio.wait_for(task, 5)
+            assert b"".join(writer.pieces) == b"".join(burst)
+            assert len(writer.pieces) < 10  # a write per read, not per chunk (50)
+            pool.close()
+
+    run(scenario())
+
+
 def test_a_usage_chunk_the_router_asked_for_is_kept_from_the_client(run: Any) -> None:
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
 
