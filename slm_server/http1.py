@@ -506,6 +506,7 @@ class Response:
         if conn is None:
             return
         self._conn = None
+        conn.sink = None  # nothing of this response's reader stays with the connection
         if conn.done and conn.error is None:
             conn.pool.release(conn)
         else:

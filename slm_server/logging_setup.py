@@ -236,17 +236,22 @@ class LineHandler(logging.StreamHandler[TextIO]):
     def _write_held(self) -> None:
         """The held lines in one write, then a flush (the caller holds the lock). The
         handler keeps them itself, so they go out together whatever the stream's own
-        buffering (an unbuffered stdout, ``PYTHONUNBUFFERED``, included)."""
-        held = self._held
+        buffering (an unbuffered stdout, ``PYTHONUNBUFFERED``, included). When that
+        write fails, each line is tried by itself, so only the lines the stream cannot
+        take are lost; a full disk must not take requests down."""
+        held, self._held = self._held, []
         self._held_size = 0
-        # A full disk must not take requests down: the lines are dropped.
+        if len(held) > 1:
+            try:
+                self.stream.write("".join(held))
+                held = []
+            except Exception:  # tried again line by line below
+                pass
+        for line in held:
+            with contextlib.suppress(Exception):
+                self.stream.write(line)
         with contextlib.suppress(Exception):
-            if held:
-                text = held[0] if len(held) == 1 else "".join(held)
-                held.clear()
-                self.stream.write(text)
             self.stream.flush()
-        held.clear()
 
 
 def direct_line_handler(logger: logging.Logger, levelno: int) -> LineHandler | None:

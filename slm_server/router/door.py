@@ -396,7 +396,8 @@ class _Door(HttpToolsProtocol):
             if held is None:
                 held = self._held = HeldTransport(self.transport, self.loop)
             cycle.transport = held  # type: ignore[assignment]
-            cycle.scope["extensions"] = cast(Any, {DIRECT_BODY: DirectBody(cycle)})
+            extensions = cast(dict[str, Any], cycle.scope.setdefault("extensions", {}))
+            extensions[DIRECT_BODY] = DirectBody(cycle)
 
     def on_body(self, body: bytes) -> None:
         self._body_delivered += len(body)

@@ -67,6 +67,9 @@ class Replies:
                 self.sender.judge_deadline(spec, progress, error)
 
         async def close() -> None:
+            # A relay that never began reading (the client left first) must not leave
+            # the first-byte timer to blame the backend.
+            timer.cancel()
             try:
                 await upstream.aclose()
             finally:

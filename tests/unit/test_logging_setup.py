@@ -299,6 +299,35 @@ def test_lines_held_for_the_timer_are_one_write_even_on_an_unbuffered_stream() -
     asyncio.run(scenario())
 
 
+class Picky(Unbuffered):
+    """A stream that cannot take some characters (as a non-UTF-8 stdout cannot)."""
+
+    def write(self, text: str) -> int:
+        if "\N{SNOWMAN}" in text:
+            raise UnicodeEncodeError("ascii", text, 0, 1, "not here")
+        return super().write(text)
+
+
+@pytest.mark.usefixtures("restored_root")
+def test_a_line_the_stream_cannot_take_loses_only_itself() -> None:
+    stream = Picky()
+    configure("router", False, stream)
+    log = logging.getLogger("slm_server.router")
+
+    async def scenario() -> None:
+        bind_to_loop(asyncio.get_running_loop())
+        try:
+            log.info("before")
+            log.info("snow \N{SNOWMAN}")
+            log.info("after")
+        finally:
+            bind_to_loop(None)  # writes what was held
+
+    asyncio.run(scenario())
+    assert "before" in stream.written and "after" in stream.written
+    assert "snow" not in stream.written
+
+
 @pytest.mark.usefixtures("restored_root")
 def test_held_lines_past_the_limit_are_written_without_waiting() -> None:
     stream = Unbuffered()

@@ -139,6 +139,9 @@ def test_pieces_reach_the_client_in_order_and_are_noted(run: Any) -> None:
             assert [o.verdict for o in watchdog.seen] == [Verdict.HEALTH]
             assert progress.delivered
             assert response.closed
+            # Kept alive for the next request, with nothing of this reader left on it.
+            [idle] = cast(Any, pool)._idle
+            assert idle.sink is None and not idle.paused
             pool.close()
 
     run(scenario())
