@@ -236,11 +236,24 @@ class _Connection(asyncio.Protocol):
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
         self.buffered = 0
-        if self.paused:
-            self.paused = False
-            if self.transport is not None and not self.closed:
-                self.transport.resume_reading()
+        self.resume_reading()
         return data
+
+    def pause_reading(self) -> None:
+        """Stop reading from the socket until :meth:`resume_reading`; wakes a waiter."""
+        if self.paused:
+            return
+        self.paused = True
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        self._wake()
+
+    def resume_reading(self) -> None:
+        if not self.paused:
+            return
+        self.paused = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     def fail(self, error: HttpError) -> None:
         """End the exchange with ``error`` and close the connection."""
@@ -368,9 +381,8 @@ class _Connection(asyncio.Protocol):
         if self.sink is not None:
             return  # spliced: handed on at the end of the read (_deliver)
         self.buffered += len(body)
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
+        if self.buffered > HIGH_WATER:
+            self.pause_reading()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -446,22 +458,13 @@ class Response:
     def pause(self) -> None:
         """Stop reading from the socket (a spliced body's consumer is full); a
         :meth:`settle` under way returns."""
-        conn = self._conn
-        if conn is None or conn.paused:
-            return
-        conn.paused = True
-        if conn.transport is not None and not conn.closed:
-            conn.transport.pause_reading()
-        conn._wake()
+        if self._conn is not None:
+            self._conn.pause_reading()
 
     def resume(self) -> None:
         """Read from the socket again after :meth:`pause`."""
-        conn = self._conn
-        if conn is None or not conn.paused:
-            return
-        conn.paused = False
-        if conn.transport is not None and not conn.closed:
-            conn.transport.resume_reading()
+        if self._conn is not None:
+            self._conn.resume_reading()
 
     async def settle(self) -> bool:
         """For a spliced body: wait until it is complete (True, the response closed)
@@ -658,9 +661,7 @@ class Pool:
 
     def release(self, conn: _Connection) -> None:
         """Take back a connection whose response was received whole."""
-        if conn.paused and conn.transport is not None and not conn.closed:
-            conn.paused = False
-            conn.transport.resume_reading()
+        conn.resume_reading()
         if conn.closed or not conn.keep_alive or self._closed or conn.loop is not self._loop:
             conn.close()
             return

@@ -211,10 +211,11 @@ class LineHandler(logging.StreamHandler[TextIO]):
             line = text + self.terminator
             self._held.append(line)
             loop = self._loop
-            if levelno >= logging.WARNING or loop is None:
-                self._write_held()
-                return
-            if threading.get_ident() != self._loop_thread:
+            if (
+                levelno >= logging.WARNING
+                or loop is None
+                or threading.get_ident() != self._loop_thread
+            ):
                 self._write_held()
                 return
             self._held_size += len(line)

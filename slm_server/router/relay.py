@@ -146,9 +146,9 @@ class StreamRelay:
 
     async def _relay(self, scope: Scope, send: Send) -> None:
         await send(self._start())
-        direct = scope.get("extensions", {}).get(DIRECT_BODY) if self.splice else None
+        direct = scope.get("extensions", {}).get(DIRECT_BODY)
         try:
-            if isinstance(direct, DirectBody) and direct.usable and self.splice is not None:
+            if self.splice is not None and isinstance(direct, DirectBody) and direct.usable:
                 await self.splice.run(direct)
                 return
             async for chunk in self.chunks:

@@ -113,9 +113,7 @@ class Splice:
         self._mark = now
 
     def _piece(self, data: bytes) -> None:
-        """One piece of the body, from the upstream connection's parser: never raises.
-        (The hottest path of a stream: the exchange's and the progress's fields are
-        set here as their ``note_chunk`` and ``came`` would.)"""
+        """One piece of the body, from the upstream connection's parser: never raises."""
         if self._failure is not None or not data:
             return
         exchange = self.exchange
@@ -123,11 +121,9 @@ class Splice:
         exchange.upstream_seconds += now - self._mark
         try:
             if exchange.first_chunk is None:
-                exchange.first_chunk = now
                 self.timer.first_byte()
                 self.tripwire.observe(self.spec, HEALTHY)
-            exchange.last_chunk = now
-            exchange.chunks += 1
+            exchange.note_chunk(now)
             tap = self.tap
             forward = tap.feed(data)
             writer = self._writer
@@ -135,14 +131,10 @@ class Splice:
                 self.upstream.pause()
             if tap.owed is not None:  # an event past the limit: the stream ends now
                 self._fail(tap.owed)
-        except GatewayError as error:
-            self._fail(error)
-        except Exception as error:  # a bug of ours: logged and reported in band by the relay
+        except Exception as error:  # a refusal, or a bug of ours: the relay reports it in band
             self._fail(error)
         self._mark = now = time.perf_counter()
-        progress = self.progress
-        progress.delivered = True
-        progress.waiting_since = now
+        self.progress.came(now)
 
     def _fail(self, error: BaseException) -> None:
         self._failure = error

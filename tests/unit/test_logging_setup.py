@@ -10,7 +10,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -273,6 +273,20 @@ class Unbuffered(io.TextIOWrapper):
         return self.raw_bytes.getvalue().decode()
 
 
+def on_a_bound_loop(scenario: Callable[[], Awaitable[None]]) -> None:
+    """Run ``scenario`` on an event loop the handler is bound to; unbinding afterwards
+    writes what is still held."""
+
+    async def bound() -> None:
+        bind_to_loop(asyncio.get_running_loop())
+        try:
+            await scenario()
+        finally:
+            bind_to_loop(None)
+
+    asyncio.run(bound())
+
+
 @pytest.mark.usefixtures("restored_root")
 def test_lines_held_for_the_timer_are_one_write_even_on_an_unbuffered_stream() -> None:
     stream = Unbuffered()
@@ -280,23 +294,19 @@ def test_lines_held_for_the_timer_are_one_write_even_on_an_unbuffered_stream() -
     log = logging.getLogger("slm_server.router")
 
     async def scenario() -> None:
-        bind_to_loop(asyncio.get_running_loop())
-        try:
-            for n in range(5):
-                log.info("line %d", n)
-            assert stream.written == ""  # held, whatever the stream's own buffering
-            deadline = time.monotonic() + 5
-            while "line 4" not in stream.written:
-                assert time.monotonic() < deadline, "the lines were never written"
-                await asyncio.sleep(0.01)
-            assert stream.writes == 1
-            log.info("held")
-            log.warning("trouble")  # at once, after the line held before it
-            assert stream.written.index("held") < stream.written.index("trouble")
-        finally:
-            bind_to_loop(None)
+        for n in range(5):
+            log.info("line %d", n)
+        assert stream.written == ""  # held, whatever the stream's own buffering
+        deadline = time.monotonic() + 5
+        while "line 4" not in stream.written:
+            assert time.monotonic() < deadline, "the lines were never written"
+            await asyncio.sleep(0.01)
+        assert stream.writes == 1
+        log.info("held")
+        log.warning("trouble")  # at once, after the line held before it
+        assert stream.written.index("held") < stream.written.index("trouble")
 
-    asyncio.run(scenario())
+    on_a_bound_loop(scenario)
 
 
 class Picky(Unbuffered):
@@ -315,15 +325,11 @@ def test_a_line_the_stream_cannot_take_loses_only_itself() -> None:
     log = logging.getLogger("slm_server.router")
 
     async def scenario() -> None:
-        bind_to_loop(asyncio.get_running_loop())
-        try:
-            log.info("before")
-            log.info("snow \N{SNOWMAN}")
-            log.info("after")
-        finally:
-            bind_to_loop(None)  # writes what was held
+        log.info("before")
+        log.info("snow \N{SNOWMAN}")
+        log.info("after")
 
-    asyncio.run(scenario())
+    on_a_bound_loop(scenario)  # unbinding writes what was held
     assert "before" in stream.written and "after" in stream.written
     assert "snow" not in stream.written
 
@@ -335,16 +341,12 @@ def test_held_lines_past_the_limit_are_written_without_waiting() -> None:
     log = logging.getLogger("slm_server.router")
 
     async def scenario() -> None:
-        bind_to_loop(asyncio.get_running_loop())
-        try:
-            line = "x" * 1000
-            for _ in range(HOLD_BYTES // 1000 + 1):
-                log.info(line)
-            assert stream.writes == 1  # the limit passed: written, no timer waited for
-        finally:
-            bind_to_loop(None)
+        line = "x" * 1000
+        for _ in range(HOLD_BYTES // 1000 + 1):
+            log.info(line)
+        assert stream.writes == 1  # the limit passed: written, no timer waited for
 
-    asyncio.run(scenario())
+    on_a_bound_loop(scenario)
 
 
 @pytest.mark.usefixtures("restored_root")
