@@ -38,6 +38,8 @@ POLL_SECONDS = 0.02  # the state file, while a load or unload is under way
 IDLE_POLL_SECONDS = 1.0  # otherwise (idle TTLs)
 # States in which a load that was asked for has failed.
 LOAD_FAILED = frozenset({"restarting", "abandoned", "failed", "stopped"})
+# States in which the model's process is gone: what an asked unload waits for.
+GONE = frozenset({"unloaded", "stopped", "abandoned", "failed"})
 UNLOAD_WAIT_SECONDS = 60.0  # bound on waiting for an asked unload to be published
 # The supervisor publishes a load at once: one the file still says nothing of after this
 # long is taken as gone, and asked for again if anyone waits.
@@ -76,6 +78,11 @@ class Model:
     unload_sent: bool = False
     draining: bool = False
     ready_seen_at: float | None = None  # router clock when it was first seen ready
+    # How many planner turns have seen it gone (:data:`GONE`): an unload by request
+    # that began after one of them knows its process went even when the state was
+    # "unloaded" only between two of its own looks (a waiting request loads it again
+    # within one turn).
+    gone_seen: int = 0
 
 
 class Loader:
@@ -248,6 +255,8 @@ class Loader:
         for role, model in self.models.items():
             state = states.get(role)
             name = state.state if state is not None else "unloaded"
+            if name in GONE:
+                model.gone_seen += 1
             if name == "ready" and model.ready_seen_at is None:
                 model.ready_seen_at = now
             if name != "ready":
@@ -427,6 +436,7 @@ class Loader:
         while gate.active > 0 and self.clock() < deadline:
             await asyncio.sleep(POLL_SECONDS)
         state = self.state_of(spec)
+        seen = model.gone_seen  # read with the state: a later turn saw it after this
         loaded = state is not None and state.state in HOLDING and state.state != "unloading"
         if loaded:
             # Whoever waits for this load is told now, not left to see it vanish.
@@ -438,10 +448,11 @@ class Loader:
                 f"'{spec.entry.id}' could not be unloaded (the supervisor refused)",
                 code="unload_failed",
             )
+        self.wake()  # the planner looks at once, and then every POLL_SECONDS
         stop_at = self.clock() + UNLOAD_WAIT_SECONDS
         while self.clock() < stop_at:
             state = self.state_of(spec)
-            if state is None or state.state in ("unloaded", "stopped", "abandoned", "failed"):
+            if state is None or state.state in GONE or model.gone_seen > seen:
                 break
             await asyncio.sleep(POLL_SECONDS)
         self.wake()

@@ -910,9 +910,11 @@ def test_spamming_load_and_unload_never_wedges_the_model_or_leaves_a_process(
             return seen
 
         sampler = pool.submit(sample)
-        results = [pool.submit(spam, seed) for seed in range(4)]
-        seen = [item for f in results for item in f.result()]
-        sampling.set()
+        try:
+            results = [pool.submit(spam, seed) for seed in range(4)]
+            seen = [item for f in results for item in f.result()]
+        finally:  # a failed spammer must not leave the sampler (and the pool) running
+            sampling.set()
         sampler.result()
         # A load still waiting when an unload by hand begins is told so (503
         # unloaded, at once); nothing else may fail, and nothing waits to its deadline.

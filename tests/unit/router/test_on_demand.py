@@ -447,3 +447,44 @@ def test_a_load_the_state_file_never_showed_is_asked_for_again(tmp_path: Path) -
             assert loads(router) == ["chat", "chat"]
 
     run(scenario())
+
+
+def test_an_unload_is_answered_when_a_waiting_request_loads_the_model_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """The state file says "unloaded" only between two of the unload's own looks: the
+    planner saw it and loaded the model again for a load that waited. The unload is
+    answered then, not left to its 60 s bound (seen in CI: a load/unload storm)."""
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
+    router.supervisor.unload_seconds = 3600.0  # the test publishes the unload's end
+    spec = router.spec_of("chat")
+
+    async def scenario() -> None:
+        async with serving(router):
+            [api] = [
+                r.endpoint.__self__  # type: ignore[attr-defined]
+                for r in router.app.routes
+                if getattr(r, "path", "") == "/v1/models/load"
+            ]
+            loader = api.loader
+            loaded = await call(router.app, "/v1/models/load", {"model": "org/chat-model"})
+            assert loaded.status == 200
+            unloading = asyncio.ensure_future(
+                call(router.app, "/v1/models/unload", {"model": "org/chat-model"})
+            )
+            await until(lambda: router.supervisor.state("chat") == "unloading", "unloading")
+            # A load by request waits without an admission slot (a chat request would
+            # queue at the paused gate first).
+            waiting = asyncio.ensure_future(
+                call(router.app, "/v1/models/load", {"model": "org/chat-model"})
+            )
+            await until(lambda: loader.models["chat"].waiting is not None, "a load waits")
+            router.supervisor.publish(spec, "unloaded")
+            await loader.plan()  # no await yields in it here: the unload has not looked
+            assert router.supervisor.state("chat") == "loading"
+            unloaded = await asyncio.wait_for(unloading, 2.0)
+            assert unloaded.status == 200, unloaded.body
+            assert (await waiting).status == 200
+            assert loads(router) == ["chat", "chat"]
+
+    run(scenario())
