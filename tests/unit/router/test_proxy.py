@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -288,6 +288,49 @@ def test_a_client_that_leaves_mid_stream_frees_the_backend_and_its_slot(tmp_path
             await asyncio.wait_for(router.transport.responses[0].closed.wait(), 2)
             assert router.gate_active() == 0
             assert router.events.named("backend_failure") == []
+
+    run(scenario())
+
+
+def test_a_client_that_leaves_before_its_stream_is_read_never_counts_as_a_stall(
+    tmp_path: Path,
+) -> None:
+    """The client leaves while the stream's head is going out (its socket full), before
+    the relay reads anything: the backend's first-byte timer is cancelled with the
+    stream, so the backend (which had no chance to answer) is not blamed for a stall."""
+    stall = 0.1
+    never = asyncio.Event()
+    router = make_router(
+        tmp_path,
+        answering(lambda: sse(then=[never])),
+        env={"SLM_WATCHDOG_STALL_SECONDS": str(stall)},
+    )
+    leave, at_head = asyncio.Event(), asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        async def held_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                at_head.set()
+                await never.wait()  # a client that reads nothing: ended by the cut
+            await send(message)
+
+        await router.app(scope, receive, held_send)
+
+    async def scenario() -> None:
+        async with serving(router):
+            loop = asyncio.get_running_loop()
+            task = asyncio.ensure_future(call(cast(Any, app), CHAT, chat(stream=True), leave=leave))
+            await asyncio.wait_for(at_head.wait(), 2)
+            leave.set()
+            await task
+            await asyncio.wait_for(router.transport.responses[0].closed.wait(), 2)
+            # A timer armed now fires after the stall timer would have (same delay, set
+            # later): by then a stall would have been heard.
+            passed = asyncio.Event()
+            loop.call_later(stall, passed.set)
+            await passed.wait()
+            assert router.events.named("backend_failure") == []
+            assert router.gate_active() == 0
 
     run(scenario())
 
