@@ -34,7 +34,9 @@ _EVENT_WIDTH = max(len(name) for name in EVENTS)
 _FAILURES = "backend_failure backend_exited restart_failed backend_abandoned model_path_missing"
 _EVENT_COLOURS = {
     **dict.fromkeys(EVENTS, YELLOW),
-    **dict.fromkeys((*_FAILURES.split(), "stray_kill_refused", "remote_ejected"), RED),
+    **dict.fromkeys(
+        (*_FAILURES.split(), "stray_kill_refused", "remote_ejected", "supervisor_refused"), RED
+    ),
     **dict.fromkeys(("restart_succeeded", "supervisor_started", "remote_readmitted"), GREEN),
     **dict.fromkeys(("supervisor_stopped", "backend_log_trimmed"), DIM),
 }

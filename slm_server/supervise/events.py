@@ -46,6 +46,7 @@ EVENTS = frozenset(
         "restart_not_confirmed",
         "supervisor_started",
         "supervisor_stopped",
+        "supervisor_refused",
         "backend_loading",
         "backend_loaded",
         "backend_unloaded",

@@ -43,6 +43,7 @@ from slm_server.records import (
 )
 from slm_server.settings import Settings
 from slm_server.supervise import decide as core
+from slm_server.supervise import launcher_lock
 from slm_server.supervise.budget import RestartBudget
 from slm_server.supervise.confirm import judge
 from slm_server.supervise.control import Child, ProcessControl, RealControl
@@ -768,7 +769,39 @@ class Supervisor:
             self.events.emit("supervisor_stopped", pid=os.getpid(), exit_status=status)
 
     def run(self) -> int:
-        """Start, watch, stop; the exit status of the ``backends`` command."""
-        self.install_signal_handlers()
-        self.sweep_leftovers()
-        return asyncio.run(self.main())
+        """Start, watch, stop; the exit status of the ``backends`` command (1 at once,
+        touching nothing, when another launcher supervises the same log directory)."""
+        lock = self.take_lock()
+        if lock is None:
+            return 1
+        try:
+            self.install_signal_handlers()
+            self.sweep_leftovers()
+            return asyncio.run(self.main())
+        finally:
+            if isinstance(lock, launcher_lock.LauncherLock):
+                lock.release()
+
+    def take_lock(self) -> launcher_lock.LauncherLock | bool | None:
+        """This log directory's launcher lock (:mod:`.launcher_lock`); None when another
+        launcher holds it (reported), True when the file cannot be had at all (a
+        read-only directory: reported, and supervision goes on without it)."""
+        log_dir = self.settings.log_dir
+        try:
+            taken = launcher_lock.take(log_dir)
+        except OSError as exc:
+            log.warning("cannot take the launcher lock in %s: %s", log_dir, exc)
+            return True
+        if isinstance(taken, launcher_lock.Held):
+            holder = f"pid {taken.holder}" if taken.holder is not None else "another process"
+            log.error(
+                "another launcher (%s) already supervises %s; stop it first, or give this "
+                "one its own SLM_BACKEND_LOG_DIR",
+                holder,
+                log_dir,
+            )
+            self.events.emit(
+                "supervisor_refused", pid=os.getpid(), holder_pid=taken.holder, path=taken.path
+            )
+            return None
+        return taken

@@ -164,6 +164,10 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         "ready_timeout=600s",
     ),
     "supervisor_stopped": ({"pid": 35550, "exit_status": 0}, "supervisor  pid=35550 exit_status=0"),
+    "supervisor_refused": (
+        {"pid": 35611, "holder_pid": 35550, "path": "/srv/slm/logs/launcher.lock"},
+        "supervisor  pid=35611 holder_pid=35550 path=/srv/slm/logs/launcher.lock",
+    ),
     "backend_loading": ({**BACKEND}, NAMED),
     "backend_loaded": (
         {**BACKEND, "pid": 41220, "seconds": 1.25, "memory_measured_mb": 812},
