@@ -38,6 +38,7 @@ POLL_SECONDS = 0.02  # the state file, while a load or unload is under way
 IDLE_POLL_SECONDS = 1.0  # otherwise (idle TTLs)
 # States in which a load that was asked for has failed.
 LOAD_FAILED = frozenset({"restarting", "abandoned", "failed", "stopped"})
+LAUNCHING = frozenset({"loading", "starting"})  # an unload refused in these is asked again
 # States in which the model's process is gone: what an asked unload waits for.
 GONE = frozenset({"unloaded", "stopped", "abandoned", "failed"})
 UNLOAD_WAIT_SECONDS = 60.0  # bound on waiting for an asked unload to be published
@@ -77,6 +78,9 @@ class Model:
     wanted_since: float | None = None
     unload_sent: bool = False
     draining: bool = False
+    # The role of the waiter this model is drained for (its gate paused until it is
+    # idle and can be evicted): resumed when that waiter no longer needs the room.
+    drained_for: str | None = None
     ready_seen_at: float | None = None  # router clock when it was first seen ready
     # How many planner turns have seen it gone (:data:`GONE`): an unload by request
     # that began after one of them knows its process went even when the state was
@@ -263,6 +267,7 @@ class Loader:
                 model.ready_seen_at = None
             if name in ("unloaded", "stopped") or state is None:
                 model.unload_sent = False
+                model.drained_for = None
                 if model.draining:
                     model.draining = False
                     self.gates[role].resume()
@@ -329,6 +334,7 @@ class Loader:
                     other = self.models[role_in_way]
                     if not other.draining:
                         other.draining = True
+                        other.drained_for = role
                         self.gates[role_in_way].pause()
                         log.info(
                             "draining %s to make room for %s (waiting %.1fs)",
@@ -337,9 +343,28 @@ class Loader:
                             now - waiting.since,
                         )
             first = False
+        self._release_drained()
         await self._drop_unwanted_loads(states, now)
         await self._expire_idle(states, now)
         return busy
+
+    def _release_drained(self) -> None:
+        """Resume a model drained for a waiter that no longer needs its room (it gave
+        up or left, or is loading with room found elsewhere): nothing would unload it
+        for that waiter any more, and its own requests would queue to their deadlines
+        behind a gate paused for nobody."""
+        for role, model in self.models.items():
+            wanted = model.drained_for
+            if wanted is None or model.unload_sent:
+                continue
+            waiter = self.models.get(wanted)
+            if waiter is not None and waiter.waiting is not None and waiter.load_sent_at is None:
+                continue  # still waiting for the room
+            model.drained_for = None
+            if model.draining:
+                model.draining = False
+                self.gates[role].resume()
+                log.info("no longer draining %s: nothing waits for its room", model.spec.entry.id)
 
     async def _drop_unwanted_loads(
         self, states: Mapping[str, BackendState | None], now: float
@@ -385,6 +410,7 @@ class Loader:
 
     async def _load(self, model: Model) -> None:
         model.load_sent_at = self.clock()
+        model.load_seen = False
         reply = await self._send(Command("load", model.spec.role))
         if reply is None or not reply.ok:
             model.load_sent_at = None
@@ -400,6 +426,16 @@ class Loader:
         gate = self.gates[model.spec.role]
         if reason != "api" and not (gate.idle or (model.draining and gate.active == 0)):
             return False
+        reply = await self._ask_unload(model, reason, for_model)
+        return reply is not None and reply.ok
+
+    async def _ask_unload(
+        self, model: Model, reason: str, for_model: str | None = None
+    ) -> Reply | None:
+        """Pause the model's gate and ask for its process to go: the supervisor's reply
+        (None when it cannot be reached). A refusal resumes the gate unless the model is
+        draining."""
+        gate = self.gates[model.spec.role]
         gate.pause()
         model.unload_sent = True
         reply = await self._send(Command("unload", model.spec.role, reason, for_model))
@@ -407,9 +443,25 @@ class Loader:
             model.unload_sent = False
             if not model.draining:
                 gate.resume()
-            return False
+            return reply
         model.draining = True  # resumed once it is unloaded
-        return True
+        return reply
+
+    async def _unload_by_request(self, model: Model, until: float) -> bool:
+        """Ask for ``model``'s unload until it is taken: a load still launching (no
+        process yet) refuses it for a moment, so it is asked again every
+        ``POLL_SECONDS`` until ``until`` (router clock); gone meanwhile counts as
+        taken. False when refused otherwise."""
+        while True:
+            reply = await self._ask_unload(model, "api")
+            if reply is not None and reply.ok:
+                return True
+            if reply is None or reply.state not in LAUNCHING or self.clock() >= until:
+                return False
+            state = self.state_of(model.spec)
+            if state is None or state.state in GONE:
+                return True
+            await asyncio.sleep(POLL_SECONDS)
 
     async def _send(self, command: Command) -> Reply | None:
         try:
@@ -432,24 +484,31 @@ class Loader:
         gate = self.gates[spec.role]
         gate.pause()
         model.draining = True
+        model.drained_for = None  # drained by request now: not the planner's to resume
         deadline = self.clock() + self.drain_seconds
         while gate.active > 0 and self.clock() < deadline:
+            await asyncio.sleep(POLL_SECONDS)
+        stop_at = self.clock() + UNLOAD_WAIT_SECONDS
+        # A load the planner has asked for that the state file does not show yet: wait
+        # until it shows (or is taken as lost), so that it is stopped, not answered
+        # "unloaded" just before it starts.
+        while model.load_sent_at is not None and not model.load_seen and self.clock() < stop_at:
+            self.wake()
             await asyncio.sleep(POLL_SECONDS)
         state = self.state_of(spec)
         seen = model.gone_seen  # read with the state: a later turn saw it after this
         loaded = state is not None and state.state in HOLDING and state.state != "unloading"
-        if loaded:
-            # Whoever waits for this load is told now, not left to see it vanish.
-            self._fail(model, "it was unloaded by request (POST /v1/models/unload)", "unloaded")
-        if loaded and not await self._unload(model, "api"):
+        if loaded and not await self._unload_by_request(model, stop_at):
             gate.resume()
             model.draining = False
             raise BackendUnavailable(
                 f"'{spec.entry.id}' could not be unloaded (the supervisor refused)",
                 code="unload_failed",
             )
+        if loaded:
+            # Whoever waits for this load is told now, not left to see it vanish.
+            self._fail(model, "it was unloaded by request (POST /v1/models/unload)", "unloaded")
         self.wake()  # the planner looks at once, and then every POLL_SECONDS
-        stop_at = self.clock() + UNLOAD_WAIT_SECONDS
         while self.clock() < stop_at:
             state = self.state_of(spec)
             if state is None or state.state in GONE or model.gone_seen > seen:
