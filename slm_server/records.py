@@ -41,7 +41,7 @@ def read_json(path: Path) -> Any:
     """The JSON in ``path``, or ``None`` when it is missing or unreadable."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: a forged deep file
         return None
 
 
@@ -228,7 +228,11 @@ class StateFile:
 
 def read_state_file(path: Path) -> StateFile:
     """The state file at ``path`` (empty when missing or unreadable), read once."""
-    data = read_json(path)
+    return parse_state(read_json(path))
+
+
+def parse_state(data: Any) -> StateFile:
+    """A state file's decoded JSON as a :class:`StateFile` (empty when it is none)."""
     if not isinstance(data, dict):
         return StateFile()
     backends: list[BackendState] = []

@@ -1,18 +1,22 @@
 """The supervisor's published backend states, as the router sees them.
 
-The state file is re-read only when its modification time changes, and its ``stat``
-is taken at most every ``STAT_EVERY_SECONDS``, so looking a backend up (several times
-per request) costs next to nothing; a change is seen within that time.
+The state file is read at most every ``STAT_EVERY_SECONDS`` and decoded only when its
+bytes changed, so looking a backend up (several times per request) costs next to
+nothing; a change is seen within that time. The bytes are compared, not the file's
+modification time and size: the supervisor replaces the file on every change, and two
+versions of the same size written within one tick of the file system's clock (a
+jiffy, or a second on some) would otherwise look the same, and the later one
+would stay unseen until the next write.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import time
 from pathlib import Path
 from typing import Protocol
 
-from slm_server.records import BackendState, StateFile, pid_alive, read_state_file
+from slm_server.records import BackendState, StateFile, parse_state, pid_alive
 
 # How long a launcher whose pid and create time matched is trusted on its pid alone.
 REVERIFY_SECONDS = 1.0
@@ -41,7 +45,7 @@ class StateView:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
+        self._raw: bytes | None = None
         self._states: dict[tuple[str, int], BackendState] = {}
         self._file = StateFile()
         self._verified_until = 0.0
@@ -53,14 +57,17 @@ class StateView:
             return
         self._stat_after = now + STAT_EVERY_SECONDS
         try:
-            info = os.stat(self.path)
+            raw = self.path.read_bytes()
         except OSError:
-            self._stamp, self._states, self._file = None, {}, StateFile()
+            self._raw, self._states, self._file = None, {}, StateFile()
             return
-        stamp = (info.st_mtime_ns, info.st_size)
-        if stamp == self._stamp:
+        if raw == self._raw:
             return
-        self._stamp, self._file = stamp, read_state_file(self.path)
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            data = None  # half of a file no writer of ours leaves: as if empty
+        self._raw, self._file = raw, parse_state(data)
         self._verified_until = 0.0
         self._states = {(s.role, s.port): s for s in self._file.backends}
 

@@ -1,0 +1,64 @@
+"""The router's view of the supervisor's state file: every version the supervisor
+publishes is seen, whatever the file system's clock says, and a forged file is only
+an empty one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slm_server.records import BackendState, write_state
+from slm_server.router import backend_state
+from slm_server.router.backend_state import StateView
+
+
+def published(state: str) -> BackendState:
+    return BackendState(
+        role="chat",
+        model_id="m",
+        backend="llamacpp",
+        port=8501,
+        state=state,
+        pid=None,
+        since=0.0,
+        started_at=None,
+        exit_status=None,
+        restarts=0,
+        reason=None,
+        log_path="logs/x.log",
+    )
+
+
+@pytest.fixture(autouse=True)
+def every_look_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend_state, "STAT_EVERY_SECONDS", 0.0)
+
+
+def test_a_same_size_version_within_one_clock_tick_is_seen(tmp_path: Path) -> None:
+    path = tmp_path / "backends.state.json"
+    write_state(path, os.getpid(), [published("ready")])
+    view = StateView(path)
+    first = view.get("chat", 8501)
+    assert first is not None and first.state == "ready"
+    before = path.stat()
+    write_state(path, os.getpid(), [published("error")])  # "error" is as long as "ready"
+    assert path.stat().st_size == before.st_size
+    # The file system's clock has not moved on (a coarse tick, or a second).
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    later = view.get("chat", 8501)
+    assert later is not None and later.state == "error"
+
+
+@pytest.mark.parametrize(
+    "text", ["[" * 100_000, '{"backends": [{"role": 1}]}', "{not json", '{"backends": 5}']
+)
+def test_a_forged_or_broken_file_is_an_empty_one(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "backends.state.json"
+    write_state(path, os.getpid(), [published("ready")])
+    view = StateView(path)
+    assert view.get("chat", 8501) is not None
+    path.write_text(text)
+    assert view.get("chat", 8501) is None
+    assert not view.launcher_alive()
