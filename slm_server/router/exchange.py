@@ -39,6 +39,12 @@ OPERATIONS = {
     "/v1/images/edits": "image_edit",
     "/v1/audio/transcriptions": "transcription",
 }
+# The endpoints whose answer can be a stream: ``"stream": true`` elsewhere (an
+# embeddings request, say) is no stream, and arms no first-byte timer (the backend sends
+# such an answer's head only when all of it is done).
+STREAMING_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/audio/transcriptions"}
+)
 _SCOPE_KEY = "slm.exchange"
 _ID_PREFIX = uuid.uuid4().hex[:16]
 _ID_COUNTER = itertools.count(1)
@@ -114,7 +120,7 @@ class Exchange:
         """The request fields telemetry reports."""
         model = payload.get("model")
         self.model = model if isinstance(model, str) else None
-        self.stream = payload.get("stream") is True
+        self.stream = payload.get("stream") is True and self.path in STREAMING_PATHS
         self.max_tokens = _count(payload.get("max_tokens", payload.get("max_output_tokens")))
         self.temperature = _number(payload.get("temperature"))
         self.top_p = _number(payload.get("top_p"))

@@ -47,6 +47,9 @@ class StreamRelay:
 
     ``deadline`` is an event-loop time (``loop.time()``); ``on_cut`` hears
     about a stream the relay had to cut (deadline or shutdown) before it is reported.
+    ``on_head`` is told when the head starts going out to the client, and again once it
+    is out: until then the client (its connection's buffer full), not the backend,
+    holds the answer up.
     """
 
     def __init__(
@@ -62,8 +65,10 @@ class StreamRelay:
         drain: Drain | None = None,
         on_cut: Callable[[GatewayError], None] | None = None,
         splice: Splice | None = None,
+        on_head: Callable[[bool], None] | None = None,
     ) -> None:
         self.chunks = chunks
+        self.on_head = on_head
         self.splice = splice
         self.close = close
         self.status_code = status_code
@@ -129,12 +134,15 @@ class StreamRelay:
                 )
             if self.on_cut is not None:
                 self.on_cut(error)
+            # The backend and the admission slot go first: a client that reads nothing
+            # (its buffer full) would hold this send, and them with it, for ever.
+            await self.close()
             await send(
                 {"type": "http.response.body", "body": self.error_event(error), "more_body": True}
             )
         finally:
             # ``close`` runs to its end: it never waits (closing the upstream response
-            # and freeing the admission slot are immediate).
+            # and freeing the admission slot are immediate), and a second call is a no-op.
             await self.close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -145,7 +153,12 @@ class StreamRelay:
         return {"type": "http.response.start", "status": self.status_code, "headers": headers}
 
     async def _relay(self, scope: Scope, send: Send) -> None:
+        on_head = self.on_head
+        if on_head is not None:
+            on_head(False)
         await send(self._start())
+        if on_head is not None:
+            on_head(True)
         direct = scope.get("extensions", {}).get(DIRECT_BODY)
         try:
             if self.splice is not None and isinstance(direct, DirectBody) and direct.usable:

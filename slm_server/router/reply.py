@@ -66,6 +66,16 @@ class Replies:
             if error.code == "deadline_exceeded":
                 self.sender.judge_deadline(spec, progress, error)
 
+        def on_head(sent: bool) -> None:
+            # The head waits for the client (a full buffer): the backend's first-byte
+            # timer and silence stop until it is out, and then start afresh.
+            if sent:
+                noted.go_on(time.perf_counter())
+                timer.resume()
+            else:
+                timer.pause()
+                noted.hold()
+
         async def close() -> None:
             # A relay that never began reading (the client left first) must not leave
             # the first-byte timer to blame the backend.
@@ -97,6 +107,7 @@ class Replies:
                     deadline=call.deadline.at,
                     drain=self.drain,
                     on_cut=on_cut,
+                    on_head=on_head,
                 )
             chunks = self.sender.watched(call, iter_raw(spec, upstream), timer, noted)
             if encoding is not None:  # the bytes as they came: the client decodes them
@@ -108,6 +119,7 @@ class Replies:
                     deadline=call.deadline.at,
                     drain=self.drain,
                     on_cut=on_cut,
+                    on_head=on_head,
                 )
             tap = SseTap(
                 exchange, drop_usage_chunk=call.hidden_usage, max_event_bytes=self.max_event
@@ -124,6 +136,7 @@ class Replies:
                 drain=self.drain,
                 on_cut=on_cut,
                 splice=spliced,
+                on_head=on_head,
             )
         timer.cancel()
         try:

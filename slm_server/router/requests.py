@@ -63,12 +63,24 @@ def model_field(payload: dict[str, Any]) -> str:
 
 
 RERANK_ENDPOINTS = frozenset({"/v1/rerank"})
+GRAMMAR_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 
 def check_fields(payload: dict[str, Any], endpoint: str) -> None:
     """Refuse values a backend would fail on with a 5xx of its own (which the watchdog
     would count against a healthy backend): a rerank ``top_n`` that is not a positive
-    integer (llama-server throws on a negative one; 0 would rank nothing)."""
+    integer (llama-server throws on a negative one; 0 would rank nothing), and both a
+    ``json_schema`` and a ``grammar`` (llama-server answers them 500)."""
+    if (
+        endpoint in GRAMMAR_ENDPOINTS
+        and payload.get("json_schema") is not None
+        and payload.get("grammar")
+    ):
+        raise InvalidRequest(
+            "Give either 'json_schema' or 'grammar', not both",
+            code="invalid_request",
+            param="grammar",
+        )
     if endpoint in RERANK_ENDPOINTS and "top_n" in payload:
         top_n = payload["top_n"]
         if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:

@@ -13,7 +13,8 @@ itself and :func:`judge` decides, by the first row of :data:`TABLE` that matches
     canary 5xx ................................................. restart
     canary 429/425: a free slot -> restart; else progress decides
     canary timed out, refused or broken: progress decides
-    no canary (unsupported model type, no budget): progress decides
+    no canary: progress decides; idle: an unsupported model type -> not confirmed
+    (nothing tells a wedge from an idle healthy backend), no time left -> restart
 
 "Progress" is a busy slot of llama-server's ``/slots`` that moved between two samples,
 or the process's CPU time advancing by at least :data:`CPU_BUSY_FRACTION` of one core
@@ -194,6 +195,7 @@ class Rule(enum.Enum):
     UNANSWERED_PROGRESSING = "canary_unanswered_progressing"
     UNANSWERED_IDLE = "canary_unanswered_idle"
     NO_CANARY_PROGRESSING = "no_canary_progressing"
+    NO_CANARY_FOR_TYPE_IDLE = "no_canary_for_type_idle"
     NO_CANARY_IDLE = "no_canary_idle"
 
 
@@ -237,7 +239,12 @@ TABLE: Final[tuple[Row, ...]] = (
         f"no canary (unsupported model type, no time left); {PROGRESS}",
         False,
     ),
-    Row(Rule.NO_CANARY_IDLE, "no canary; no progress", True),
+    Row(
+        Rule.NO_CANARY_FOR_TYPE_IDLE,
+        "no canary for the model type (audio, images), `/health` answered; no progress",
+        False,
+    ),
+    Row(Rule.NO_CANARY_IDLE, "no canary (no time left); no progress", True),
 )
 ROWS: Final = {row.rule: row for row in TABLE}
 
@@ -330,6 +337,10 @@ def judge(evidence: Evidence) -> Decision:
     why = canary.not_run.value if canary.not_run is not None else "not run"
     if progressing:
         return _by(Rule.NO_CANARY_PROGRESSING, f"no canary ({why}), but {progress}")
+    if canary.not_run is NotRun.UNSUPPORTED:
+        # Nothing here tells a wedge from an idle healthy backend, and the trip may be a
+        # forged request file: a backend that answers /health is left alone.
+        return _by(Rule.NO_CANARY_FOR_TYPE_IDLE, f"no canary ({why}); {progress}")
     return _by(Rule.NO_CANARY_IDLE, f"no canary ({why}); {progress}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 import time
@@ -66,6 +67,9 @@ def take_requests(directory: Path) -> list[RestartRequest | str]:
                 requested_at=float(raw["requested_at"]),
                 detail=raw.get("detail"),
             )
+            if not math.isfinite(request.requested_at):
+                # NaN compares false both ways: it would pass the future and grace checks.
+                raise ValueError("requested_at is not a finite number")
         except (OSError, ValueError, KeyError, TypeError):
             taken.append(path.name)
             request = None

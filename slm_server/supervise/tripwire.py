@@ -29,18 +29,41 @@ log = logging.getLogger("slm_server.watchdog")
 
 
 class StallTimer:
-    """Trips the watchdog unless ``first_byte()`` or ``cancel()`` comes in time."""
+    """Trips the watchdog unless ``first_byte()`` or ``cancel()`` comes in time;
+    ``pause()`` stops it while the router, not the backend, holds the answer up, and
+    ``resume()`` arms it afresh (with ``arm``)."""
 
-    def __init__(self, handle: asyncio.TimerHandle | None) -> None:
+    __slots__ = ("_arm", "_handle", "_paused")
+
+    def __init__(
+        self,
+        handle: asyncio.TimerHandle | None,
+        arm: Callable[[], asyncio.TimerHandle] | None = None,
+    ) -> None:
         self._handle = handle
+        self._arm = arm
+        self._paused = False
 
     def first_byte(self) -> None:
         self.cancel()
 
     def cancel(self) -> None:
+        self._paused = False
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def pause(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+            self._paused = True
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if self._arm is not None:
+                self._handle = self._arm()
 
 
 class Progress:
@@ -49,12 +72,26 @@ class Progress:
     for more bytes, ``arrived()`` when some came. Times are the reader's clock
     (``time.perf_counter()`` in the router)."""
 
-    __slots__ = ("delivered", "sent_at", "waiting_since")
+    __slots__ = ("delivered", "held", "sent_at", "waiting_since")
 
     def __init__(self, sent_at: float) -> None:
         self.sent_at = sent_at
         self.delivered = False
         self.waiting_since: float | None = None
+        self.held = False
+
+    def hold(self) -> None:
+        """The client holds the answer up (its head cannot go out to it): no silence
+        is the backend's until :meth:`go_on`."""
+        self.held = True
+
+    def go_on(self, now: float) -> None:
+        """The router waits on the backend again from ``now``."""
+        self.held = False
+        if not self.delivered:
+            self.sent_at = now
+        elif self.waiting_since is not None:
+            self.waiting_since = now
 
     def waiting(self, now: float) -> None:
         self.waiting_since = now
@@ -73,6 +110,8 @@ class Progress:
         was sent while no byte of the body has come; else since the last bytes, 0 when
         it is not waiting on the backend at all (the router, or a client slow to read,
         holds the answer up, not the backend)."""
+        if self.held:
+            return 0.0
         if not self.delivered:
             return max(0.0, now - self.sent_at)
         since = self.waiting_since
@@ -183,8 +222,11 @@ class Tripwire:
         seconds = self.settings.stall_seconds
         detail = f"no first byte within {seconds:g}s on a streaming request"
         loop = asyncio.get_running_loop()
-        handle = loop.call_later(seconds, self.observe, spec, STALLED, detail)
-        return StallTimer(handle)
+
+        def arm() -> asyncio.TimerHandle:
+            return loop.call_later(seconds, self.observe, spec, STALLED, detail)
+
+        return StallTimer(arm(), arm)
 
     def open_streak(self, role: str) -> int:
         return self.streaks.open(role)

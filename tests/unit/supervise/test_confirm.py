@@ -63,7 +63,11 @@ ROWS: list[tuple[Rule, Evidence]] = [
         Rule.NO_CANARY_PROGRESSING,
         evidence(canary=Probe(Reply.NOT_RUN, not_run=NotRun.UNSUPPORTED), **BUSY_CPU),
     ),
-    (Rule.NO_CANARY_IDLE, evidence(canary=Probe(Reply.NOT_RUN, not_run=NotRun.UNSUPPORTED))),
+    (
+        Rule.NO_CANARY_FOR_TYPE_IDLE,
+        evidence(canary=Probe(Reply.NOT_RUN, not_run=NotRun.UNSUPPORTED)),
+    ),
+    (Rule.NO_CANARY_IDLE, evidence(canary=Probe(Reply.NOT_RUN, not_run=NotRun.NO_BUDGET))),
 ]
 
 
