@@ -36,6 +36,7 @@ from slm_server.supervise.evidence import Target, gather
 from slm_server.supervise.requests import take_requests
 from slm_server.supervise.states import Ready
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
+from tests.unit.router.test_door_writes import Recording
 from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta, serving
 from tests.unit.supervise.test_evidence import FakeClock, FakeHttp, FakeProcs
 
@@ -136,7 +137,7 @@ def test_a_client_that_reads_nothing_trips_a_stall_on_a_healthy_backend(tmp_path
     run(scenario())
 
 
-class Unread:
+class Unread(Recording):
     """A client connection that is never read: like asyncio's transport, it asks the
     protocol to pause writing once its buffer passes the high-water mark, and never
     resumes (the peer reads nothing)."""
@@ -144,34 +145,16 @@ class Unread:
     HIGH_WATER = 64 * 1024
 
     def __init__(self) -> None:
+        super().__init__()
         self.protocol: Any = None
         self.buffered = 0
         self.paused = False
-        self.closed = False
 
     def write(self, data: bytes) -> None:
         self.buffered += len(data)
         if self.buffered > self.HIGH_WATER and not self.paused:
             self.paused = True
             self.protocol.pause_writing()
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 5000)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
-        pass
 
 
 def post(path: str, body: dict[str, Any]) -> bytes:

@@ -11,39 +11,22 @@ from typing import Any
 
 from slm_server.commands import Command, Reply
 from slm_server.records import BackendState
-from slm_server.router.loader import Loader
 from tests.unit.router.inprocess import (
-    FakeResponse,
     FakeStates,
-    Router,
-    Sent,
     call,
     make_router,
-    sse,
-    whole,
 )
 from tests.unit.router.test_on_demand import (
-    ANSWER,
     ON_DEMAND,
+    aging_swap,
     answer_whole,
     chat_body,
-    entry,
+    drain_chat_for_an_aged_coder,
+    loader_of,
     run,
     serving,
-    start_chat_stream,
     until,
-    with_footprints,
 )
-
-
-def loader_of(router: Router) -> Loader:
-    [api] = [
-        r.endpoint.__self__  # type: ignore[attr-defined]
-        for r in router.app.routes
-        if getattr(r, "path", "") == "/v1/models/load"
-    ]
-    loader: Loader = api.loader
-    return loader
 
 
 def test_a_model_drained_for_a_waiter_that_left_is_not_paused_for_ever(tmp_path: Path) -> None:
@@ -52,33 +35,11 @@ def test_a_model_drained_for_a_waiter_that_left_is_not_paused_for_ever(tmp_path:
     its gate is resumed, not left paused with its requests queueing to their
     deadlines."""
     release = asyncio.Event()
-
-    async def script(sent: Sent) -> FakeResponse:
-        if sent.spec.role == "chat" and not release.is_set():
-            return sse({"choices": [{"delta": {"content": "a"}}]}, then=[release])
-        return whole(ANSWER)
-
-    router = make_router(
-        tmp_path,
-        script,
-        chat=ON_DEMAND,
-        more=entry("coder", 18002),
-        env={"SLM_MEMORY_BUDGET_MB": "1000", "SLM_SWAP_AGING_SECONDS": "0.6"},
-    )
-    with_footprints(router, chat=600, coder=600)
+    router = aging_swap(tmp_path, release)
 
     async def scenario() -> None:
         async with serving(router):
-            stream = await start_chat_stream(router)
-            short = {"x-request-timeout": "0.3"}
-            for _ in range(3):
-                got = await call(
-                    router.app, "/v1/chat/completions", chat_body("coder-model"), headers=short
-                )
-                assert got.status == 503
-            assert router.deps.gates["chat"].paused  # drained for the aged coder
-            release.set()
-            assert (await stream).status == 200
+            await drain_chat_for_an_aged_coder(router, release)
             await until(lambda: not router.deps.gates["chat"].paused, "chat resumed")
             got = await call(
                 router.app,

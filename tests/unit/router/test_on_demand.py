@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slm_server.commands import Command, Reply
+from slm_server.router.loader import Loader
 from tests.unit.router.inprocess import (
     Answer,
     FakeResponse,
@@ -102,6 +103,53 @@ async def start_chat_stream(router: Router) -> asyncio.Future[Answer]:
     )
     await until(lambda: bool(streaming.chunks), "the chat stream started")
     return stream
+
+
+def loader_of(router: Router) -> Loader:
+    """The router's on-demand planner (behind the load API's handler)."""
+    [api] = [
+        r.endpoint.__self__  # type: ignore[attr-defined]
+        for r in router.app.routes
+        if getattr(r, "path", "") == "/v1/models/load"
+    ]
+    loader: Loader = api.loader
+    return loader
+
+
+def aging_swap(tmp_path: Path, release: asyncio.Event) -> Router:
+    """``chat`` and ``coder`` (600 MB each, 1000 MB of budget, aging 0.6 s): ``chat``'s
+    first stream is held until ``release`` (later ``chat`` requests are answered
+    whole), every ``coder`` request is answered whole."""
+
+    async def script(sent: Sent) -> FakeResponse:
+        if sent.spec.role == "chat" and not release.is_set():
+            return sse({"choices": [{"delta": {"content": "a"}}]}, then=[release])
+        return whole(ANSWER)
+
+    router = make_router(
+        tmp_path,
+        script,
+        chat=ON_DEMAND,
+        more=entry("coder", 18002),
+        env={"SLM_MEMORY_BUDGET_MB": "1000", "SLM_SWAP_AGING_SECONDS": "0.6"},
+    )
+    return with_footprints(router, chat=600, coder=600)
+
+
+async def drain_chat_for_an_aged_coder(router: Router, release: asyncio.Event) -> None:
+    """A ``chat`` stream held open, then ``coder`` requests that each give up (0.3 s)
+    before the aging (0.6 s) until ``chat`` is drained for it; then the stream ends
+    (``release``)."""
+    stream = await start_chat_stream(router)
+    short = {"x-request-timeout": "0.3"}
+    for _ in range(3):
+        got = await call(
+            router.app, "/v1/chat/completions", chat_body("coder-model"), headers=short
+        )
+        assert got.status == 503
+    assert router.deps.gates["chat"].paused  # drained for the aged coder
+    release.set()
+    assert (await stream).status == 200
 
 
 def loads(router: Router) -> list[str]:
@@ -386,33 +434,11 @@ def test_a_model_whose_requests_give_up_before_aging_still_ages(tmp_path: Path) 
     """Each request for ``coder`` gives up (0.3 s) long before the aging (0.6 s), but
     its age carries over from one to the next: the busy ``chat`` is drained."""
     release = asyncio.Event()
-
-    async def script(sent: Sent) -> FakeResponse:
-        if sent.spec.role == "chat":
-            return sse({"choices": [{"delta": {"content": "a"}}]}, then=[release])
-        return whole(ANSWER)
-
-    router = make_router(
-        tmp_path,
-        script,
-        chat=ON_DEMAND,
-        more=entry("coder", 18002),
-        env={"SLM_MEMORY_BUDGET_MB": "1000", "SLM_SWAP_AGING_SECONDS": "0.6"},
-    )
-    with_footprints(router, chat=600, coder=600)
+    router = aging_swap(tmp_path, release)
 
     async def scenario() -> None:
         async with serving(router):
-            stream = await start_chat_stream(router)
-            short = {"x-request-timeout": "0.3"}
-            for _ in range(3):
-                got = await call(
-                    router.app, "/v1/chat/completions", chat_body("coder-model"), headers=short
-                )
-                assert got.status == 503
-            assert router.deps.gates["chat"].paused  # drained for the aged coder
-            release.set()
-            assert (await stream).status == 200
+            await drain_chat_for_an_aged_coder(router, release)
             got = await call(router.app, "/v1/chat/completions", chat_body("coder-model"))
             assert got.status == 200
             assert [(c.role, c.reason) for c in unloads(router)] == [("chat", "evicted")]
@@ -436,12 +462,7 @@ def test_a_load_the_state_file_never_showed_is_asked_for_again(tmp_path: Path) -
 
     async def scenario() -> None:
         async with serving(router):
-            [api] = [
-                r.endpoint.__self__  # type: ignore[attr-defined]
-                for r in router.app.routes
-                if getattr(r, "path", "") == "/v1/models/load"
-            ]
-            api.loader.commander = forgetful
+            loader_of(router).commander = forgetful
             got = await call(router.app, "/v1/chat/completions", chat_body("org/chat-model"))
             assert got.status == 200
             assert loads(router) == ["chat", "chat"]
@@ -461,12 +482,7 @@ def test_an_unload_is_answered_when_a_waiting_request_loads_the_model_again_at_o
 
     async def scenario() -> None:
         async with serving(router):
-            [api] = [
-                r.endpoint.__self__  # type: ignore[attr-defined]
-                for r in router.app.routes
-                if getattr(r, "path", "") == "/v1/models/load"
-            ]
-            loader = api.loader
+            loader = loader_of(router)
             loaded = await call(router.app, "/v1/models/load", {"model": "org/chat-model"})
             assert loaded.status == 200
             unloading = asyncio.ensure_future(
