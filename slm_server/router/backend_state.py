@@ -1,17 +1,19 @@
 """The supervisor's published backend states, as the router sees them.
 
-The state file is read at most every ``STAT_EVERY_SECONDS`` and decoded only when its
-bytes changed, so looking a backend up (several times per request) costs next to
-nothing; a change is seen within that time. The bytes are compared, not the file's
-modification time and size: the supervisor replaces the file on every change, and two
+The state file's ``stat`` is taken at most every ``STAT_EVERY_SECONDS``, and the file
+is read only when its inode, modification time or size changed, or while it is fresh
+(modified less than ``FRESH_SECONDS`` ago), and decoded only when its bytes changed: so
+looking a backend up (several times per request) costs next to nothing, and a change
+is seen within that time. The supervisor replaces the file on every change; two
 versions of the same size written within one tick of the file system's clock (a
-jiffy, or a second on some) would otherwise look the same, and the later one
-would stay unseen until the next write.
+jiffy, or a second on some) have the same stamp, so a fresh file's bytes are what
+tell them apart.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +23,8 @@ from slm_server.records import BackendState, StateFile, parse_state, pid_alive
 # How long a launcher whose pid and create time matched is trusted on its pid alone.
 REVERIFY_SECONDS = 1.0
 STAT_EVERY_SECONDS = 0.02
+# Longer than the coarsest modification-time tick of the file systems we run on (1 s).
+FRESH_SECONDS = 2.0
 
 
 class StateSource(Protocol):
@@ -45,6 +49,7 @@ class StateView:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._stamp: tuple[int, int, int] | None = None
         self._raw: bytes | None = None
         self._states: dict[tuple[str, int], BackendState] = {}
         self._file = StateFile()
@@ -57,10 +62,16 @@ class StateView:
             return
         self._stat_after = now + STAT_EVERY_SECONDS
         try:
+            info = os.stat(self.path)
+            stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+            fresh = time.time_ns() - info.st_mtime_ns < FRESH_SECONDS * 1e9
+            if stamp == self._stamp and not fresh:
+                return
             raw = self.path.read_bytes()
         except OSError:
-            self._raw, self._states, self._file = None, {}, StateFile()
+            self._stamp, self._raw, self._states, self._file = None, None, {}, StateFile()
             return
+        self._stamp = stamp
         if raw == self._raw:
             return
         try:

@@ -32,11 +32,12 @@ class Held:
 
 
 class LauncherLock:
-    """The lock, held until :meth:`release` or the process ends."""
+    """The lock, held until :meth:`release` or the process ends (``fd`` None: the
+    file could not be had, and the launcher goes on without it)."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int | None) -> None:
         self.path = path
-        self._fd: int | None = fd
+        self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:

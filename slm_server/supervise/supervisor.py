@@ -779,19 +779,18 @@ class Supervisor:
             self.sweep_leftovers()
             return asyncio.run(self.main())
         finally:
-            if isinstance(lock, launcher_lock.LauncherLock):
-                lock.release()
+            lock.release()
 
-    def take_lock(self) -> launcher_lock.LauncherLock | bool | None:
+    def take_lock(self) -> launcher_lock.LauncherLock | None:
         """This log directory's launcher lock (:mod:`.launcher_lock`); None when another
-        launcher holds it (reported), True when the file cannot be had at all (a
-        read-only directory: reported, and supervision goes on without it)."""
+        launcher holds it (reported). A file that cannot be had at all (a read-only
+        directory) is reported, and supervision goes on without the lock."""
         log_dir = self.settings.log_dir
         try:
             taken = launcher_lock.take(log_dir)
         except OSError as exc:
             log.warning("cannot take the launcher lock in %s: %s", log_dir, exc)
-            return True
+            return launcher_lock.LauncherLock(log_dir / launcher_lock.LOCK_NAME, None)
         if isinstance(taken, launcher_lock.Held):
             holder = f"pid {taken.holder}" if taken.holder is not None else "another process"
             log.error(

@@ -29,19 +29,15 @@ log = logging.getLogger("slm_server.watchdog")
 
 
 class StallTimer:
-    """Trips the watchdog unless ``first_byte()`` or ``cancel()`` comes in time;
-    ``pause()`` stops it while the router, not the backend, holds the answer up, and
-    ``resume()`` arms it afresh (with ``arm``)."""
+    """Trips the watchdog unless ``first_byte()`` or ``cancel()`` comes in time: armed
+    with ``arm`` at once (no timer without one); ``pause()`` stops it while the router,
+    not the backend, holds the answer up, and ``resume()`` arms it afresh."""
 
     __slots__ = ("_arm", "_handle", "_paused")
 
-    def __init__(
-        self,
-        handle: asyncio.TimerHandle | None,
-        arm: Callable[[], asyncio.TimerHandle] | None = None,
-    ) -> None:
-        self._handle = handle
+    def __init__(self, arm: Callable[[], asyncio.TimerHandle] | None) -> None:
         self._arm = arm
+        self._handle = arm() if arm is not None else None
         self._paused = False
 
     def first_byte(self) -> None:
@@ -86,12 +82,9 @@ class Progress:
         self.held = True
 
     def go_on(self, now: float) -> None:
-        """The router waits on the backend again from ``now``."""
+        """The router waits on the backend again, for its first byte, from ``now``."""
         self.held = False
-        if not self.delivered:
-            self.sent_at = now
-        elif self.waiting_since is not None:
-            self.waiting_since = now
+        self.sent_at = now
 
     def waiting(self, now: float) -> None:
         self.waiting_since = now
@@ -226,7 +219,7 @@ class Tripwire:
         def arm() -> asyncio.TimerHandle:
             return loop.call_later(seconds, self.observe, spec, STALLED, detail)
 
-        return StallTimer(arm(), arm)
+        return StallTimer(arm)
 
     def open_streak(self, role: str) -> int:
         return self.streaks.open(role)

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 from hypothesis import given
@@ -273,6 +273,12 @@ class Unbuffered(io.TextIOWrapper):
         return self.raw_bytes.getvalue().decode()
 
 
+def router_logging(stream: TextIO) -> logging.Logger:
+    """The router's logging configured onto ``stream``: its logger."""
+    configure("router", False, stream)
+    return logging.getLogger("slm_server.router")
+
+
 def on_a_bound_loop(scenario: Callable[[], Awaitable[None]]) -> None:
     """Run ``scenario`` on an event loop the handler is bound to; unbinding afterwards
     writes what is still held."""
@@ -290,8 +296,7 @@ def on_a_bound_loop(scenario: Callable[[], Awaitable[None]]) -> None:
 @pytest.mark.usefixtures("restored_root")
 def test_lines_held_for_the_timer_are_one_write_even_on_an_unbuffered_stream() -> None:
     stream = Unbuffered()
-    configure("router", False, stream)
-    log = logging.getLogger("slm_server.router")
+    log = router_logging(stream)
 
     async def scenario() -> None:
         for n in range(5):
@@ -321,8 +326,7 @@ class Picky(Unbuffered):
 @pytest.mark.usefixtures("restored_root")
 def test_a_line_the_stream_cannot_take_loses_only_itself() -> None:
     stream = Picky()
-    configure("router", False, stream)
-    log = logging.getLogger("slm_server.router")
+    log = router_logging(stream)
 
     async def scenario() -> None:
         log.info("before")
@@ -337,8 +341,7 @@ def test_a_line_the_stream_cannot_take_loses_only_itself() -> None:
 @pytest.mark.usefixtures("restored_root")
 def test_held_lines_past_the_limit_are_written_without_waiting() -> None:
     stream = Unbuffered()
-    configure("router", False, stream)
-    log = logging.getLogger("slm_server.router")
+    log = router_logging(stream)
 
     async def scenario() -> None:
         line = "x" * 1000
