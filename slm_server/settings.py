@@ -216,6 +216,7 @@ class DoorLimits:
     header_timeout_seconds: float = 10.0
     idle_timeout_seconds: float = 75.0
     body_stall_seconds: float = 10.0
+    write_stall_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ class ServingSettings:
                 ),
                 idle_timeout_seconds=_float(env, "SLM_IDLE_TIMEOUT_SECONDS", 75.0, minimum=0.001),
                 body_stall_seconds=_float(env, "SLM_BODY_STALL_SECONDS", 10.0, minimum=0.001),
+                write_stall_seconds=_float(env, "SLM_WRITE_STALL_SECONDS", 60.0, minimum=0.001),
             ),
             metrics_need_key=_bool(env, "SLM_METRICS_NEED_KEY", True),
             allowed_hosts=tuple(

@@ -15,7 +15,12 @@ uvicorn's httptools protocol with them enforced:
   response has begun, just closed), so a body declared and never sent cannot hold the
   budget for bodies in flight;
 * a connection with no request in progress for ``idle_timeout_seconds`` (a new one
-  included) → closed.
+  included) → closed;
+* a connection whose client takes none of the router's bytes for
+  ``write_stall_seconds`` (its write buffer stays past the high-water mark) → aborted,
+  the unsent bytes dropped: a client that asks and never reads cannot hold a
+  connection, its buffered answer or a stream's task for ever (a plain close would
+  wait for the buffer to drain).
 
 The answers are OpenAI-shaped JSON with ``Connection: close``.
 
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any, cast
 
 import httptools
@@ -47,6 +53,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from slm_server.errors import HttpStatusError
 from slm_server.router.alarm import Alarm
 from slm_server.settings import DoorLimits
+
+log = logging.getLogger("slm_server.router")
 
 REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 
@@ -201,12 +209,15 @@ class _Door(HttpToolsProtocol):
         self._refusal: HttpStatusError | None = None
         # The head's, the body's or the idle deadline: one at a time.
         self._alarm = Alarm(self.loop)
+        # While the client's write buffer is full: how long it may stay so.
+        self._write_alarm = Alarm(self.loop)
         self._held: HeldTransport | None = None
 
     # -- timers ---------------------------------------------------------------
 
     def _cancel_all(self) -> None:
         self._alarm.cancel()
+        self._write_alarm.cancel()
 
     def _arm_idle(self) -> None:
         if self._phase == "idle" and not self.pipeline and self._responded():
@@ -239,6 +250,15 @@ class _Door(HttpToolsProtocol):
             HttpStatusError(408, f"No byte of the request body for {stall:g}s", "body_timeout")
         )
 
+    def _write_late(self) -> None:
+        stall = self.limits.write_stall_seconds
+        log.info(
+            "closed a connection whose client read nothing of its answer for %gs "
+            "(SLM_WRITE_STALL_SECONDS)",
+            stall,
+        )
+        self.transport.abort()
+
     def _answer_and_close(self, refusal: HttpStatusError) -> None:
         """Answer ``refusal`` unless a response is already under way, and close."""
         if self.transport.is_closing():
@@ -264,6 +284,14 @@ class _Door(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_all()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_alarm.set(self.limits.write_stall_seconds, self._write_late)
+
+    def resume_writing(self) -> None:
+        self._write_alarm.clear()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         if self._refusal is not None or self.transport.is_closing() or not data:

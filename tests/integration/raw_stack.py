@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ class Raw:
     script_path: Path
     url: str
     router_pid: int
+    backend_port: int = 0
 
     def script(
         self, *steps: dict[str, Any], by_path: dict[str, list[dict[str, Any]]] | None = None
@@ -44,10 +45,15 @@ class Raw:
 
 @contextmanager
 def raw_stack(
-    tmp: Path, model: str, *, answer_limit_mb: float, event_limit_mb: float
+    tmp: Path,
+    model: str,
+    *,
+    answer_limit_mb: float,
+    event_limit_mb: float,
+    settings: Mapping[str, str] | None = None,
 ) -> Iterator[Raw]:
     """The raw backend serving ``model`` and a router in front of it, with these limits
-    (SLM_MAX_ANSWER_MB, SLM_MAX_SSE_EVENT_MB)."""
+    (SLM_MAX_ANSWER_MB, SLM_MAX_SSE_EVENT_MB) and any other ``settings`` (``SLM_*``)."""
     port = free_port()
     script = tmp / "script.json"
     log = (tmp / "raw.out").open("wb")
@@ -74,9 +80,10 @@ def raw_stack(
             {"raw": entry},
             SLM_MAX_ANSWER_MB=str(answer_limit_mb),
             SLM_MAX_SSE_EVENT_MB=str(event_limit_mb),
+            **(settings or {}),
         )
         with running_router(env, tmp) as (router, url):
-            yield Raw(script, url, router.pid)
+            yield Raw(script, url, router.pid, port)
     finally:
         backend.terminate()
         backend.wait(10)

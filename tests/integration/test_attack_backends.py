@@ -42,8 +42,9 @@ def delta(text: str) -> str:
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Raw]:
     tmp = tmp_path_factory.mktemp("raw-attack")
-    limits = {"answer_limit_mb": ANSWER_LIMIT / MIB, "event_limit_mb": EVENT_LIMIT / MIB}
-    with raw_stack(tmp, MODEL, **limits) as stack:
+    with raw_stack(
+        tmp, MODEL, answer_limit_mb=ANSWER_LIMIT / MIB, event_limit_mb=EVENT_LIMIT / MIB
+    ) as stack:
         yield stack
 
 

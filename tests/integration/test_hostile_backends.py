@@ -34,8 +34,9 @@ EVENT_LIMIT_MB = 1
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Raw]:
     tmp = tmp_path_factory.mktemp("raw")
-    limits = {"answer_limit_mb": ANSWER_LIMIT_MB, "event_limit_mb": EVENT_LIMIT_MB}
-    with raw_stack(tmp, MODEL, **limits) as stack:
+    with raw_stack(
+        tmp, MODEL, answer_limit_mb=ANSWER_LIMIT_MB, event_limit_mb=EVENT_LIMIT_MB
+    ) as stack:
         yield stack
 
 

@@ -1,0 +1,151 @@
+"""A client that asks and never reads is cut off after ``write_stall_seconds``: driven
+in-process through the real door protocol on a transport whose peer reads nothing
+(it asks the protocol to pause writing past a high-water mark, as asyncio's and
+uvloop's transports do, and resumes only when the test says the peer read)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import uvicorn
+from starlette.types import Receive, Scope, Send
+from uvicorn.server import ServerState
+
+from slm_server.router.door import door_protocol
+from slm_server.settings import DoorLimits
+from tests.unit.router.test_door_writes import Recording
+
+STALL = 0.05
+REQUEST = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+PIECE = b"x" * 16 * 1024
+
+
+class Unread(Recording):
+    """Buffers every write; pauses the protocol past ``HIGH_WATER``; an abort drops the
+    buffer and tells the protocol its connection is lost, as a real transport does."""
+
+    HIGH_WATER = 64 * 1024
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: Any = None
+        self.buffered = 0
+        self.paused = False
+        self.aborted_at: float | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.aborted_at is not None:
+            return
+        self.buffered += len(data)
+        if self.buffered > self.HIGH_WATER and not self.paused:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def read_by_peer(self) -> None:
+        """The peer took everything: the buffer is empty, writing resumes."""
+        self.buffered = 0
+        if self.paused:
+            self.paused = False
+            self.protocol.resume_writing()
+
+    def abort(self) -> None:
+        if self.aborted_at is None:
+            self.aborted_at = time.monotonic()
+            self.closed = True
+            self.buffered = 0
+            self.protocol.connection_lost(None)
+
+
+def door(transport: Unread, stall: float = STALL) -> Any:
+    async def unused(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("replaced by each test")
+
+    config = uvicorn.Config(unused, log_config=None, lifespan="off")
+    config.load()
+    limits = DoorLimits(write_stall_seconds=stall)
+    protocol = door_protocol(limits)(config=config, server_state=ServerState(), app_state={})
+    transport.protocol = protocol
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol
+
+
+async def run_app(app: Any, transport: Unread, stall: float = STALL) -> float:
+    """Serve one request with ``app``; the seconds it took to end."""
+    protocol = door(transport, stall)
+    protocol.app = app
+    started = time.monotonic()
+    protocol.data_received(REQUEST)
+    await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5.0)
+    return time.monotonic() - started
+
+
+def test_a_stream_to_a_client_that_reads_nothing_is_cut_after_the_write_stall() -> None:
+    transport = Unread()
+    sent = 0
+
+    async def stream(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal sent
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for _ in range(1000):  # blocks once the buffer is full, until the door cuts
+            await send({"type": "http.response.body", "body": PIECE, "more_body": True})
+            sent += 1
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    took = asyncio.run(run_app(stream, transport))
+    assert transport.aborted_at is not None, "the connection was never cut"
+    assert STALL <= took < 2.0
+    assert transport.buffered == 0
+
+
+def test_a_whole_answer_left_in_the_buffer_is_dropped_after_the_write_stall() -> None:
+    """The response is complete, but a close would wait for a peer that never reads:
+    the door aborts instead, and the buffered answer goes with the connection."""
+    transport = Unread()
+
+    async def whole(scope: Scope, receive: Receive, send: Send) -> None:
+        body = PIECE * 64  # 1 MiB, past the high-water mark
+        headers = [(b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def run() -> None:
+        await run_app(whole, transport)
+        assert transport.aborted_at is None  # the answer is handed over; the timer runs
+        deadline = time.monotonic() + 5.0
+        while transport.aborted_at is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    assert transport.aborted_at is not None
+    assert transport.buffered == 0
+
+
+def test_a_client_that_reads_again_within_the_limit_is_never_cut() -> None:
+    transport = Unread()
+    stall = 0.2
+
+    async def stream(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for _ in range(40):
+            await send({"type": "http.response.body", "body": PIECE, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def reader() -> None:
+        # Reads now and then, each time well within the limit; 0.6 s in all, three
+        # times the limit.
+        for _ in range(12):
+            await asyncio.sleep(stall / 4)
+            transport.read_by_peer()
+
+    async def run() -> None:
+        reading = asyncio.ensure_future(reader())
+        await run_app(stream, transport, stall)
+        await reading
+        await asyncio.sleep(stall * 1.5)  # past the limit, with nothing paused
+
+    asyncio.run(run())
+    assert transport.aborted_at is None
