@@ -16,11 +16,11 @@ uvicorn's httptools protocol with them enforced:
   budget for bodies in flight;
 * a connection with no request in progress for ``idle_timeout_seconds`` (a new one
   included) → closed;
-* a connection whose client takes none of the router's bytes for
-  ``write_stall_seconds`` (its write buffer stays past the high-water mark) → aborted,
-  the unsent bytes dropped: a client that asks and never reads cannot hold a
-  connection, its buffered answer or a stream's task for ever (a plain close would
-  wait for the buffer to drain).
+* a connection whose write buffer is past the high-water mark and whose client takes
+  none of it for ``write_stall_seconds`` → aborted, the unsent bytes dropped (a client
+  that takes some within each period is reading, however slowly): a client that asks
+  and never reads cannot hold a connection, its buffered answer or a stream's task for
+  ever (a plain close would wait for the buffer to drain).
 
 The answers are OpenAI-shaped JSON with ``Connection: close``.
 
@@ -209,8 +209,13 @@ class _Door(HttpToolsProtocol):
         self._refusal: HttpStatusError | None = None
         # The head's, the body's or the idle deadline: one at a time.
         self._alarm = Alarm(self.loop)
-        # While the client's write buffer is full: how long it may stay so.
+        # While the client's write buffer is full: how long it may go without taking
+        # any of it, and how much was unsent when that was last looked at.
         self._write_alarm = Alarm(self.loop)
+        self._unsent_at_check = 0
+        # The cycles of this connection whose response has not ended (the running one
+        # and any pipelined behind it): all are told when the connection is lost.
+        self._open_cycles: list[RequestResponseCycle] = []
         self._held: HeldTransport | None = None
 
     # -- timers ---------------------------------------------------------------
@@ -250,8 +255,19 @@ class _Door(HttpToolsProtocol):
             HttpStatusError(408, f"No byte of the request body for {stall:g}s", "body_timeout")
         )
 
+    def _unsent(self) -> int:
+        size = getattr(self.transport, "get_write_buffer_size", None)
+        return int(size()) if size is not None else 0
+
     def _write_late(self) -> None:
+        """A stall period passed with the buffer full: cut, unless the client took some
+        of it meanwhile (a slow reader of a large answer is still reading)."""
         stall = self.limits.write_stall_seconds
+        unsent = self._unsent()
+        if unsent < self._unsent_at_check:
+            self._unsent_at_check = unsent
+            self._write_alarm.set(stall, self._write_late)
+            return
         log.info(
             "closed a connection whose client read nothing of its answer for %gs "
             "(SLM_WRITE_STALL_SECONDS)",
@@ -272,7 +288,9 @@ class _Door(HttpToolsProtocol):
             answer = self.cycle is None or not self.cycle.response_started
         if answer:
             self.transport.write(refusal_bytes(refusal))
-        self._cancel_all()
+        # The write-stall alarm stays: a close waits for a buffer the client may never
+        # take, and only that alarm ends the wait.
+        self._alarm.cancel()
         self.transport.close()
 
     # -- the protocol -----------------------------------------------------------
@@ -283,10 +301,18 @@ class _Door(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_all()
+        # uvicorn tells only the newest cycle; a stream running ahead of a pipelined
+        # request must hear of it too, or it relays into a dead connection.
+        for cycle in self._open_cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self._open_cycles.clear()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
         super().pause_writing()
+        self._unsent_at_check = self._unsent()
         self._write_alarm.set(self.limits.write_stall_seconds, self._write_late)
 
     def resume_writing(self) -> None:
@@ -426,6 +452,10 @@ class _Door(HttpToolsProtocol):
             cycle.transport = held  # type: ignore[assignment]
             extensions = cast(dict[str, Any], cycle.scope.setdefault("extensions", {}))
             extensions[DIRECT_BODY] = DirectBody(cycle)
+            opened = self._open_cycles
+            if opened:
+                opened[:] = [c for c in opened if not c.response_complete]
+            opened.append(cycle)
 
     def on_body(self, body: bytes) -> None:
         self._body_delivered += len(body)
