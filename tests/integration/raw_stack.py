@@ -17,6 +17,34 @@ import psutil
 
 from tests.processes import ROOT, free_port, http_ok, poll, registry_env, running_router
 
+# The head of a chunked event stream, as a backend sends it.
+SSE_HEAD = (
+    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def delta(model: str, text: str) -> str:
+    """One chat-completion chunk carrying ``text``, as an SSE event."""
+    chunk = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+def repeated_stream(model: str, events: int) -> list[dict[str, Any]]:
+    """The script of a stream of ``events`` one-token chunks, then ``[DONE]``."""
+    piece = delta(model, "x")
+    return [
+        {"send": SSE_HEAD},
+        {"repeat": f"{len(piece):x}\r\n{piece}\r\n", "times": events},
+        {"chunk": "data: [DONE]\n\n"},
+        {"chunk": ""},
+    ]
+
 
 @dataclass
 class Raw:

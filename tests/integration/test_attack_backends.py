@@ -14,29 +14,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.raw_stack import Raw, raw_stack
+from tests.integration.raw_stack import SSE_HEAD, Raw, delta, raw_stack, repeated_stream
 from tests.processes import http_ok
 
 MODEL = "raw-attack"
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
-SSE_HEAD = (
-    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-)
 EVENT_LIMIT = 8 * 1024  # SLM_MAX_SSE_EVENT_MB below, in bytes (0.0078125 MiB)
 ANSWER_LIMIT = 64 * 1024
 MIB = 1024 * 1024
-
-
-def delta(text: str) -> str:
-    chunk = {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": MODEL,
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
-    }
-    return f"data: {json.dumps(chunk)}\n\n"
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +44,7 @@ def stream(raw: Raw) -> bytes:
 def test_an_oversized_event_alone_ends_the_stream_in_band(raw: Raw) -> None:
     raw.script(
         {"send": SSE_HEAD},
-        {"chunk": delta("first")},
+        {"chunk": delta(MODEL, "first")},
         {"sleep": 0.2},
         {"chunk": "data: " + "x" * (2 * EVENT_LIMIT) + "\n\n"},
         {"chunk": ""},
@@ -73,7 +59,7 @@ def test_a_good_event_in_the_same_read_as_an_oversized_one_still_reaches_the_cli
 ) -> None:
     raw.script(
         {"send": SSE_HEAD},
-        {"chunk": delta("first") + "data: " + "x" * (2 * EVENT_LIMIT) + "\n\n"},
+        {"chunk": delta(MODEL, "first") + "data: " + "x" * (2 * EVENT_LIMIT) + "\n\n"},
         {"chunk": ""},
     )
     body = stream(raw)
@@ -136,13 +122,7 @@ def test_a_client_that_stops_reading_holds_the_backend_back_and_loses_nothing(
     was (the backend's socket is paused, not buffered into the router), and when the
     client reads again every event arrives, in order."""
     events = 200_000  # about 30 MB of stream
-    piece = delta("x")
-    raw.script(
-        {"send": SSE_HEAD},
-        {"repeat": f"{len(piece):x}\r\n{piece}\r\n", "times": events},
-        {"chunk": "data: [DONE]\n\n"},
-        {"chunk": ""},
-    )
+    raw.script(*repeated_stream(MODEL, events))
     before = raw.rss_mb()
     host, port = raw.url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)

@@ -15,14 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.raw_stack import Raw, raw_stack
+from tests.integration.raw_stack import SSE_HEAD, Raw, raw_stack
 
 MODEL = "raw"
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
-SSE_HEAD = (
-    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-)
 DELTA = json.dumps(
     {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
      "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}

@@ -14,14 +14,11 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.integration.raw_stack import Raw, raw_stack
+from tests.integration.raw_stack import Raw, raw_stack, repeated_stream
 
 MODEL = "raw-unread"
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
-SSE_HEAD = (
-    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-)
 STALL = 1.0  # SLM_WRITE_STALL_SECONDS here
 DEADLINE = 10.0  # the model's default_timeout (raw_stack): the cut must come first
 MIB = 1024 * 1024
@@ -35,25 +32,8 @@ def raw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Raw]:
         yield stack
 
 
-def delta(text: str) -> str:
-    chunk = {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": MODEL,
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
-    }
-    return f"data: {json.dumps(chunk)}\n\n"
-
-
 def stream_script(raw: Raw, events: int) -> None:
-    piece = delta("x")
-    raw.script(
-        {"send": SSE_HEAD},
-        {"repeat": f"{len(piece):x}\r\n{piece}\r\n", "times": events},
-        {"chunk": "data: [DONE]\n\n"},
-        {"chunk": ""},
-    )
+    raw.script(*repeated_stream(MODEL, events))
 
 
 def ask(raw: Raw, stream: bool, buffer: int = 4096) -> socket.socket:

@@ -36,7 +36,7 @@ from slm_server.supervise.evidence import Target, gather
 from slm_server.supervise.requests import take_requests
 from slm_server.supervise.states import Ready
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
-from tests.unit.router.test_door_writes import Recording
+from tests.unit.router.test_door_writes import Unread
 from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta, serving
 from tests.unit.supervise.test_evidence import FakeClock, FakeHttp, FakeProcs
 
@@ -135,26 +135,6 @@ def test_a_client_that_reads_nothing_trips_a_stall_on_a_healthy_backend(tmp_path
             assert verdicts(router) == []
 
     run(scenario())
-
-
-class Unread(Recording):
-    """A client connection that is never read: like asyncio's transport, it asks the
-    protocol to pause writing once its buffer passes the high-water mark, and never
-    resumes (the peer reads nothing)."""
-
-    HIGH_WATER = 64 * 1024
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.protocol: Any = None
-        self.buffered = 0
-        self.paused = False
-
-    def write(self, data: bytes) -> None:
-        self.buffered += len(data)
-        if self.buffered > self.HIGH_WATER and not self.paused:
-            self.paused = True
-            self.protocol.pause_writing()
 
 
 def post(path: str, body: dict[str, Any]) -> bytes:

@@ -15,47 +15,11 @@ from uvicorn.server import ServerState
 
 from slm_server.router.door import door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Recording
+from tests.unit.router.test_door_writes import Unread
 
 STALL = 0.05
 REQUEST = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
 PIECE = b"x" * 16 * 1024
-
-
-class Unread(Recording):
-    """Buffers every write; pauses the protocol past ``HIGH_WATER``; an abort drops the
-    buffer and tells the protocol its connection is lost, as a real transport does."""
-
-    HIGH_WATER = 64 * 1024
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.protocol: Any = None
-        self.buffered = 0
-        self.paused = False
-        self.aborted_at: float | None = None
-
-    def write(self, data: bytes) -> None:
-        if self.aborted_at is not None:
-            return
-        self.buffered += len(data)
-        if self.buffered > self.HIGH_WATER and not self.paused:
-            self.paused = True
-            self.protocol.pause_writing()
-
-    def read_by_peer(self) -> None:
-        """The peer took everything: the buffer is empty, writing resumes."""
-        self.buffered = 0
-        if self.paused:
-            self.paused = False
-            self.protocol.resume_writing()
-
-    def abort(self) -> None:
-        if self.aborted_at is None:
-            self.aborted_at = time.monotonic()
-            self.closed = True
-            self.buffered = 0
-            self.protocol.connection_lost(None)
 
 
 def door(transport: Unread, stall: float = STALL) -> Any:

@@ -4,6 +4,7 @@ once; driven in-process on a recording transport."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import uvicorn
@@ -41,6 +42,44 @@ class Recording:
 
     def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+
+class Unread(Recording):
+    """A client connection whose peer reads nothing unless told to: like asyncio's
+    transport, it asks the protocol to pause writing once its buffer passes the
+    high-water mark; it resumes only when the peer reads (:meth:`read_by_peer`); an
+    abort drops the buffer and tells the protocol its connection is lost."""
+
+    HIGH_WATER = 64 * 1024
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: Any = None
+        self.buffered = 0
+        self.paused = False
+        self.aborted_at: float | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.aborted_at is not None:
+            return
+        self.buffered += len(data)
+        if self.buffered > self.HIGH_WATER and not self.paused:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def read_by_peer(self) -> None:
+        """The peer took everything: the buffer is empty, writing resumes."""
+        self.buffered = 0
+        if self.paused:
+            self.paused = False
+            self.protocol.resume_writing()
+
+    def abort(self) -> None:
+        if self.aborted_at is None:
+            self.aborted_at = time.monotonic()
+            self.closed = True
+            self.buffered = 0
+            self.protocol.connection_lost(None)
 
 
 async def whole(scope: Scope, receive: Receive, send: Send) -> None:

@@ -19,7 +19,7 @@ from slm_server.errors import GatewayError
 from slm_server.router.door import door_protocol
 from slm_server.router.relay import StreamRelay
 from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_write_stall import Unread
+from tests.unit.router.test_door_writes import Unread
 
 REQUEST = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
 PIECE = b"x" * 16 * 1024
