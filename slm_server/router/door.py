@@ -213,9 +213,9 @@ class _Door(HttpToolsProtocol):
         # any of it, and how much was unsent when that was last looked at.
         self._write_alarm = Alarm(self.loop)
         self._unsent_at_check = 0
-        # The cycles of this connection whose response has not ended (the running one
-        # and any pipelined behind it): all are told when the connection is lost.
-        self._open_cycles: list[RequestResponseCycle] = []
+        # Cycles a pipelined request took uvicorn's ``cycle`` from before their
+        # response ended: uvicorn tells only its newest of a lost connection.
+        self._superseded: list[RequestResponseCycle] = []
         self._held: HeldTransport | None = None
 
     # -- timers ---------------------------------------------------------------
@@ -255,15 +255,11 @@ class _Door(HttpToolsProtocol):
             HttpStatusError(408, f"No byte of the request body for {stall:g}s", "body_timeout")
         )
 
-    def _unsent(self) -> int:
-        size = getattr(self.transport, "get_write_buffer_size", None)
-        return int(size()) if size is not None else 0
-
     def _write_late(self) -> None:
         """A stall period passed with the buffer full: cut, unless the client took some
         of it meanwhile (a slow reader of a large answer is still reading)."""
         stall = self.limits.write_stall_seconds
-        unsent = self._unsent()
+        unsent = self.transport.get_write_buffer_size()
         if unsent < self._unsent_at_check:
             self._unsent_at_check = unsent
             self._write_alarm.set(stall, self._write_late)
@@ -301,18 +297,18 @@ class _Door(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_all()
-        # uvicorn tells only the newest cycle; a stream running ahead of a pipelined
-        # request must hear of it too, or it relays into a dead connection.
-        for cycle in self._open_cycles:
+        # A stream running ahead of a pipelined request must hear of it too, or it
+        # relays into a dead connection.
+        for cycle in self._superseded:
             if not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
-        self._open_cycles.clear()
+        self._superseded.clear()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._unsent_at_check = self._unsent()
+        self._unsent_at_check = self.transport.get_write_buffer_size()
         self._write_alarm.set(self.limits.write_stall_seconds, self._write_late)
 
     def resume_writing(self) -> None:
@@ -452,10 +448,10 @@ class _Door(HttpToolsProtocol):
             cycle.transport = held  # type: ignore[assignment]
             extensions = cast(dict[str, Any], cycle.scope.setdefault("extensions", {}))
             extensions[DIRECT_BODY] = DirectBody(cycle)
-            opened = self._open_cycles
-            if opened:
-                opened[:] = [c for c in opened if not c.response_complete]
-            opened.append(cycle)
+            if before is not None and not before.response_complete:  # pipelined
+                superseded = self._superseded
+                superseded[:] = [c for c in superseded if not c.response_complete]
+                superseded.append(before)
 
     def on_body(self, body: bytes) -> None:
         self._body_delivered += len(body)

@@ -67,6 +67,9 @@ class Unread(Recording):
             self.paused = True
             self.protocol.pause_writing()
 
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
     def read_by_peer(self) -> None:
         """The peer took everything: the buffer is empty, writing resumes."""
         self.buffered = 0

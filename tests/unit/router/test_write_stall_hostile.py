@@ -49,9 +49,6 @@ class Draining(Unread):
             self.lost = True
             self.protocol.connection_lost(None)
 
-    def get_write_buffer_size(self) -> int:
-        return self.buffered
-
     def abort(self) -> None:
         if self.aborted_at is None and not self.lost:
             self.lost = True
