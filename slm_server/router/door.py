@@ -29,6 +29,11 @@ write, status line, headers and body together (:class:`HeldTransport`), where
 uvicorn writes the head and the body separately: one system call and one segment
 fewer per answer. Streams are untouched: their head goes out at once.
 
+Each request's ``scope["extensions"]`` carries its :class:`Presence` under
+:data:`PRESENCE`: the door calls its listener the moment the connection is lost, so
+the router hears of a client leaving without a task per request waiting on ASGI's
+``receive`` for the ``http.disconnect``.
+
 A stream's body pieces can be written straight to the connection, framed as uvicorn
 frames them, without an ASGI message each (:class:`DirectBody`, in the request's
 ``scope["extensions"]`` under :data:`DIRECT_BODY`): the router's stream relay uses it
@@ -45,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 import httptools
@@ -179,6 +185,35 @@ class DirectBody:
             await cycle.flow.drain()
 
 
+PRESENCE = "slm.presence"
+
+
+class Presence:
+    """Whether one request's client is still connected. The door calls
+    :attr:`on_gone` (once, then forgets it) when the connection is lost before the
+    request's response ended; a response that ended has no client left to lose."""
+
+    __slots__ = ("_cycle", "on_gone")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+        self.on_gone: Callable[[], None] | None = None
+
+    @property
+    def gone(self) -> bool:
+        return self._cycle.disconnected
+
+    def lost(self) -> None:
+        on_gone, self.on_gone = self.on_gone, None
+        if on_gone is not None:
+            on_gone()
+
+
+def presence_of(cycle: RequestResponseCycle) -> Presence | None:
+    presence = cycle.scope.get("extensions", {}).get(PRESENCE)
+    return presence if isinstance(presence, Presence) else None
+
+
 # Bytes fed to the parser at a time outside a Content-Length body, so what a head (or a
 # chunked body's trailer) has cost is known to within this much, pipelined or not.
 SLICE = 4096
@@ -299,12 +334,19 @@ class _Door(HttpToolsProtocol):
         self._cancel_all()
         # A stream running ahead of a pipelined request must hear of it too, or it
         # relays into a dead connection.
-        for cycle in self._superseded:
-            if not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
+        lost = [cycle for cycle in self._superseded if not cycle.response_complete]
         self._superseded.clear()
+        for cycle in lost:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        current = self.cycle
+        if current is not None and not current.response_complete:
+            lost.append(current)
         super().connection_lost(exc)
+        for cycle in lost:
+            presence = presence_of(cycle)
+            if presence is not None:
+                presence.lost()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -448,6 +490,7 @@ class _Door(HttpToolsProtocol):
             cycle.transport = held  # type: ignore[assignment]
             extensions = cast(dict[str, Any], cycle.scope.setdefault("extensions", {}))
             extensions[DIRECT_BODY] = DirectBody(cycle)
+            extensions[PRESENCE] = Presence(cycle)
             if before is not None and not before.response_complete:  # pipelined
                 superseded = self._superseded
                 superseded[:] = [c for c in superseded if not c.response_complete]

@@ -1,11 +1,13 @@
 """Waiting on a backend without waiting forever: the request's deadline, the client's
 presence and the router's drain all bound every wait.
 
-The wait runs in the request's own task. One watcher task per request
-(:class:`ClientWatch`, started by the request's first wait and shared with its stream
-relay) listens for the client's disconnect and cancels whatever wait is current; the
-drain cancels every registered wait at once. The cancellation is then turned into the
-error that says why.
+The wait runs in the request's own task. The request's :class:`ClientWatch` (shared
+by its waits and its stream relay) hears of the client's leaving and cancels whatever
+wait is current: from the door (:class:`~slm_server.router.door.Presence`, told the
+moment the connection is lost), or, where no door serves the request (an in-process
+ASGI client), from a watcher task started by the first wait that awaits ASGI's
+``http.disconnect``. The drain cancels every registered wait at once. The cancellation
+is then turned into the error that says why.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any, TypeVar
 from starlette.types import Message, Receive, Scope
 
 from slm_server.errors import BackendUnavailable, ClientDisconnected
+from slm_server.router.door import PRESENCE, Presence
+from slm_server.router.exchange import Exchange, exchange_of
 
 _T = TypeVar("_T")
 _SCOPE_KEY = "slm.client"
@@ -24,27 +28,50 @@ _loop: asyncio.AbstractEventLoop | None = None
 
 
 class ClientWatch:
-    """Whether one request's client is still there, heard by a single watcher task.
+    """Whether one request's client is still there.
 
-    The watcher starts on the first :meth:`arm` and ends when the client disconnects
-    or the response is complete (the server then reports a disconnect too).
+    Told by the door's ``presence`` when there is one (the request's exchange is then
+    marked ``disconnected`` here, as the access middleware marks it when it sees the
+    ``http.disconnect``); else heard by a watcher task that starts on the first
+    :meth:`arm` and ends when the client disconnects or the response is complete (the
+    server then reports a disconnect too).
     """
 
-    __slots__ = ("_on_gone", "_receive", "_task", "gone")
+    __slots__ = ("_exchange", "_on_gone", "_receive", "_task", "_told", "gone")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(
+        self,
+        receive: Receive,
+        presence: Presence | None = None,
+        exchange: Exchange | None = None,
+    ) -> None:
         self._receive = receive
         self._task: asyncio.Task[None] | None = None
         self._on_gone: Callable[[], None] | None = None
+        self._exchange = exchange
         self.gone = False
+        self._told = presence is not None  # by the door: no watcher task
+        if presence is not None:
+            if presence.gone:
+                self._heard()
+            else:
+                presence.on_gone = self._heard
+
+    def _heard(self) -> None:
+        self.gone = True
+        if self._exchange is not None:
+            self._exchange.disconnected = True
+        on_gone, self._on_gone = self._on_gone, None
+        if on_gone is not None:
+            on_gone()
 
     def arm(self, on_gone: Callable[[], None]) -> bool:
-        """Call ``on_gone`` (from the watcher task) when the client disconnects, until
+        """Call ``on_gone`` (from the door or the watcher task) when the client disconnects, until
         :meth:`disarm`; False, and no call, when it is gone already."""
         if self.gone:
             return False
         self._on_gone = on_gone
-        if self._task is None:
+        if self._task is None and not self._told:
             self._task = running_loop().create_task(self._watch())
         return True
 
@@ -55,10 +82,7 @@ class ClientWatch:
         while True:
             message: Message = await self._receive()
             if message["type"] == "http.disconnect":
-                self.gone = True
-                on_gone, self._on_gone = self._on_gone, None
-                if on_gone is not None:
-                    on_gone()
+                self._heard()
                 return
 
 
@@ -78,7 +102,12 @@ def client_of(scope: Scope, receive: Receive) -> ClientWatch:
     state = scope.setdefault("state", {})
     watch = state.get(_SCOPE_KEY)
     if not isinstance(watch, ClientWatch):
-        watch = state[_SCOPE_KEY] = ClientWatch(receive)
+        presence = scope.get("extensions", {}).get(PRESENCE)
+        if isinstance(presence, Presence):
+            watch = ClientWatch(receive, presence, exchange_of(scope))
+        else:
+            watch = ClientWatch(receive)
+        state[_SCOPE_KEY] = watch
     return watch
 
 
