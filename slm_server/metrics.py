@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any, Final, Protocol, TypeVar
+from typing import Final, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
@@ -33,6 +33,7 @@ from slm_server.router.backend_state import StateSource
 from slm_server.router.exchange import Exchange
 from slm_server.supervise.classify import FailureClass, Outcome
 from slm_server.supervise.states import State
+from slm_server.tally import Counts, Spread
 
 UNKNOWN_MODEL: Final = "unknown"
 
@@ -52,7 +53,6 @@ OUTCOMES: Final = (
 # (a remote the watchdog keeps traffic off), ``unsupervised`` (published by a launcher
 # that is gone) and ``unknown`` (never published).
 BACKEND_STATES: Final = (*(s.value for s in State), "ejected", "unsupervised", "unknown")
-_Metric = TypeVar("_Metric", Counter, Histogram)
 RESTART_REASONS: Final = frozenset(
     {"exited", "exited while starting", "launch_failed", *(f.value for f in FailureClass)}
 )
@@ -134,74 +134,74 @@ class Metrics:
         self.engines: EngineSource | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.live: dict[int, Exchange] = {}  # by id(): an Exchange is not hashable
-        # Labelled children by label values: ``labels()`` costs more than a lookup.
-        self._children: dict[tuple[Any, ...], Any] = {}
-        r = self.registry
-        self.requests = Counter(
+        self.requests = Counts(
             "slm_requests_total",
             "Requests answered, by model, emit path, outcome and status class.",
             ["model", "emit_path", "outcome", "status_class"],
-            registry=r,
         )
-        self.duration = Histogram(
+        self.duration = Spread(
             "slm_request_duration_seconds",
             "Time from the request's arrival to the end of its answer (streams included).",
             ["model", "emit_path", "status_class"],
-            buckets=DURATION_BUCKETS,
-            registry=r,
+            DURATION_BUCKETS,
         )
-        self.first_token = Histogram(
+        self.first_token = Spread(
             "slm_time_to_first_token_seconds",
             "Streams: time from the request's arrival to the backend's first chunk.",
             ["model"],
-            buckets=FIRST_TOKEN_BUCKETS,
-            registry=r,
+            FIRST_TOKEN_BUCKETS,
         )
-        self.tokens_per_second = Histogram(
+        self.tokens_per_second = Spread(
             "slm_output_tokens_per_second",
             "Streams: completion tokens per second between the first and the last chunk.",
             ["model"],
-            buckets=TOKENS_PER_SECOND_BUCKETS,
-            registry=r,
+            TOKENS_PER_SECOND_BUCKETS,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = Counts(
             "slm_prompt_tokens_total",
             "Prompt (input) tokens the backends reported.",
             ["model"],
-            registry=r,
         )
-        self.completion_tokens = Counter(
+        self.completion_tokens = Counts(
             "slm_completion_tokens_total",
             "Completion (output) tokens the backends reported, streams included.",
             ["model"],
-            registry=r,
         )
-        self.overhead = Histogram(
+        self.overhead = Spread(
             "slm_router_overhead_seconds",
             "Time a request spent in the router: duration minus backend time minus queue wait.",
             ["model"],
-            buckets=OVERHEAD_BUCKETS,
-            registry=r,
+            OVERHEAD_BUCKETS,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = Spread(
             "slm_queue_wait_seconds",
             "Time a request waited for a free backend slot before it was sent.",
             ["model"],
-            buckets=QUEUE_BUCKETS,
-            registry=r,
+            QUEUE_BUCKETS,
         )
-        self.watchdog_failures = Counter(
+        self.watchdog_failures = Counts(
             "slm_watchdog_failures_total",
             "Watchdog verdicts of failure on a backend's answer, by failure class.",
             ["model", "replica", "reason"],
-            registry=r,
         )
-        self.routed = Counter(
+        self.routed = Counts(
             "slm_routed_requests_total",
             "Requests to an entry with replicas, by the replica chosen and the rule that chose it.",
             ["model", "replica", "rule"],
-            registry=r,
         )
+        families: list[Counts | Spread] = [
+            self.requests,
+            self.duration,
+            self.first_token,
+            self.tokens_per_second,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.overhead,
+            self.queue_wait,
+            self.watchdog_failures,
+            self.routed,
+        ]
+        self.registry.register(_Families(families))
         self.registry.register(LiveState(registry, states, self.live))
 
     def begin(self, exchange: Exchange) -> None:
@@ -212,45 +212,36 @@ class Metrics:
         """Record a finished request (after :meth:`begin`); returns its outcome."""
         self.live.pop(id(exchange), None)
         model = model_label(exchange)
-        emit_path = exchange.emit_path
+        by_model = (model,)
         klass = status_class(exchange.status)
         outcome = outcome_of(exchange)
-        child = self._child
-        child(self.requests, model, emit_path, outcome, klass).inc()
+        self.requests.inc((model, exchange.emit_path, outcome, klass))
         duration = exchange.duration
-        child(self.duration, model, emit_path, klass).observe(duration)
+        self.duration.observe((model, exchange.emit_path, klass), duration)
         queued = exchange.queue_seconds
         if queued is not None:
-            child(self.queue_wait, model).observe(queued)
+            self.queue_wait.observe(by_model, queued)
         overhead = duration - exchange.upstream_seconds - (queued or 0.0)
-        child(self.overhead, model).observe(max(overhead, 0.0))
+        self.overhead.observe(by_model, max(overhead, 0.0))
         if exchange.input_tokens:
-            child(self.prompt_tokens, model).inc(exchange.input_tokens)
+            self.prompt_tokens.inc(by_model, exchange.input_tokens)
         if exchange.output_tokens:
-            child(self.completion_tokens, model).inc(exchange.output_tokens)
+            self.completion_tokens.inc(by_model, exchange.output_tokens)
         rule = exchange.routing_rule
         if rule is not None and exchange.spec is not None:
-            child(self.routed, model, str(exchange.spec.replica), rule).inc()
+            self.routed.inc((model, str(exchange.spec.replica), rule))
         first = exchange.time_to_first_chunk
         if first is not None:
-            child(self.first_token, model).observe(first)
+            self.first_token.observe(by_model, first)
             rate = exchange.output_tokens_per_second
             if rate is not None:
-                child(self.tokens_per_second, model).observe(rate)
+                self.tokens_per_second.observe(by_model, rate)
         return outcome
-
-    def _child(self, metric: _Metric, *labels: str) -> _Metric:
-        key = (metric, *labels)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*labels)
-        child: _Metric = found
-        return child
 
     def count_failure(self, spec: ModelSpec, outcome: Outcome) -> None:
         """The tripwire's hook: one watchdog failure verdict on ``spec``'s backend."""
         reason = outcome.failure.value if outcome.failure is not None else "other"
-        self.watchdog_failures.labels(spec.entry.id, str(spec.replica), reason).inc()
+        self.watchdog_failures.inc((spec.entry.id, str(spec.replica), reason))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -267,6 +258,16 @@ class Metrics:
             await self.engines.refresh()
             body += self.engines.exposition()
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+class _Families(Collector):
+    """The router's own counter and histogram families, exposed in this order."""
+
+    def __init__(self, families: list[Counts | Spread]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return [family.family() for family in self.families]
 
 
 class LiveState(Collector):
