@@ -24,7 +24,7 @@ def protocol_for(app: Any) -> Any:
     config = uvicorn.Config(app, log_config=None, lifespan="off")
     config.load()
     protocol = door_protocol(DoorLimits())(config=config, server_state=ServerState(), app_state={})
-    protocol.connection_made(Recording())
+    protocol.connection_made(Recording())  # type: ignore[arg-type]
     return protocol
 
 
