@@ -24,6 +24,7 @@ MAX_BODY_MB = 6
 BUDGET_MB = 8
 HEADER_TIMEOUT = 1.0
 IDLE_TIMEOUT = 1.5
+BODY_STALL = 2.0  # the door's timer that frees a body declared and never sent
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,7 @@ def router(fake: FakeBackend, tmp_path_factory: pytest.TempPathFactory) -> Itera
         SLM_MAX_BODIES_IN_FLIGHT_MB=str(BUDGET_MB),
         SLM_HEADER_TIMEOUT_SECONDS=str(HEADER_TIMEOUT),
         SLM_IDLE_TIMEOUT_SECONDS=str(IDLE_TIMEOUT),
+        SLM_BODY_STALL_SECONDS=str(BODY_STALL),
     )
     with running_router(env, workdir) as (_, url):
         yield url
@@ -91,8 +93,9 @@ def test_bodies_declared_and_never_sent_do_not_lock_out_other_clients(router: st
     with ExitStack() as stack:
         head_only(router, stack, 6 * MIB)
         head_only(router, stack, 2 * MIB)  # 8 MiB declared: the whole budget
-        # Nothing of either body ever arrives. Long after every door timer (header,
-        # idle), a small request from someone else must get through.
+        # Nothing of either body ever arrives. Once the body stall timer has closed
+        # both (with the header and idle timers long past), a small request from
+        # someone else must get through.
         statuses: list[int] = []
 
         def small_served() -> bool:
@@ -100,7 +103,8 @@ def test_bodies_declared_and_never_sent_do_not_lock_out_other_clients(router: st
             return statuses[-1] == 200
 
         try:
-            poll(small_served, 4 * (HEADER_TIMEOUT + IDLE_TIMEOUT), "a small POST to pass")
+            timers = HEADER_TIMEOUT + IDLE_TIMEOUT + BODY_STALL
+            poll(small_served, 4 * timers, "a small POST to pass")
         finally:
             assert statuses, "no request was tried"
         assert statuses[-1] == 200
