@@ -34,6 +34,11 @@ Each request's ``scope["extensions"]`` carries its :class:`Presence` under
 the router hears of a client leaving without a task per request waiting on ASGI's
 ``receive`` for the ``http.disconnect``.
 
+A whole answer can be written straight to the connection too, status line, headers
+and body in one write, with no ASGI message at all (:class:`DirectAnswer`, under
+:data:`DIRECT_ANSWER`): the router's whole answers use it, and the cycle is left as
+uvicorn's ``send`` leaves it after the same two messages.
+
 A stream's body pieces can be written straight to the connection, framed as uvicorn
 frames them, without an ASGI message each (:class:`DirectBody`, in the request's
 ``scope["extensions"]`` under :data:`DIRECT_BODY`): the router's stream relay uses it
@@ -54,7 +59,13 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.flow_control import CLOSE_HEADER
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from slm_server.errors import HttpStatusError
 from slm_server.router.alarm import Alarm
@@ -183,6 +194,75 @@ class DirectBody:
         cycle = self._cycle
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
+
+
+DIRECT_ANSWER = "slm.direct_answer"
+
+
+class DirectAnswer:
+    """Writes one request's whole response, status line, headers and body, in one write,
+    and leaves its cycle as uvicorn's ``send`` leaves it after an
+    ``http.response.start`` and a last ``http.response.body``: the server's default
+    headers first, ``connection: close`` when the client asked for it (and the
+    connection closed after), flow control waited on, nothing written once the client
+    has left, the protocol told the response is complete."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+
+    async def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Answer with ``status``, ``headers`` (lowercase names, no ``content-length``:
+        it is added) and ``body``; False, with nothing sent, when this answer cannot go
+        this way (a response already begun, a HEAD, a status with no body): send it
+        through ASGI then. A header value with a control character is a RuntimeError,
+        as it is in uvicorn's ``send``, raised before anything is sent or marked sent
+        (so an error answer can still go out)."""
+        cycle = self._cycle
+        if (
+            cycle.response_started
+            or status not in STATUS_LINE
+            or status < 200
+            or status in (204, 304)
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return False
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return True  # as uvicorn's send: nobody is left to answer
+        content = [STATUS_LINE[status]]
+        for name, value in cycle.default_headers:
+            content += (name, b": ", value, b"\r\n")
+        content.append(b"content-length: %d\r\n" % len(body))
+        close = False
+        for name, value in headers:
+            if HEADER_VALUE_RE.search(value):
+                raise RuntimeError("Invalid HTTP header value.")
+            if name == b"connection" and value.lower() == b"close":
+                close = True
+            content += (name, b": ", value, b"\r\n")
+        if CLOSE_HEADER in cycle.scope["headers"] and not close:
+            content.append(b"connection: close\r\n")
+            close = True
+        content += (b"\r\n", body)
+        if close:
+            cycle.keep_alive = False
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        cycle.chunked_encoding = False
+        cycle.expected_content_length = 0
+        transport = cycle.transport
+        if isinstance(transport, HeldTransport):
+            transport = transport.unheld()
+        transport.write(b"".join(content))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            transport.close()
+        cycle.on_response()
+        return True
 
 
 PRESENCE = "slm.presence"
@@ -490,6 +570,7 @@ class _Door(HttpToolsProtocol):
             cycle.transport = held  # type: ignore[assignment]
             extensions = cast(dict[str, Any], cycle.scope.setdefault("extensions", {}))
             extensions[DIRECT_BODY] = DirectBody(cycle)
+            extensions[DIRECT_ANSWER] = DirectAnswer(cycle)
             extensions[PRESENCE] = Presence(cycle)
             if before is not None and not before.response_complete:  # pipelined
                 superseded = self._superseded

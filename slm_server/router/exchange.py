@@ -184,6 +184,14 @@ def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
+REQUEST_ID_HEADER = b"x-request-id"
+
+
+def echoed_id(exchange: Exchange) -> tuple[bytes, bytes]:
+    """The header that gives the client its request's id back."""
+    return (REQUEST_ID_HEADER, exchange.request_id.encode("ascii"))
+
+
 def exchange_of(scope: Scope) -> Exchange:
     """The request's exchange; created on first use when no middleware made one."""
     state = scope.setdefault("state", {})

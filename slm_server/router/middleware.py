@@ -28,13 +28,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slm_server.logging_setup import REQUEST_ID, direct_line_handler
 from slm_server.metrics import Metrics
-from slm_server.router.exchange import EMIT_PATHS, Exchange, attach_exchange, new_request_id
+from slm_server.router.exchange import (
+    EMIT_PATHS,
+    REQUEST_ID_HEADER,
+    Exchange,
+    attach_exchange,
+    echoed_id,
+    new_request_id,
+)
 from slm_server.router.recent import RecentRequests
 from slm_server.telemetry import Inbound, Telemetry
 
 access_log = logging.getLogger("slm_server.access")
 
-REQUEST_ID_HEADER: Final = b"x-request-id"
 # A request id we accept from a client: short, printable, no spaces or quotes.
 VALID_REQUEST_ID: Final = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
 # Requests polled by machines; their access lines are logged at DEBUG.
@@ -99,7 +105,7 @@ class RequestObserver:
             span = self.telemetry.open_span(exchange, Inbound(traceparent, tracestate, legacy))
             self.metrics.begin(exchange)
         token = REQUEST_ID.set(request_id)
-        echoed = (REQUEST_ID_HEADER, request_id.encode("ascii"))
+        echoed = echoed_id(exchange)
         ended = False
 
         async def observed_send(message: Message) -> None:

@@ -32,7 +32,10 @@ from slm_server.router.upstream import (
     iter_raw,
     iter_sse,
 )
+from slm_server.router.whole import WholeAnswer
 from slm_server.supervise.tripwire import Progress, StallTimer
+
+JSON = "application/json"
 
 
 class Replies:
@@ -153,22 +156,15 @@ def _whole(
     encoding: str | None,
     content: bytes,
     translate: dict[str, Any] | None,
-) -> Response:
+) -> Response | WholeAnswer:
     """The answer to a request whose backend answered in one piece."""
     exchange = call.exchange
     if encoding is not None:  # passed on with the encoding it needs to be read
-        return Response(
-            content,
-            status_code=status,
-            media_type=content_type,
-            headers={"content-encoding": encoding},
+        return WholeAnswer(
+            exchange, content, status, content_type, headers={"content-encoding": encoding}
         )
     if status >= 400:
-        return Response(
-            backend_error_body(status, content),
-            status_code=status,
-            media_type="application/json",
-        )
+        return WholeAnswer(exchange, backend_error_body(status, content), status, JSON)
     body_json: Any = None
     if "json" in content_type and translate is not None:
         try:
@@ -179,13 +175,13 @@ def _whole(
         body_json = answer_fields(content)  # only for the record: floats kept as text
     if translate is not None:
         if not isinstance(body_json, dict):
-            return Response(backend_error_body(502, content), 502, media_type="application/json")
+            return WholeAnswer(exchange, backend_error_body(502, content), 502, JSON)
         result = chat_to_response(body_json, translate)
         exchange.note_response(result)
         return JSONResponse(result)
     if isinstance(body_json, dict):
         exchange.note_response(body_json)
-    return Response(content, status_code=status, media_type=content_type)
+    return WholeAnswer(exchange, content, status, content_type)
 
 
 async def _tapped(chunks: AsyncIterator[bytes], tap: SseTap) -> AsyncIterator[bytes]:
