@@ -108,7 +108,7 @@ class HeldTransport:
         if held is not None:
             self._held = None
             data = held + data
-        elif data[:5] == b"HTTP/" and LENGTH_LINE in data:
+        elif data[:5] == b"HTTP/" and data.find(LENGTH_LINE) >= 0:  # not ``in``: no TypeError
             # uvicorn writes a response's head by itself, header names lowercased.
             self._held = data
             self._loop.call_soon(self.flush)

@@ -24,9 +24,8 @@ from slm_server.errors import AnswerTooLarge, BackendProtocolError
 from slm_server.router.exchange import Exchange
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
-# What makes an event worth parsing: usage, an error, or a finish reason that is a
-# string (not null), which ends a choice.
-_WORTH_PARSING = re.compile(rb'"usage"|"error"|"finish_reason"\s*:\s*"')
+_FINISH_REASON: Final = b'"finish_reason"'
+_JSON_SPACE: Final = b" \t\n\r\f\v"  # what a regex's \s is in bytes
 
 
 class SseSplitter:
@@ -75,7 +74,7 @@ class SseSplitter:
             size > 2
             and chunk.find(b"\n\n") == size - 2
             and chunk[0] != 0x0A
-            and b"\r" not in chunk
+            and chunk.find(b"\r") < 0  # not ``in``: see _worth_parsing
             and size <= self.max_event_bytes
             and not self._parts
             and self._line_empty
@@ -181,7 +180,28 @@ def data_object(event: bytes) -> dict[str, Any] | None:
 
 
 def _worth_parsing(event: bytes) -> bool:
-    return _WORTH_PARSING.search(event) is not None
+    """Whether ``event`` may say something the router records: usage, an error, or a
+    finish reason that is a string (not null), which ends a choice. Searched for with
+    ``bytes.find`` (a regular expression for the same cost a third of a streamed
+    piece's instructions: every chunk carries ``"finish_reason":null``), and never
+    with ``in``, which for bytes first tries its operand as an integer and makes and
+    drops a TypeError each time."""
+    if event.find(b'"usage"') >= 0 or event.find(b'"error"') >= 0:
+        return True
+    size = len(event)
+    at = event.find(_FINISH_REASON)
+    while at >= 0:
+        i = at + len(_FINISH_REASON)
+        while i < size and event[i] in _JSON_SPACE:
+            i += 1
+        if i < size and event[i] == 0x3A:  # :
+            i += 1
+            while i < size and event[i] in _JSON_SPACE:
+                i += 1
+            if i < size and event[i] == 0x22:  # "
+                return True
+        at = event.find(_FINISH_REASON, i)
+    return False
 
 
 class SseTap:
@@ -196,7 +216,7 @@ class SseTap:
 
     def feed(self, chunk: bytes) -> bytes:
         if self._splitter.take_whole(chunk):  # the common case, in one step
-            if not self._first and not _WORTH_PARSING.search(chunk):
+            if not self._first and not _worth_parsing(chunk):
                 return chunk
             return chunk if self._inspect(chunk) else b""
         events = self._splitter.feed(chunk)

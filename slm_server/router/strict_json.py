@@ -118,7 +118,7 @@ _ALL_CHECKED: Final = json.JSONDecoder(
 
 
 def _text_of(raw: bytes) -> str:
-    if raw.startswith(_UTF16_BOMS) or b"\x00" in raw[:4]:
+    if raw.startswith(_UTF16_BOMS) or raw.find(b"\x00", 0, 4) >= 0:
         # A JSON text starts with an ASCII character, so a NUL among the first bytes
         # means UTF-16 or UTF-32.
         _refuse("it is UTF-16 or UTF-32; send UTF-8")

@@ -3,6 +3,8 @@ nothing: the same events, the same refusals, as scanning line by line."""
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -58,3 +60,21 @@ def test_worth_parsing() -> None:
     assert _worth_parsing(b'data: {"finish_reason" : "stop"}\n\n')
     assert not _worth_parsing(b'data: {"finish_reason": null}\n\n')
     assert not _worth_parsing(b'data: {"delta": "hi"}\n\n')
+
+
+# What the search looks for, as the regular expression it replaced said it.
+WORTH_PARSING = re.compile(rb'"usage"|"error"|"finish_reason"\s*:\s*"')
+PIECES = [b'"usage"', b'"error"', b'"finish_reason"', b":", b'"', b" ", b"\t", b"\n", b"\r"]
+PIECES += [b"\x0b", b"\x0c", b"null", b"x", b'"finish_reason', b'usage"', b"{"]
+
+
+@given(st.lists(st.sampled_from(PIECES), max_size=12))
+def test_worth_parsing_is_the_regular_expression(pieces: list[bytes]) -> None:
+    event = b"".join(pieces)
+    assert _worth_parsing(event) == (WORTH_PARSING.search(event) is not None)
+
+
+def test_a_finish_reason_after_much_space_is_still_found() -> None:
+    event = b'data: {"finish_reason"' + b" " * 100_000 + b': "stop"}\n\n'
+    assert _worth_parsing(event)
+    assert not _worth_parsing(event.replace(b'"stop"', b"null"))
