@@ -64,11 +64,11 @@ def test_worth_parsing() -> None:
 
 # What the search looks for, as the regular expression it replaced said it.
 WORTH_PARSING = re.compile(rb'"usage"|"error"|"finish_reason"\s*:\s*"')
-PIECES = [b'"usage"', b'"error"', b'"finish_reason"', b":", b'"', b" ", b"\t", b"\n", b"\r"]
-PIECES += [b"\x0b", b"\x0c", b"null", b"x", b'"finish_reason', b'usage"', b"{"]
+WORDS = [b'"usage"', b'"error"', b'"finish_reason"', b":", b'"', b" ", b"\t", b"\n", b"\r"]
+WORDS += [b"\x0b", b"\x0c", b"null", b"x", b'"finish_reason', b'usage"', b"{"]
 
 
-@given(st.lists(st.sampled_from(PIECES), max_size=12))
+@given(st.lists(st.sampled_from(WORDS), max_size=12))
 def test_worth_parsing_is_the_regular_expression(pieces: list[bytes]) -> None:
     event = b"".join(pieces)
     assert _worth_parsing(event) == (WORTH_PARSING.search(event) is not None)
