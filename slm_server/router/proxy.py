@@ -179,7 +179,7 @@ class Proxy:
             if loader is not None and loader.on_demand(spec):
                 # Holding the slot: the line behind it waits in order, within its limits.
                 await loader.until_ready(spec, client, deadline.at)
-            headers = forward_headers(request.headers)
+            headers = forward_headers(request.scope["headers"])
             headers.update(exchange.upstream_headers)
             headers["x-request-id"] = exchange.request_id
             call = Call(

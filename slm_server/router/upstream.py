@@ -12,7 +12,7 @@ exceptions are translated here, at this single boundary, into the gateway's erro
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
@@ -90,21 +90,21 @@ _DROPPED_HEADERS = frozenset(
 )
 
 
-def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The client's headers worth passing upstream."""
-    named = {
-        token.strip().lower()
-        for key, value in headers.items()
-        if key.lower() == "connection"
-        for token in value.split(",")
-    }
-    return {
-        key: value
-        for key, value in headers.items()
-        if (lower := key.lower()) not in _DROPPED_HEADERS
-        and lower not in named
-        and not lower.startswith("proxy-")
-    }
+def forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The client's headers worth passing upstream, from the request's raw header list
+    (a header sent twice: its last value), in one pass over it."""
+    kept: dict[str, str] = {}
+    named: list[str] = []  # what Connection names
+    for key, value in raw:
+        name = key.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        if name == "connection":
+            named += (token.strip().lower() for token in text.split(","))
+        if name not in _DROPPED_HEADERS and not name.startswith("proxy-"):
+            kept[name] = text
+    for name in named:
+        kept.pop(name, None)
+    return kept
 
 
 def content_encoding(response: UpstreamResponse) -> str | None:
