@@ -39,6 +39,10 @@ and body in one write, with no ASGI message at all (:class:`DirectAnswer`, under
 :data:`DIRECT_ANSWER`): the router's whole answers use it, and the cycle is left as
 uvicorn's ``send`` leaves it after the same two messages.
 
+A request body that has all arrived by the time the router reads it is taken from the
+cycle in one piece (:class:`ArrivedBody`, under :data:`ARRIVED_BODY`), as ASGI's
+``receive`` would have handed it over, without the message.
+
 A stream's body pieces can be written straight to the connection, framed as uvicorn
 frames them, without an ASGI message each (:class:`DirectBody`, in the request's
 ``scope["extensions"]`` under :data:`DIRECT_BODY`): the router's stream relay uses it
@@ -263,6 +267,37 @@ class DirectAnswer:
             transport.close()
         cycle.on_response()
         return True
+
+
+ARRIVED_BODY = "slm.arrived_body"
+
+
+class ArrivedBody:
+    """A request's body, taken whole from its cycle when all of it is in."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+
+    def take(self) -> bytes | None:
+        """For the first read of the body: all of it, leaving the cycle as uvicorn's
+        ``receive`` leaves it after handing over a last ``http.request`` message
+        (reading resumed); None when it cannot be had this way (more is to come, the
+        client left or waits for ``100 Continue``): read it through ASGI then."""
+        cycle = self._cycle
+        if (
+            cycle.more_body
+            or not cycle.message_event.is_set()
+            or cycle.disconnected
+            or cycle.response_complete
+            or cycle.waiting_for_100_continue
+        ):
+            return None
+        body, cycle.body = cycle.body, b""
+        cycle.message_event.clear()
+        cycle.flow.resume_reading()
+        return body
 
 
 PRESENCE = "slm.presence"
@@ -571,6 +606,7 @@ class _Door(HttpToolsProtocol):
             extensions = cast(dict[str, Any], cycle.scope.setdefault("extensions", {}))
             extensions[DIRECT_BODY] = DirectBody(cycle)
             extensions[DIRECT_ANSWER] = DirectAnswer(cycle)
+            extensions[ARRIVED_BODY] = ArrivedBody(cycle)
             extensions[PRESENCE] = Presence(cycle)
             if before is not None and not before.response_complete:  # pipelined
                 superseded = self._superseded

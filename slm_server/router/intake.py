@@ -16,6 +16,7 @@ from slm_server.errors import BackendUnavailable, PayloadTooLarge
 from slm_server.registry import Registry
 from slm_server.router.backend_state import StateSource
 from slm_server.router.budget import Held
+from slm_server.router.door import ARRIVED_BODY, ArrivedBody
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import Exchange
 from slm_server.router.forms import FORM_ENDPOINTS, read_form_fields
@@ -74,6 +75,14 @@ class Reception:
             raise _too_large(limit)
         if stated is not None:
             held.take(stated)
+        arrived = request.scope.get("extensions", {}).get(ARRIVED_BODY)
+        whole = arrived.take() if isinstance(arrived, ArrivedBody) else None
+        if whole is not None:  # all in already: one piece, no ASGI message
+            if len(whole) > limit:
+                raise _too_large(limit)
+            if stated is None or len(whole) > stated:
+                held.take(len(whole))
+            return whole
         parts: list[bytes] = []
         size = 0
         async for part in request.stream():
