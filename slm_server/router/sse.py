@@ -70,9 +70,12 @@ class SseSplitter:
         LF-framed event within the limit whose only blank line is its last)."""
         size = len(chunk)
         if (
-            # The first blank line ends the chunk (so it ends in LF LF and is not empty).
+            # The first blank line ends the chunk (so it ends in LF LF and is not empty):
+            # a one-line event has just those two LFs (counted faster than a two-byte
+            # search), any other is searched for a blank line before its end.
             size > 2
-            and chunk.find(b"\n\n") == size - 2
+            and chunk.endswith(b"\n\n")
+            and (chunk.count(b"\n") == 2 or chunk.find(b"\n\n", 0, size - 1) < 0)
             and chunk[0] != 0x0A
             and chunk.find(b"\r") < 0  # not ``in``: see _worth_parsing
             and size <= self.max_event_bytes
@@ -192,6 +195,9 @@ def _worth_parsing(event: bytes) -> bool:
     at = event.find(_FINISH_REASON)
     while at >= 0:
         i = at + len(_FINISH_REASON)
+        if event.startswith(b":null", i):  # the common case: no finish yet
+            at = event.find(_FINISH_REASON, i + 5)
+            continue
         while i < size and event[i] in _JSON_SPACE:
             i += 1
         if i < size and event[i] == 0x3A:  # :
