@@ -19,7 +19,7 @@ from slm_server.router.admission import Gate
 from slm_server.router.affinity import BLOCK_CHARS, block_hashes, leading_text
 from slm_server.router.backend_state import StateSource
 from slm_server.router.balance import Balancer
-from slm_server.router.budget import BodyBudget, Held
+from slm_server.router.budget import BodyBudget
 from slm_server.router.call import Call, Deadline
 from slm_server.router.drain import Drain
 from slm_server.router.exchange import Exchange, exchange_of
@@ -93,31 +93,28 @@ class Proxy:
         against the budget for bodies in flight until the answer is handed back."""
         held = self.bodies.hold()
         try:
-            return await self._serve_held(request, endpoint, held)
+            exchange = exchange_of(request.scope)
+            intake = await self.reception.take(request, endpoint, exchange, held)
+            entry = intake.spec.entry
+            size = self.registry.size(intake.spec)
+            seconds, shortened = request_timeout(
+                entry.default_timeout, request.headers.get("x-request-timeout")
+            )
+            tried: list[str] = []  # replicas that refused the connection
+            while True:
+                spec = self.choose(intake.spec, intake.payload, exchange, tried)
+                if not tried:  # one deadline, however many replicas are tried
+                    deadline = Deadline(seconds, running_loop().time)
+                try:
+                    return await self._send(request, endpoint, intake, spec, deadline, shortened)
+                except BackendUnavailable as error:
+                    if error.code != UNREACHABLE or size == 1:
+                        raise
+                    tried.append(spec.role)
+                    if len(tried) == size:
+                        raise
         finally:
             held.release()
-
-    async def _serve_held(self, request: Request, endpoint: str, held: Held) -> Response | ASGIApp:
-        exchange = exchange_of(request.scope)
-        intake = await self.reception.take(request, endpoint, exchange, held)
-        entry = intake.spec.entry
-        size = self.registry.size(intake.spec)
-        seconds, shortened = request_timeout(
-            entry.default_timeout, request.headers.get("x-request-timeout")
-        )
-        tried: list[str] = []  # replicas that refused the connection
-        while True:
-            spec = self.choose(intake.spec, intake.payload, exchange, tried)
-            if not tried:  # one deadline, however many replicas are tried
-                deadline = Deadline(seconds, running_loop().time)
-            try:
-                return await self._send(request, endpoint, intake, spec, deadline, shortened)
-            except BackendUnavailable as error:
-                if error.code != UNREACHABLE or size == 1:
-                    raise
-                tried.append(spec.role)
-                if len(tried) == size:
-                    raise
 
     def choose(
         self, spec: ModelSpec, payload: dict[str, Any], exchange: Exchange, tried: list[str]
