@@ -217,12 +217,13 @@ class DirectAnswer:
         self._cycle = cycle
 
     async def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-        """Answer with ``status``, ``headers`` (lowercase names, no ``content-length``:
-        it is added) and ``body``; False, with nothing sent, when this answer cannot go
-        this way (a response already begun, a HEAD, a status with no body): send it
-        through ASGI then. A header value with a control character is a RuntimeError,
-        as it is in uvicorn's ``send``, raised before anything is sent or marked sent
-        (so an error answer can still go out)."""
+        """Answer with ``status``, ``headers`` (lowercase names, written in their order
+        after the server's own; a ``content-length`` among them must be the body's) and
+        ``body``; False, with nothing sent, when this answer cannot go this way (a
+        response already begun, a HEAD, a status with no body): send it through ASGI
+        then. A header value with a control character, or a length that is not the
+        body's, is a RuntimeError as in uvicorn's ``send``, raised before anything is
+        sent or marked sent (so an error answer can still go out)."""
         cycle = self._cycle
         if (
             cycle.response_started
@@ -239,11 +240,12 @@ class DirectAnswer:
         content = [STATUS_LINE[status]]
         for name, value in cycle.default_headers:
             content += (name, b": ", value, b"\r\n")
-        content.append(b"content-length: %d\r\n" % len(body))
         close = False
         for name, value in headers:
             if HEADER_VALUE_RE.search(value):
                 raise RuntimeError("Invalid HTTP header value.")
+            if name == b"content-length" and value != b"%d" % len(body):
+                raise RuntimeError("Response content length is not the body's")
             if name == b"connection" and value.lower() == b"close":
                 close = True
             content += (name, b": ", value, b"\r\n")

@@ -206,7 +206,7 @@ def _worth_parsing(event: bytes) -> bool:
                 i += 1
             if i < size and event[i] == 0x22:  # "
                 return True
-        at = event.find(_FINISH_REASON, i)
+        at = event.find(_FINISH_REASON, at + 1)  # the next may begin at this one's end
     return False
 
 

@@ -20,8 +20,10 @@ from slm_server.router.exchange import Exchange, echoed_id
 
 
 class WholeAnswer:
-    """An ASGI application answering ``body`` with ``status_code`` as ``media_type``
-    (``; charset=utf-8`` added to a ``text/`` type without one, as Starlette does)."""
+    """An ASGI application answering ``body`` with ``status_code`` as ``media_type``,
+    with the headers a Starlette ``Response`` sends, in its order: the extra ones,
+    ``content-length`` (none for a status that has no body) and ``content-type``
+    (``; charset=utf-8`` added to a ``text/`` type without one)."""
 
     __slots__ = ("body", "exchange", "headers", "status_code")
 
@@ -41,6 +43,8 @@ class WholeAnswer:
         raw = [
             (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()
         ]
+        if not (status_code < 200 or status_code in (204, 304)):
+            raw.append((b"content-length", b"%d" % len(body)))
         raw.append((b"content-type", media_type.encode("latin-1")))
         self.headers = raw
 
@@ -49,16 +53,18 @@ class WholeAnswer:
         if isinstance(direct, DirectAnswer):
             exchange = self.exchange
             status = self.status_code
-            if await direct.send(status, [*self.headers, echoed_id(exchange)], self.body):
-                exchange.status = status
+            # Noted before the write, as the observer notes it before ASGI's send: a
+            # write that waits on a full client and is cancelled keeps it.
+            exchange.status = status
+            try:
+                sent = await direct.send(status, [*self.headers, echoed_id(exchange)], self.body)
+            except RuntimeError:
+                exchange.status = None  # nothing went out: the error's answer will
+                raise
+            if sent:
                 return
-        length = (b"content-length", b"%d" % len(self.body))
         await send(
-            {
-                "type": "http.response.start",
-                "status": self.status_code,
-                "headers": [*self.headers[:-1], length, self.headers[-1]],
-            }
+            {"type": "http.response.start", "status": self.status_code, "headers": self.headers}
         )
         await send({"type": "http.response.body", "body": self.body})
 

@@ -50,28 +50,35 @@ def served(app: ASGIApp, *requests: bytes) -> tuple[Any, Recording]:
 
 
 def parsed(wire: bytes) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
+    """Status line, headers in their order (but the date) and body."""
     head, _, body = wire.partition(b"\r\n\r\n")
     status, *lines = head.split(b"\r\n")
     headers = [(n.lower(), v) for n, v in (line.split(b": ", 1) for line in lines)]
-    return status, sorted(h for h in headers if h[0] != b"date"), body
+    return status, [h for h in headers if h[0] != b"date"], body
 
 
-def whole(media_type: str, headers: dict[str, str] | None = None, status: int = 200) -> ASGIApp:
+OK = b'{"ok":1}'
+
+
+def whole(
+    media_type: str, headers: dict[str, str] | None = None, status: int = 200, body: bytes = OK
+) -> ASGIApp:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         exchange = exchange_of(scope)
-        answer = WholeAnswer(exchange, b'{"ok":1}', status, media_type, headers)
-        await answer(scope, receive, send)
+        await WholeAnswer(exchange, body, status, media_type, headers)(scope, receive, send)
 
     return app
 
 
-def starlette(media_type: str, headers: dict[str, str] | None = None, status: int = 200) -> ASGIApp:
+def starlette(
+    media_type: str, headers: dict[str, str] | None = None, status: int = 200, body: bytes = OK
+) -> ASGIApp:
     """The same answer as a Starlette Response, the request id echoed as the router's
     middleware echoes it on an ASGI response."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         exchange = exchange_of(scope)
-        response = Response(b'{"ok":1}', status, headers, media_type)
+        response = Response(body, status, headers, media_type)
         response.raw_headers.append((b"x-request-id", exchange.request_id.encode()))
         await response(scope, receive, send)
 
@@ -79,28 +86,33 @@ def starlette(media_type: str, headers: dict[str, str] | None = None, status: in
 
 
 @pytest.mark.parametrize(
-    ("media_type", "headers", "status"),
+    ("media_type", "headers", "status", "body", "writes"),
     [
-        ("application/json", None, 200),
-        ("text/plain", None, 503),
-        ("text/plain; Charset=latin-1", None, 200),
-        ("application/json", {"Content-Encoding": "gzip"}, 200),
+        ("application/json", None, 200, OK, 1),
+        ("text/plain", None, 503, OK, 1),
+        ("text/plain; Charset=latin-1", None, 200, OK, 1),
+        ("application/json", {"Content-Encoding": "gzip"}, 200, OK, 1),
+        # No body, no length: left to ASGI, with the headers Starlette gives it.
+        ("application/json", None, 204, b"", 2),
+        ("application/json", None, 304, b"", 2),
     ],
 )
 def test_a_direct_answer_is_the_answer_uvicorn_writes_in_one_write(
-    media_type: str, headers: dict[str, str] | None, status: int
+    media_type: str, headers: dict[str, str] | None, status: int, body: bytes, writes: int
 ) -> None:
-    _, direct = served(whole(media_type, headers, status), POST % b"")
-    _, asgi = served(starlette(media_type, headers, status), POST % b"")
-    assert len(direct.writes) == 1
-    mine, theirs = parsed(direct.writes[0]), parsed(b"".join(asgi.writes))
-    # The request ids differ (one per request); everything else is the same.
+    _, direct = served(whole(media_type, headers, status, body), POST % b"")
+    _, asgi = served(starlette(media_type, headers, status, body), POST % b"")
+    assert len(direct.writes) == writes
+    mine, theirs = parsed(b"".join(direct.writes)), parsed(b"".join(asgi.writes))
+    # The request ids differ (one per request); everything else is the same, in order.
     assert [h for h in mine[1] if h[0] != b"x-request-id"] == [
         h for h in theirs[1] if h[0] != b"x-request-id"
     ]
     assert mine[0] == theirs[0] == b"HTTP/1.1 %d " % status + mine[0].split(b" ", 2)[2]
-    assert mine[2] == theirs[2] == b'{"ok":1}'
-    assert [n for n, _ in mine[1]].count(b"x-request-id") == 1
+    assert mine[2] == theirs[2] == body
+    # Written directly, the answer carries the request id itself; through ASGI the
+    # router's observer adds it (there is none here).
+    assert [n for n, _ in mine[1]].count(b"x-request-id") == (1 if writes == 1 else 0)
     assert not direct.closed
 
 
@@ -171,18 +183,42 @@ def test_an_answer_already_begun_or_to_a_head_is_left_to_asgi() -> None:
     assert b"x" not in b"".join(transport.writes).split(b"\r\n\r\n")[-1]
 
 
-def test_a_header_value_with_a_control_character_is_refused_unwritten() -> None:
+@pytest.mark.parametrize(
+    ("headers", "error"),
+    [
+        ([(b"content-type", b"a\nb")], "Invalid HTTP header value."),
+        ([(b"content-length", b"3")], "Response content length is not the body's"),
+    ],
+)
+def test_a_bad_header_is_refused_unwritten(headers: list[tuple[bytes, bytes]], error: str) -> None:
     errors: list[str] = []
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         direct = scope["extensions"][DIRECT_ANSWER]
         try:
-            await direct.send(200, [(b"content-type", b"a\nb")], b"{}")
-        except RuntimeError as error:
-            errors.append(str(error))
+            await direct.send(200, headers, b"{}")
+        except RuntimeError as raised:
+            errors.append(str(raised))
         await send({"type": "http.response.start", "status": 500, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
     _, transport = served(app, POST % b"")
-    assert errors == ["Invalid HTTP header value."]
+    assert errors == [error]
+    assert b"".join(transport.writes).startswith(b"HTTP/1.1 500 ")
+
+
+def test_an_answer_refused_unwritten_leaves_the_status_to_the_error() -> None:
+    seen: dict[str, Any] = {}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = exchange_of(scope)
+        try:
+            await WholeAnswer(exchange, b"{}", 200, "application/json\x01")(scope, receive, send)
+        except RuntimeError:
+            seen["status"] = exchange.status
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    _, transport = served(app, POST % b"")
+    assert seen == {"status": None}
     assert b"".join(transport.writes).startswith(b"HTTP/1.1 500 ")

@@ -65,7 +65,7 @@ def test_worth_parsing() -> None:
 # What the search looks for, as the regular expression it replaced said it.
 WORTH_PARSING = re.compile(rb'"usage"|"error"|"finish_reason"\s*:\s*"')
 WORDS = [b'"usage"', b'"error"', b'"finish_reason"', b":", b'"', b" ", b"\t", b"\n", b"\r"]
-WORDS += [b"\x0b", b"\x0c", b"null", b"x", b'"finish_reason', b'usage"', b"{"]
+WORDS += [b"\x0b", b"\x0c", b"null", b"x", b'"finish_reason', b'usage"', b"{", b'finish_reason"']
 
 
 @given(st.lists(st.sampled_from(WORDS), max_size=12))
@@ -78,3 +78,7 @@ def test_a_finish_reason_after_much_space_is_still_found() -> None:
     event = b'data: {"finish_reason"' + b" " * 100_000 + b': "stop"}\n\n'
     assert _worth_parsing(event)
     assert not _worth_parsing(event.replace(b'"stop"', b"null"))
+
+
+def test_a_finish_reason_beginning_at_the_last_ones_closing_quote_is_found() -> None:
+    assert _worth_parsing(b'"finish_reason"finish_reason":"x')
