@@ -66,7 +66,7 @@ from opentelemetry.sdk.trace import (
 )
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import Decision, Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     SpanContext,
@@ -270,6 +270,9 @@ class Telemetry:
         self.scope = InstrumentationScope("slm_server", _package_version())
         self.limits = SpanLimits()
         self._sampler: Sampler | None = None
+        # Whether the sampler records and samples every span with no parent, adding no
+        # attribute and no trace state: the SDK's default and ``always_on``.
+        self._every_root = False
         self._ids: IdGenerator | None = None
         self._resource = Resource.get_empty()
 
@@ -311,6 +314,7 @@ class Telemetry:
             provider.id_generator,
             provider.resource,
         )
+        self._every_root = samples_every_root(provider.sampler)
         self.provider, self.processor = provider, processor
 
     async def shutdown(self, timeout: float = SHUTDOWN_SECONDS) -> None:
@@ -365,18 +369,22 @@ class Telemetry:
             if found.is_valid:
                 parent, parent_context = found, extracted
         trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
-        sampled = sampler.should_sample(
-            parent_context, trace_id, exchange.operation, SpanKind.CLIENT, None, ()
-        )
-        flags = (
-            TraceFlags.SAMPLED
-            if sampled.decision is Decision.RECORD_AND_SAMPLE
-            else TraceFlags.DEFAULT
-        )
+        if parent is None and self._every_root:
+            # What the sampler would answer, without asking it: no span is ever made
+            # current here, so a span with no inbound parent is a root to it too.
+            decision: Decision = Decision.RECORD_AND_SAMPLE
+            given: Mapping[str, Any] | None = None
+            trace_state: TraceState = TraceState()
+        else:
+            sampled = sampler.should_sample(
+                parent_context, trace_id, exchange.operation, SpanKind.CLIENT, None, ()
+            )
+            decision, given = sampled.decision, sampled.attributes
+            trace_state = sampled.trace_state or TraceState()
+        flags = TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
         random = ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id
         if random:
             flags |= TraceFlags.RANDOM_TRACE_ID
-        trace_state: TraceState = sampled.trace_state or TraceState()
         context = SpanContext(
             trace_id,
             ids.generate_span_id(),
@@ -384,14 +392,14 @@ class Telemetry:
             trace_flags=TraceFlags(flags),
             trace_state=trace_state,
         )
-        attributes = dict(sampled.attributes or {})
+        attributes = dict(given or {})
         if parent is None and inbound.legacy_trace_id is not None:
             attributes[CLIENT_TRACE_ID] = inbound.legacy_trace_id[:MAX_TEXT]
         headers = exchange.upstream_headers
         headers["traceparent"] = f"00-{trace_id:032x}-{context.span_id:016x}-{flags:02x}"
         if trace_state:
             headers["tracestate"] = trace_state.to_header()
-        recording = sampled.decision is not Decision.DROP
+        recording = decision is not Decision.DROP
         return OpenSpan(context, parent, time.time_ns(), recording, attributes)
 
     def close_span(
@@ -480,6 +488,16 @@ class Telemetry:
     async def report(self, _request: Request) -> JSONResponse:
         """``GET /v1/telemetry/effective-config``."""
         return JSONResponse(self.effective_config())
+
+
+def samples_every_root(sampler: Sampler) -> bool:
+    """Whether ``sampler`` records and samples every span that has no parent, adding
+    no attribute and no trace state: ``always_on``, or ``parentbased_always_on`` (the
+    SDK's default), whose root is ``always_on``."""
+    if sampler is ALWAYS_ON:
+        return True
+    root = getattr(sampler, "_root", None) if type(sampler) is ParentBased else None
+    return root is ALWAYS_ON
 
 
 def error_type(exchange: Exchange, error: BaseException | None = None) -> str | None:

@@ -28,6 +28,7 @@ from slm_server.telemetry import (
     Inbound,
     Telemetry,
     error_type,
+    samples_every_root,
     span_attributes,
 )
 
@@ -405,6 +406,51 @@ def test_the_configured_sampler_decides_as_in_the_sdk(
     telemetry.provider.force_flush()
     assert len(memory.get_finished_spans()) == (1 if exported else 0)
     asyncio.run(telemetry.shutdown())
+
+
+@pytest.mark.parametrize(
+    ("sampler", "every_root"),
+    [
+        (None, True),
+        ("always_on", True),
+        ("parentbased_always_on", True),
+        ("always_off", False),
+        ("parentbased_always_off", False),
+        ("traceidratio", False),
+        ("parentbased_traceidratio", False),
+    ],
+)
+def test_a_root_span_is_sampled_as_the_sdks_sampler_would(
+    monkeypatch: pytest.MonkeyPatch, sampler: str | None, every_root: bool
+) -> None:
+    """Where the sampler is known to sample every root span the router decides without
+    asking it, and the span and its headers are those the sampler's answer makes."""
+    if sampler is not None:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    made: list[tuple[Any, ...]] = []
+    for ask in (False, True):
+        memory = InMemorySpanExporter()
+        telemetry = Telemetry(settings(), environ={}, exporter=memory)
+        telemetry.start()
+        assert telemetry.provider is not None
+        assert samples_every_root(telemetry.provider.sampler) is every_root
+        if ask:  # the sampler asked, always
+            telemetry._every_root = False
+        ids = iter(range(1, 1000))
+        monkeypatch.setattr(telemetry._ids, "generate_trace_id", lambda ids=ids: next(ids) << 64)
+        monkeypatch.setattr(telemetry._ids, "generate_span_id", lambda ids=ids: next(ids))
+        exchange = served()
+        span = telemetry.open_span(exchange, Inbound(legacy_trace_id="legacy-1"))
+        assert span is not None
+        telemetry.close_span(span, exchange)
+        telemetry.provider.force_flush()
+        spans = [
+            (s.context, s.parent, dict(s.attributes or {})) for s in memory.get_finished_spans()
+        ]
+        made.append((dict(exchange.upstream_headers), span.recording, spans))
+        asyncio.run(telemetry.shutdown())
+    assert made[0] == made[1]
 
 
 def test_the_exception_event_is_the_sdks(
