@@ -25,6 +25,7 @@ from slm_server.router.requests import (
     ask_for_usage,
     check_fields,
     check_json_type,
+    header_value,
     model_field,
     parse_body,
 )
@@ -69,7 +70,7 @@ class Reception:
         """The request body, refused with 413 past ``SLM_MAX_BODY_MB`` and with 503 past
         the budget for bodies in flight; both on ``Content-Length`` before reading."""
         limit = self.max_body
-        declared = request.headers.get("content-length")
+        declared = header_value(request.scope["headers"], b"content-length")
         stated = int(declared) if declared is not None and declared.isdigit() else None
         if stated is not None and stated > limit:
             raise _too_large(limit)
@@ -103,11 +104,11 @@ class Reception:
                 retry_after=RETRY_AFTER_SECONDS,
             )
         if endpoint not in FORM_ENDPOINTS:
-            check_json_type(request.headers.get("content-type"))
+            check_json_type(header_value(request.scope["headers"], b"content-type"))
         raw = await self.body(request, held)
         if endpoint in FORM_ENDPOINTS:
             # Only read for its routing fields: the form goes upstream byte for byte.
-            content_type = request.headers.get("content-type")
+            content_type = header_value(request.scope["headers"], b"content-type")
             payload = await read_form_fields(raw, content_type)
         elif len(raw) > OFF_LOOP_BYTES:  # a large body is parsed off the event loop
             payload = await asyncio.to_thread(parse_body, raw)

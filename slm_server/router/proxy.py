@@ -28,7 +28,7 @@ from slm_server.router.intake import Intake, Reception
 from slm_server.router.loader import Loader
 from slm_server.router.passthrough import PassThrough
 from slm_server.router.reply import Replies
-from slm_server.router.requests import request_timeout
+from slm_server.router.requests import header_value, request_timeout
 from slm_server.router.responses_api import ResponsesApi
 from slm_server.router.sender import Sender
 from slm_server.router.upstream import Transport, forward_headers
@@ -98,7 +98,7 @@ class Proxy:
             entry = intake.spec.entry
             size = self.registry.size(intake.spec)
             seconds, shortened = request_timeout(
-                entry.default_timeout, request.headers.get("x-request-timeout")
+                entry.default_timeout, header_value(request.scope["headers"], b"x-request-timeout")
             )
             tried: list[str] = []  # replicas that refused the connection
             while True:

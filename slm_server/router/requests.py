@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from slm_server.config import ModelEntry
@@ -13,6 +14,17 @@ from slm_server.router import strict_json
 CHAT_TEMPLATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/responses"})
 SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of header ``name`` (lowercase, as ASGI gives names) among a
+    request's raw ``headers``, decoded as Starlette's ``Headers`` decodes it; None
+    when it is absent. (A look-up in ``Request.headers`` decodes every name before it
+    and raises and catches a KeyError for an absent one.)"""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 def check_json_type(content_type: str | None) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.datastructures import Headers
 
 from slm_server.config import ModelEntry
 from slm_server.errors import InvalidRequest, UnsupportedMediaType
@@ -12,6 +15,7 @@ from slm_server.router.requests import (
     apply_defaults,
     check_fields,
     check_json_type,
+    header_value,
     is_stream,
     model_field,
     parse_body,
@@ -259,3 +263,23 @@ def test_other_content_types_are_415(content_type: str | None) -> None:
     assert refused.value.status == 415
     assert refused.value.code == "unsupported_media_type"
     assert "application/json" in refused.value.message
+
+
+NAMES = st.sampled_from([b"content-type", b"content-length", b"x-request-timeout", b"host"])
+
+
+@given(
+    headers=st.lists(st.tuples(NAMES, st.binary(max_size=8)), max_size=6),
+    name=NAMES,
+)
+def test_a_header_value_is_what_starlettes_headers_give(
+    headers: list[tuple[bytes, bytes]], name: bytes
+) -> None:
+    assert header_value(headers, name) == Headers(raw=headers).get(name.decode())
+
+
+def test_a_header_value_is_the_first_of_its_name() -> None:
+    headers = [(b"host", b"a"), (b"content-type", b"text/plain"), (b"content-type", b"x")]
+    assert header_value(headers, b"content-type") == "text/plain"
+    assert header_value(headers, b"x-request-timeout") is None
+    assert header_value([(b"x-a", b"\xe9")], b"x-a") == "\u00e9"
