@@ -38,6 +38,8 @@ POLL_SECONDS = 0.02  # the state file, while a load or unload is under way
 IDLE_POLL_SECONDS = 1.0  # otherwise (idle TTLs)
 # States in which a load that was asked for has failed.
 LOAD_FAILED = frozenset({"restarting", "abandoned", "failed", "stopped"})
+# Final states: no process, and none until the supervisor starts again.
+FINAL = frozenset({"abandoned", "failed"})
 LAUNCHING = frozenset({"loading", "starting"})  # an unload refused in these is asked again
 # States in which the model's process is gone: what an asked unload waits for.
 GONE = frozenset({"unloaded", "stopped", "abandoned", "failed"})
@@ -293,6 +295,13 @@ class Loader:
                 # whoever still waits asks for a load again below.
                 model.load_sent_at = None
                 model.load_seen = False
+            if model.waiting is not None and model.load_sent_at is None and name in FINAL:
+                # Abandoned by the watchdog or failed while it served (no load of ours
+                # under way): it will not become ready by itself, and a load is not
+                # taken in this state, so nobody waits for it to their deadline.
+                verb = "was abandoned by the watchdog" if name == "abandoned" else "failed"
+                why = (state.reason if state is not None else None) or "no reason recorded"
+                self._fail(model, f"its backend {verb}: {why}", f"backend_{name}", retry=False)
             waiting = model.waiting
             if waiting is not None and name == "ready" and not model.unload_sent:
                 for future in waiting.futures:

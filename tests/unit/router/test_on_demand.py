@@ -311,6 +311,37 @@ def test_a_failed_load_is_503_with_the_reason(tmp_path: Path) -> None:
     run(scenario())
 
 
+def test_a_load_waiting_on_a_restarting_model_ends_when_the_watchdog_abandons_it(
+    tmp_path: Path,
+) -> None:
+    """A model that crashed is restarting when the load API asks for it: the request
+    waits for the restart, and when the watchdog gives up on it (a final state, which a
+    load does not leave) the request is answered at once, not at its deadline."""
+    router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
+    chat = router.spec_of("chat")
+
+    async def scenario() -> None:
+        async with serving(router):
+            router.supervisor.publish(chat, "restarting", reason="exited with status 139")
+            loop = asyncio.get_running_loop()
+            asked = loop.time()
+            loading = asyncio.ensure_future(
+                call(router.app, "/v1/models/load", {"model": "org/chat-model"})
+            )
+            await until(lambda: loader_of(router).models["chat"].waiting is not None, "waiting")
+            assert not loading.done()
+            router.supervisor.publish(chat, "abandoned", reason="restart budget exhausted")
+            got = await loading
+            assert got.status == 503
+            error = got.json()["error"]
+            assert error["code"] == "backend_abandoned"
+            assert "restart budget exhausted" in error["message"]
+            assert loop.time() - asked < 2.5  # the deadline is default_timeout, 5 s
+            assert loads(router) == []
+
+    run(scenario())
+
+
 def test_an_idle_model_is_unloaded_at_its_ttl(tmp_path: Path) -> None:
     router = make_router(tmp_path, answer_whole, chat=ON_DEMAND + "    idle_ttl: 0.2\n")
 
