@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from slm_server.errors import BackendUnavailable
 from slm_server.records import BackendState, StateFile, parse_state, pid_alive
 
 # How long a launcher whose pid and create time matched is trusted on its pid alone.
@@ -25,6 +26,19 @@ REVERIFY_SECONDS = 1.0
 STAT_EVERY_SECONDS = 0.02
 # Longer than the coarsest modification-time tick of the file systems we run on (1 s).
 FRESH_SECONDS = 2.0
+
+
+def given_up(subject: str, state: BackendState) -> BackendUnavailable | None:
+    """503, with why, when the supervisor has given up on the backend ``subject`` names
+    (abandoned by the watchdog, or failed: no process, and none until the supervisor
+    starts again); None in any other state."""
+    if state.state not in ("abandoned", "failed"):
+        return None
+    verb = "was abandoned by the watchdog" if state.state == "abandoned" else "failed"
+    return BackendUnavailable(
+        f"{subject} {verb}: {state.reason or 'no reason recorded'}",
+        code=f"backend_{state.state}",
+    )
 
 
 class StateSource(Protocol):

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from slm_server.config import ModelSpec
 from slm_server.errors import BackendUnavailable, PayloadTooLarge
 from slm_server.registry import Registry
-from slm_server.router.backend_state import StateSource
+from slm_server.router.backend_state import StateSource, given_up
 from slm_server.router.budget import Held
 from slm_server.router.door import ARRIVED_BODY, ArrivedBody
 from slm_server.router.drain import Drain
@@ -167,12 +167,9 @@ class Reception:
                 code="backend_ejected",
                 retry_after=round(wait, 1),
             )
-        if state.state in ("abandoned", "failed"):
-            verb = "was abandoned by the watchdog" if state.state == "abandoned" else "failed"
-            return BackendUnavailable(
-                f"{name} {verb}: {state.reason or 'no reason recorded'}",
-                code=f"backend_{state.state}",
-            )
+        refusal = given_up(name, state)
+        if refusal is not None:
+            return refusal
         if state.state in ("starting", "restarting"):
             why = f" ({state.reason})" if state.reason else ""
             return BackendUnavailable(

@@ -27,7 +27,7 @@ from slm_server.records import HOLDING_STATES as HOLDING
 from slm_server.records import BackendState
 from slm_server.registry import Registry
 from slm_server.router.admission import Gate
-from slm_server.router.backend_state import StateSource
+from slm_server.router.backend_state import StateSource, given_up
 from slm_server.router.guard import ClientWatch, Waits, running_loop
 from slm_server.router.room import Holder, Rules, make_room
 from slm_server.router.upstream import RETRY_AFTER_SECONDS
@@ -38,8 +38,6 @@ POLL_SECONDS = 0.02  # the state file, while a load or unload is under way
 IDLE_POLL_SECONDS = 1.0  # otherwise (idle TTLs)
 # States in which a load that was asked for has failed.
 LOAD_FAILED = frozenset({"restarting", "abandoned", "failed", "stopped"})
-# Final states: no process, and none until the supervisor starts again.
-FINAL = frozenset({"abandoned", "failed"})
 LAUNCHING = frozenset({"loading", "starting"})  # an unload refused in these is asked again
 # States in which the model's process is gone: what an asked unload waits for.
 GONE = frozenset({"unloaded", "stopped", "abandoned", "failed"})
@@ -295,13 +293,13 @@ class Loader:
                 # whoever still waits asks for a load again below.
                 model.load_sent_at = None
                 model.load_seen = False
-            if model.waiting is not None and model.load_sent_at is None and name in FINAL:
-                # Abandoned by the watchdog or failed while it served (no load of ours
-                # under way): it will not become ready by itself, and a load is not
-                # taken in this state, so nobody waits for it to their deadline.
-                verb = "was abandoned by the watchdog" if name == "abandoned" else "failed"
-                why = (state.reason if state is not None else None) or "no reason recorded"
-                self._fail(model, f"its backend {verb}: {why}", f"backend_{name}", retry=False)
+            if model.waiting is not None and model.load_sent_at is None and state is not None:
+                # Given up on while it served (no load of ours under way): it will not
+                # become ready by itself, and a load is not taken in that state, so
+                # nobody waits for it to their deadline.
+                refusal = given_up(f"The backend for '{model.spec.entry.id}'", state)
+                if refusal is not None:
+                    self._refuse(model, refusal)
             waiting = model.waiting
             if waiting is not None and name == "ready" and not model.unload_sent:
                 for future in waiting.futures:
@@ -404,14 +402,18 @@ class Loader:
                 await self._unload(model, "idle_ttl")
 
     def _fail(self, model: Model, why: str, code: str, retry: bool = True) -> None:
-        waiting, model.waiting = model.waiting, None
-        if waiting is None:
-            return
         error = BackendUnavailable(
             f"'{model.spec.entry.id}' cannot be served: {why}",
             code=code,
             retry_after=RETRY_AFTER_SECONDS if retry else None,
         )
+        self._refuse(model, error)
+
+    def _refuse(self, model: Model, error: BackendUnavailable) -> None:
+        """Answer every request waiting for ``model`` with ``error``."""
+        waiting, model.waiting = model.waiting, None
+        if waiting is None:
+            return
         for future in waiting.futures:
             if not future.done():
                 future.set_exception(error)
