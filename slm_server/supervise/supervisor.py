@@ -273,14 +273,18 @@ class Supervisor:
         return {role: b.life for role, b in self.backends.items()}
 
     def apply(self, observation: core.Observation) -> None:
-        """Decide on one observation and carry out what it calls for."""
+        """Decide on one observation and carry out what it calls for.
+
+        A change of state is published before the events that report it, so whoever
+        reads an event in ``watchdog.jsonl`` finds the state file already agreeing."""
         before = {role: (b.life.state, b.life.reason) for role, b in self.backends.items()}
         actions = core.decide(self.lives(), observation, self.clock(), self.wall(), self.policy)
-        for action in actions:
-            self.act(action)
         after = {role: (b.life.state, b.life.reason) for role, b in self.backends.items()}
         if before != after:
             self.dirty = True
+            self.publish()
+        for action in actions:
+            self.act(action)
 
     def act(self, action: core.Action) -> None:
         if isinstance(action, core.Emit):

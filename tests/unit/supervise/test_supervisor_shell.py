@@ -585,6 +585,48 @@ def test_an_on_demand_model_waits_unloaded_and_loads_on_the_routers_command(
     assert state(supervisor, "b") is State.STOPPED
 
 
+def test_a_change_of_state_is_published_before_the_event_that_reports_it(
+    tmp_path: Path,
+) -> None:
+    """Whoever reads an event finds the state file already agreeing: a script that
+    waits for ``backend_unloaded`` and then reads ``unloaded`` must never see
+    ``unloading`` (CI once did, in the window between the two writes)."""
+    supervisor, control = make(tmp_path, fields={"load": "on_demand"})
+    seen: list[tuple[str, str, str]] = []  # event, state in memory, state in the file
+    emit = supervisor.events.emit
+
+    def watching(event: str, **fields: Any) -> dict[str, Any]:
+        published = {s.role: s.state for s in read_state(supervisor.settings.state_path)[1]}
+        life = supervisor.backends["a"].life if "a" in supervisor.backends else None
+        seen.append((event, life.state.value if life else "", published.get("a", "")))
+        return emit(event, **fields)
+
+    supervisor.events.emit = watching  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        supervisor.start()
+        supervisor.publish()
+        supervisor.command(Command("load", "a"))
+        await until(supervisor, lambda: state(supervisor) is State.READY, "loaded")
+        control.child("a").status = -9
+        await until(supervisor, lambda: len(control.children) == 2, "relaunched")
+        await until(supervisor, lambda: state(supervisor) is State.READY, "ready again")
+        supervisor.command(Command("unload", "a", "idle_ttl"))
+        await until(supervisor, lambda: state(supervisor) is State.UNLOADED, "unloaded")
+
+    asyncio.run(scenario())
+    lifecycle = [s for s in seen if s[0] != "supervisor_started"]
+    assert [s[0] for s in lifecycle] == [
+        "backend_loading",
+        "backend_loaded",
+        "backend_exited",
+        "restart_started",
+        "restart_succeeded",
+        "backend_unloaded",
+    ]
+    assert [s[2] for s in lifecycle] == [s[1] for s in lifecycle], lifecycle
+
+
 def test_the_measured_footprint_is_remembered_across_runs(tmp_path: Path) -> None:
     first, control = make(tmp_path, fields={"load": "on_demand"})
 
