@@ -815,6 +815,48 @@ def test_a_failed_load_is_a_503_with_its_reason_and_spends_the_restart_budget(
         assert [e for e in stack.events("restart_started") if e["role"] == "base"] == []
 
 
+def test_a_load_waiting_on_a_restarting_model_is_answered_when_the_watchdog_abandons_it(
+    tmp_path: Path,
+) -> None:
+    """A loaded model is killed and its relaunch fails (its model file now says so): a
+    ``POST /v1/models/load`` made while it restarts waits for the restart, and is
+    answered 503 ``backend_abandoned`` as soon as the watchdog gives up on the model,
+    not at the model's deadline (30 s here)."""
+    models = {
+        "base": fake_entry(tmp_path, "base", memory_mb=100),  # keeps the supervisor running
+        "flaky": on_demand(tmp_path, "flaky", memory_mb=100, default_timeout=30),
+    }
+    env = {"SLM_WATCHDOG_MAX_RESTARTS": "1"}
+    with gateway(tmp_path, models, env, budget_ok=False) as stack, ThreadPoolExecutor(1) as pool:
+        assert api(stack, "load", "fake-flaky").status_code == 200
+        pid = stack.pid("flaky")
+        # The next start takes 2 s to fail: the window in which the load below waits.
+        (tmp_path / "flaky.gguf").write_text(
+            json.dumps({"start_delay_seconds": 2.0, "exit_at_start": 3})
+        )
+        os.kill(pid, 9)
+        # Restarting: published ``restarting``, then ``starting`` for the 2 s relaunch.
+        stack.wait_event("restart_started", timeout=10, role="flaky")
+        answered: list[float] = []
+
+        def load() -> httpx.Response:
+            try:
+                return api(stack, "load", "fake-flaky", timeout=60)
+            finally:
+                answered.append(time.monotonic())
+
+        loading = pool.submit(load)
+        abandoned = stack.wait_event("backend_abandoned", timeout=20, role="flaky")
+        seen_at = time.monotonic()
+        answer = loading.result(timeout=40)
+        assert answer.status_code == 503, answer.text
+        assert code_of(answer) == "backend_abandoned", answer.text
+        assert abandoned["reason"] in answer.json()["error"]["message"], (abandoned, answer.text)
+        assert answered[0] - seen_at < 3, "the load waited past the watchdog giving up"
+        assert [e["role"] for e in stack.events("restart_failed")] == ["flaky"]
+        assert stack.state("base")["state"] == "ready" and stack.state("base")["restarts"] == 0
+
+
 # -- attacks ----------------------------------------------------------------------------
 
 
