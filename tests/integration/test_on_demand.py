@@ -243,8 +243,10 @@ def test_first_request_loads_an_unloaded_model_and_eight_share_one_start(tmp_pat
             statuses = [f.result().status_code for f in answers]
         assert statuses == [200] * 8
         assert len(stack.events("backend_loading")) == 1
-        [loaded] = stack.events("backend_loaded")
-        assert loaded["role"] == "lazy" and loaded["pid"] == stack.pid("lazy")
+        # The state file is published before the event: the answers may come first.
+        loaded = stack.wait_event("backend_loaded", role="lazy")
+        assert len(stack.events("backend_loaded")) == 1
+        assert loaded["pid"] == stack.pid("lazy")
         assert model_processes(tmp_path, "lazy") == [loaded["pid"]]
         assert len(fake_requests(stack, "lazy")) == 8
         log = Path(stack.state("lazy")["log_path"]).read_text()

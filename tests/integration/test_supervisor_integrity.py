@@ -86,7 +86,7 @@ def test_a_hanging_health_probe_does_not_delay_another_backends_exit(tmp_path: P
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
         exited = stack.wait_event("backend_exited", pid=pid)
-        assert event_wall(exited) - killed_at < 1.0
+        assert event_wall(exited) - killed_at < 3.0  # the hanging probe's timeout is 30 s
         assert stack.state("hung")["state"] == "starting"
 
 

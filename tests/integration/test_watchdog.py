@@ -126,7 +126,7 @@ def test_a_wedged_backend_trips_on_the_first_byte_stall(tmp_path: Path) -> None:
         # Killed at once, not after SLM_STOP_TIMEOUT_SECONDS (2 s) of ignored SIGTERM.
         [begun] = [e for e in stack.events("restart_started") if e["old_pid"] == old_pid]
         stopping = seconds_between(begun["ts"], done["ts"]) - done["seconds"]
-        assert stopping < 1.0
+        assert stopping < 1.9, stopping  # a SIGTERM waited on would take 2 s
         assert chat(stack, "standard").status_code == 200
 
 

@@ -71,9 +71,9 @@ def test_real_llama_server_stopped_is_caught_by_the_stall(tmp_path: Path) -> Non
             done = stack.wait_event("restart_succeeded", old_pid=old_pid, timeout=60)
             assert done["reason"] == "stall"
             assert not pid_alive(old_pid)
-            # Killed at once: a stopped llama-server ignores SIGTERM.
+            # Killed at once: a stopped llama-server ignores SIGTERM (waited on: 2 s).
             [begun] = [e for e in stack.events("restart_started") if e["old_pid"] == old_pid]
-            assert seconds_between(begun["ts"], done["ts"]) - done["seconds"] < 1.0
+            assert seconds_between(begun["ts"], done["ts"]) - done["seconds"] < 1.9
         finally:
             if pid_alive(old_pid):
                 os.kill(old_pid, signal.SIGCONT)
