@@ -15,7 +15,7 @@ from tests.processes import pid_alive, poll
 HELLO = [{"role": "user", "content": "hello"}]
 CONFIRM_SECONDS = 2.0
 STALL_SECONDS = 1.0  # FAST_WATCHDOG's SLM_WATCHDOG_STALL_SECONDS
-LOAD_SECONDS = 5.0  # a fake llama-server's start-up, generously
+LOAD_SECONDS = 10.0  # a fake llama-server's start-up, generously (a loaded CI machine)
 
 
 def started(stack: Watched, role: str) -> Watched:

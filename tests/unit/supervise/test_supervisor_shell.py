@@ -473,7 +473,7 @@ def test_stop_all_stops_every_child_at_once(tmp_path: Path) -> None:
     sent = [sig for _pid, sig in control.signals]
     assert sent.index(signal.SIGKILL) > max(i for i, s in enumerate(sent) if s == signal.SIGTERM)
     # ... so the whole shutdown takes one stop timeout, not three
-    assert STOP_TIMEOUT <= took < 2 * STOP_TIMEOUT
+    assert STOP_TIMEOUT <= took < 2.5 * STOP_TIMEOUT, took  # one after another: 3
     assert all(state(supervisor, role) is State.STOPPED for role in roles)
     assert all(c.status == -signal.SIGKILL for c in control.children)
 
