@@ -105,9 +105,10 @@ def test_replicas_run_as_their_own_backends_and_share_the_traffic(tmp_path: Path
         assert {stack.state(r)["port"] for r in roles(3)} == {port_of(stack, r) for r in roles(3)}
         logs = {stack.state(role)["log_path"] for role in roles(3)}
         assert len(logs) == 3
-        # Held answers: six at once, two slots per replica, each replica gets two.
+        # Held answers: six at once, two slots per replica, each replica gets two (held
+        # long enough for the sixth to arrive while the first five are still held).
         for role in roles(3):
-            control(stack, role, delay_seconds=1.0)
+            control(stack, role, delay_seconds=3.0)
         with ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(lambda _n: chat(stack), range(6)))
         assert [a.status_code for a in answers] == [200] * 6
