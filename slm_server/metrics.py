@@ -97,7 +97,7 @@ def outcome_of(exchange: Exchange) -> str:
     unavailable    503: the backend is down, starting or abandoned
     timeout        504 (or 408): the backend did not answer in time
     backend_error  502 or another 5xx answered by the backend
-    router_error   500 raised by the router itself
+    router_error   500 raised by the router itself, or its error after the answer began
     """
     status = exchange.status
     if exchange.disconnected or status == 499:
@@ -105,6 +105,8 @@ def outcome_of(exchange: Exchange) -> str:
     if status is None:
         return "router_error"
     if status < 400:
+        if exchange.error_type == "internal_error":  # the router failed after its head
+            return "router_error"
         return "stream_error" if exchange.error_type is not None else "ok"
     if status in (401, 403, 413, 429):
         return "rejected"

@@ -93,6 +93,9 @@ class Exchange:
     upstream_headers: dict[str, str] = field(default_factory=dict)
     # The client went away before the answer ended (set by the middleware).
     disconnected: bool = False
+    # The answer's last byte was handed to the server (set by the middleware, or by a
+    # whole answer written straight to the connection): nothing is left to send.
+    answered: bool = False
     # For an entry with replicas: the rule that chose ``spec`` (balance.RULES) and the
     # leading characters its prefix index matched (prefix_affinity only).
     routing_rule: str | None = None

@@ -40,6 +40,7 @@ from slm_server.router.recent import RecentRequests
 from slm_server.telemetry import Inbound, Telemetry
 
 access_log = logging.getLogger("slm_server.access")
+log = logging.getLogger("slm_server.router")
 
 # A request id we accept from a client: short, printable, no spaces or quotes.
 VALID_REQUEST_ID: Final = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
@@ -106,21 +107,19 @@ class RequestObserver:
             self.metrics.begin(exchange)
         token = REQUEST_ID.set(request_id)
         echoed = echoed_id(exchange)
-        ended = False
 
         async def observed_send(message: Message) -> None:
-            nonlocal ended
             kind = message["type"]
             if kind == "http.response.start":
                 exchange.status = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()), echoed]}
             elif kind == "http.response.body" and not message.get("more_body", False):
-                ended = True
+                exchange.answered = True
             await send(message)
 
         async def observed_receive() -> Message:
             message = await receive()
-            if message["type"] == "http.disconnect" and not ended:
+            if message["type"] == "http.disconnect" and not exchange.answered:
                 exchange.disconnected = True
             return message
 
@@ -132,18 +131,46 @@ class RequestObserver:
             if exchange.status is None:
                 exchange.status = 500
             exchange.error_type = "internal_error"
-            raise
+            if not exchange.answered or not isinstance(exc, Exception):
+                raise
+            # The client has its whole answer. Raised on, the error would make the
+            # server's error layer answer a second time and the server close a
+            # connection that is fine: it is logged here instead, once.
+            log.error("request %s failed after its answer was sent", request_id, exc_info=exc)
         finally:
             exchange.finished = time.perf_counter()
-            outcome = None
-            if model_endpoint:
-                if span is not None:
-                    self.telemetry.close_span(span, exchange, error)
-                outcome = self.metrics.observe(exchange)
-                if self.recent is not None:
-                    self.recent.record(exchange)
-            self._log(exchange, outcome)
+            self._record(exchange, span, model_endpoint, error)
             REQUEST_ID.reset(token)
+
+    def _record(
+        self, exchange: Exchange, span: Any, model_endpoint: bool, error: BaseException | None
+    ) -> None:
+        """The request's span, metrics, recent entry and access line, each written
+        even when one before it fails: a failure to record is logged, never raised (it
+        would take the place of the request's own error, or fail an answer already
+        sent), and the request is never missing from the access log."""
+        outcome = None
+        if model_endpoint:
+            if span is not None:
+                try:
+                    self.telemetry.close_span(span, exchange, error)
+                except Exception:
+                    log.exception("closing the span of request %s failed", exchange.request_id)
+            try:
+                outcome = self.metrics.observe(exchange)
+            except Exception:
+                log.exception("recording the metrics of request %s failed", exchange.request_id)
+            if self.recent is not None:
+                try:
+                    self.recent.record(exchange)
+                except Exception:
+                    log.exception(
+                        "keeping request %s among the recent ones failed", exchange.request_id
+                    )
+        try:
+            self._log(exchange, outcome)
+        except Exception:
+            log.exception("writing the access line of request %s failed", exchange.request_id)
 
     @staticmethod
     def _log(exchange: Exchange, outcome: str | None) -> None:

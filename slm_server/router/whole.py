@@ -62,6 +62,7 @@ class WholeAnswer:
                 exchange.status = None  # nothing went out: the error's answer will
                 raise
             if sent:
+                exchange.answered = True
                 return
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.headers}

@@ -1,0 +1,179 @@
+"""What fails after a request's answer has gone out: a recorder (metrics, span, recent
+requests, access log) that raises, or the application raising once its whole answer
+is sent. The client keeps its answer and its connection, the request keeps its access
+line, and the failure is logged once with its traceback: never a second answer
+attempted (uvicorn's "Unexpected ASGI message"), never a connection closed under a
+client that was answered well. Driven in-process through the real door protocol on a
+recording transport, two requests pipelined on one connection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from slm_server.metrics import Metrics, outcome_of
+from slm_server.registry import Registry
+from slm_server.router.exchange import Exchange, exchange_of
+from slm_server.router.middleware import RequestObserver
+from slm_server.router.whole import WholeAnswer
+from slm_server.settings import TelemetrySettings
+from slm_server.telemetry import Telemetry
+from tests.unit.router.inprocess import FakeStates, Sent, make_router, whole
+from tests.unit.router.test_door_direct_answer import protocol_for
+from tests.unit.router.test_door_writes import Recording
+
+ANSWER = {"id": "chatcmpl-1", "object": "chat.completion", "choices": []}
+
+
+def request(path: bytes, body: bytes) -> bytes:
+    return (
+        b"POST %b HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%b" % (path, len(body), body)
+    )
+
+
+def serve_twice(app: ASGIApp, wire: bytes) -> Recording:
+    """``wire`` sent twice on one connection, pipelined; every answer awaited."""
+
+    async def run() -> Recording:
+        protocol, transport = protocol_for(app)
+        protocol.data_received(wire + wire)
+        for _ in range(100):  # the pipelined one starts once the first has ended
+            await asyncio.gather(*protocol.tasks)
+            await asyncio.sleep(0)
+            if not protocol.tasks and not protocol.pipeline:
+                break
+        return transport
+
+    return asyncio.run(run())
+
+
+def statuses(transport: Recording) -> list[bytes]:
+    return re.findall(rb"HTTP/1\.1 (\d{3}) ", b"".join(transport.writes))
+
+
+def assert_no_second_answer(caplog: pytest.LogCaptureFixture) -> None:
+    text = caplog.text
+    assert "Unexpected ASGI message" not in text
+    assert "Exception in ASGI application" not in text
+
+
+@pytest.mark.parametrize("failing", ["metrics", "telemetry", "recent"])
+def test_a_recorder_that_fails_leaves_the_answer_the_connection_and_the_access_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, failing: str
+) -> None:
+    async def script(sent: Sent) -> Any:
+        return whole(ANSWER)
+
+    router = make_router(tmp_path, script)
+
+    def broken(*_args: Any) -> Any:
+        raise ValueError(f"{failing} broke")
+
+    observer = router.app.user_middleware[0]
+    assert observer.cls is RequestObserver  # type: ignore[comparison-overlap]
+    target = {"metrics": router.deps.metrics, "telemetry": router.deps.telemetry}.get(failing)
+    if target is None:  # the dashboard's recent requests, made by create_app
+        target = observer.kwargs["recent"]
+    method = {"metrics": "observe", "telemetry": "close_span", "recent": "record"}[failing]
+    setattr(target, method, broken)
+    if failing == "telemetry":  # telemetry is off here: a span to close all the same
+        router.deps.telemetry.open_span = lambda *_args: object()  # type: ignore[method-assign,assignment]
+    body = json.dumps(
+        {"model": router.spec.entry.id, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    with caplog.at_level(logging.INFO):
+        transport = serve_twice(router.app, request(b"/v1/chat/completions", body.encode()))
+    assert statuses(transport) == [b"200", b"200"]
+    assert not transport.closed, "a connection whose answers went out well was closed"
+    failures = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(failures) == 2, [r.getMessage() for r in failures]
+    assert all(
+        r.exc_info is not None and str(r.exc_info[1]) == f"{failing} broke" for r in failures
+    )
+    access = [r for r in caplog.records if r.name == "slm_server.access"]
+    assert len(access) == 2 and all(" 200 " in r.getMessage() for r in access)
+    assert_no_second_answer(caplog)
+
+
+class AnswerThenFail:
+    """A whole answer written straight through the door, then an error."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = exchange_of(scope)
+        await WholeAnswer(exchange, b'{"ok":1}', 200, "application/json")(scope, receive, send)
+        raise ValueError("broke after answering")
+
+
+class StartThenFail:
+    """A stream's head and first piece, then an error: the answer is cut."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        raise ValueError("broke halfway")
+
+
+def observed(endpoint: ASGIApp) -> tuple[Starlette, list[Exchange]]:
+    """``endpoint`` behind the router's observer, and the exchanges it recorded."""
+    metrics = Metrics(Registry([]), FakeStates())
+    seen: list[Exchange] = []
+    observe = metrics.observe
+
+    def keep(exchange: Exchange) -> str:
+        seen.append(exchange)
+        return observe(exchange)
+
+    metrics.observe = keep  # type: ignore[method-assign]
+    settings = TelemetrySettings.from_env({"SLM_OTEL_ENABLED": "false"})
+    telemetry = Telemetry(settings, environ={})
+    app = Starlette(
+        routes=[Route("/v1/chat/completions", endpoint, methods=["POST"])],
+        middleware=[Middleware(RequestObserver, telemetry=telemetry, metrics=metrics)],
+    )
+    return app, seen
+
+
+def test_an_error_raised_after_a_whole_answer_went_out_is_logged_once_and_the_connection_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, seen = observed(AnswerThenFail())
+    with caplog.at_level(logging.INFO):
+        transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    assert statuses(transport) == [b"200", b"200"]
+    assert not transport.closed
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage().split(" ", 2)[2] for r in failures] == [
+        "failed after its answer was sent"
+    ] * 2
+    assert all(r.exc_info is not None and isinstance(r.exc_info[1], ValueError) for r in failures)
+    # The request is still recorded as the router's failure it was.
+    assert [(e.status, e.error_type) for e in seen] == [(200, "internal_error")] * 2
+    assert [outcome_of(e) for e in seen] == ["router_error"] * 2
+    assert_no_second_answer(caplog)
+
+
+def test_an_error_raised_halfway_through_a_stream_still_cuts_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Half an answer is no answer: the error goes on to the server, which closes the
+    connection so the client sees the stream broken."""
+    app, seen = observed(StartThenFail())
+    with caplog.at_level(logging.INFO):
+        transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    assert statuses(transport) == [b"200"]
+    assert transport.closed
+    assert b"0\r\n\r\n" not in b"".join(transport.writes)  # never a clean end of the stream
+    assert [(e.status, e.error_type) for e in seen] == [(200, "internal_error")]
+    assert outcome_of(seen[0]) == "router_error"
