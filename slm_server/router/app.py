@@ -37,7 +37,7 @@ from slm_server.router.front import Front, Handler
 from slm_server.router.hosts import AllowedHosts
 from slm_server.router.info import Info, error_response
 from slm_server.router.loader import Commander, Loader
-from slm_server.router.middleware import RequestObserver
+from slm_server.router.middleware import RequestObserver, unexpected
 from slm_server.router.models_api import ModelsApi
 from slm_server.router.proxy import Proxy
 from slm_server.router.recent import RecentRequests
@@ -78,7 +78,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _unexpected_error(_request: Request, exc: Exception) -> Response:
     log.exception("unexpected error while handling a request", exc_info=exc)
-    return error_response(GatewayError("The router failed unexpectedly; see its log for details"))
+    return error_response(unexpected())
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from slm_server.errors import GatewayError
 from slm_server.logging_setup import REQUEST_ID, direct_line_handler
 from slm_server.metrics import Metrics
 from slm_server.router.exchange import (
@@ -37,6 +38,7 @@ from slm_server.router.exchange import (
     new_request_id,
 )
 from slm_server.router.recent import RecentRequests
+from slm_server.router.reject import reject
 from slm_server.telemetry import Inbound, Telemetry
 
 access_log = logging.getLogger("slm_server.access")
@@ -58,6 +60,11 @@ def shown(text: str) -> str:
         c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
         for c in text[:MAX_SHOWN]
     )
+
+
+def unexpected() -> GatewayError:
+    """The answer to a request the router failed on unexpectedly."""
+    return GatewayError("The router failed unexpectedly; see its log for details")
 
 
 def request_id_from(value: bytes | None) -> str:
@@ -128,15 +135,23 @@ class RequestObserver:
             await self.app(scope, observed_receive, observed_send)
         except BaseException as exc:
             error = exc
-            if exchange.status is None:
+            started = exchange.status is not None
+            if not started:
                 exchange.status = 500
             exchange.error_type = "internal_error"
-            if not exchange.answered or not isinstance(exc, Exception):
+            if not isinstance(exc, Exception):
                 raise
-            # The client has its whole answer. Raised on, the error would make the
-            # server's error layer answer a second time and the server close a
-            # connection that is fine: it is logged here instead, once.
-            log.error("request %s failed after its answer was sent", request_id, exc_info=exc)
+            # Answered here, once, with its traceback: raised on, the error would be
+            # logged again by the server, whose own 500 carries no request id, and
+            # answered twice when a whole answer went out straight through the door.
+            if exchange.answered:
+                log.error("request %s failed after its answer was sent", request_id, exc_info=exc)
+            elif started:
+                # The server closes the connection: the client sees the answer cut.
+                log.error("request %s failed during its answer", request_id, exc_info=exc)
+            else:
+                log.error("request %s failed unexpectedly", request_id, exc_info=exc)
+                await reject(scope, observed_send, unexpected())
         finally:
             exchange.finished = time.perf_counter()
             self._record(exchange, span, model_endpoint, error)

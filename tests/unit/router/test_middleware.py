@@ -168,6 +168,12 @@ def test_an_unexpected_error_is_a_500_span_and_a_router_error(
     [access] = [r for r in ours(logs) if r.name == "slm_server.access"]
     assert getattr(access, "status", None) == 500
     assert rig.metrics.live == {}
+    # One traceback, carrying the id the client was given with its OpenAI-shaped 500.
+    request_id = response.headers["x-request-id"]
+    [failure] = [r for r in ours(logs) if r.levelno >= logging.ERROR]
+    assert failure.getMessage() == f"request {request_id} failed unexpectedly"
+    assert failure.exc_info is not None and isinstance(failure.exc_info[1], KeyError)
+    assert response.json()["error"]["code"] == "internal_error"
 
 
 def test_an_unprintable_model_cannot_forge_a_log_line(

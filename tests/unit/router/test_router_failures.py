@@ -1,10 +1,11 @@
-"""What fails after a request's answer has gone out: a recorder (metrics, span, recent
-requests, access log) that raises, or the application raising once its whole answer
-is sent. The client keeps its answer and its connection, the request keeps its access
-line, and the failure is logged once with its traceback: never a second answer
-attempted (uvicorn's "Unexpected ASGI message"), never a connection closed under a
-client that was answered well. Driven in-process through the real door protocol on a
-recording transport, two requests pipelined on one connection."""
+"""What the router does when it fails itself: before a request's answer, halfway
+through it, after it, or while recording it (metrics, span, recent requests, access
+log). Each failure is logged once, with its traceback and the request's id; the client
+gets an OpenAI-shaped 500 carrying its request id when nothing was sent yet, keeps a
+whole answer and its keep-alive connection when one went out (never a second answer
+attempted: uvicorn's "Unexpected ASGI message"), and sees a stream cut when it failed
+halfway; the request always keeps its access line. Driven in-process through the real
+door protocol on a recording transport, two requests pipelined on one connection."""
 
 from __future__ import annotations
 
@@ -62,10 +63,15 @@ def statuses(transport: Recording) -> list[bytes]:
     return re.findall(rb"HTTP/1\.1 (\d{3}) ", b"".join(transport.writes))
 
 
-def assert_no_second_answer(caplog: pytest.LogCaptureFixture) -> None:
+def assert_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing logged by uvicorn for the error: no second traceback, no second answer."""
     text = caplog.text
     assert "Unexpected ASGI message" not in text
     assert "Exception in ASGI application" not in text
+
+
+def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 @pytest.mark.parametrize("failing", ["metrics", "telemetry", "recent"])
@@ -103,7 +109,7 @@ def test_a_recorder_that_fails_leaves_the_answer_the_connection_and_the_access_l
     )
     access = [r for r in caplog.records if r.name == "slm_server.access"]
     assert len(access) == 2 and all(" 200 " in r.getMessage() for r in access)
-    assert_no_second_answer(caplog)
+    assert_logged_once(caplog)
 
 
 class AnswerThenFail:
@@ -113,6 +119,13 @@ class AnswerThenFail:
         exchange = exchange_of(scope)
         await WholeAnswer(exchange, b'{"ok":1}', 200, "application/json")(scope, receive, send)
         raise ValueError("broke after answering")
+
+
+class FailAtOnce:
+    """An error before anything is sent."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise KeyError("bug")
 
 
 class StartThenFail:
@@ -161,7 +174,7 @@ def test_an_error_raised_after_a_whole_answer_went_out_is_logged_once_and_the_co
     # The request is still recorded as the router's failure it was.
     assert [(e.status, e.error_type) for e in seen] == [(200, "internal_error")] * 2
     assert [outcome_of(e) for e in seen] == ["router_error"] * 2
-    assert_no_second_answer(caplog)
+    assert_logged_once(caplog)
 
 
 def test_an_error_raised_halfway_through_a_stream_still_cuts_it(
@@ -175,5 +188,31 @@ def test_an_error_raised_halfway_through_a_stream_still_cuts_it(
     assert statuses(transport) == [b"200"]
     assert transport.closed
     assert b"0\r\n\r\n" not in b"".join(transport.writes)  # never a clean end of the stream
+    [failure] = [r for r in errors(caplog) if r.exc_info is not None]
+    assert failure.getMessage().endswith(" failed during its answer")
+    assert isinstance(failure.exc_info[1], ValueError)  # type: ignore[index]
+    assert "Exception in ASGI application" not in caplog.text
     assert [(e.status, e.error_type) for e in seen] == [(200, "internal_error")]
     assert outcome_of(seen[0]) == "router_error"
+
+
+def test_an_error_before_the_answer_is_one_500_with_the_request_id_and_one_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app, seen = observed(FailAtOnce())
+    with caplog.at_level(logging.INFO):
+        transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    assert statuses(transport) == [b"500", b"500"]
+    assert not transport.closed
+    wire = b"".join(transport.writes)
+    ids = re.findall(rb"x-request-id: (\w+)\r\n", wire)
+    assert [i.decode() for i in ids] == [e.request_id for e in seen]
+    bodies = [json.loads(b) for b in re.findall(rb"\r\n\r\n(\{[^\r]*\}\})", wire)]
+    assert [b["error"]["code"] for b in bodies] == ["internal_error"] * 2
+    failures = errors(caplog)
+    assert [r.getMessage() for r in failures] == [
+        f"request {e.request_id} failed unexpectedly" for e in seen
+    ]
+    assert all(r.exc_info is not None and isinstance(r.exc_info[1], KeyError) for r in failures)
+    assert [(e.status, outcome_of(e)) for e in seen] == [(500, "router_error")] * 2
+    assert_logged_once(caplog)
