@@ -90,17 +90,17 @@ def outcome_of(exchange: Exchange) -> str:
     """How a finished request ended, as one of :data:`OUTCOMES`:
 
     ok             answered with 2xx/3xx and no error inside the stream
-    cancelled      the client went away before the answer ended
+    cancelled      the client went away before the answer ended, or it was cancelled
     stream_error   the status was 200 but the stream ended with an error event
     rejected       the router refused it for capacity or credentials (401, 413, 429)
     client_error   any other 4xx (malformed, unknown model, wrong endpoint)
     unavailable    503: the backend is down, starting or abandoned
     timeout        504 (or 408): the backend did not answer in time
     backend_error  502 or another 5xx answered by the backend
-    router_error   500 raised by the router itself, or its error after the answer began
+    router_error   500 raised by the router itself, or its error after a 2xx/3xx head
     """
     status = exchange.status
-    if exchange.disconnected or status == 499:
+    if exchange.disconnected or status == 499 or exchange.error_type == "cancelled":
         return "cancelled"
     if status is None:
         return "router_error"

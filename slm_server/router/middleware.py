@@ -121,7 +121,13 @@ class RequestObserver:
                 exchange.status = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()), echoed]}
             elif kind == "http.response.body" and not message.get("more_body", False):
-                exchange.answered = True
+                exchange.answered = True  # before the send: a disconnect may follow it
+                try:
+                    await send(message)
+                except BaseException:
+                    exchange.answered = False  # the last piece never went out
+                    raise
+                return
             await send(message)
 
         async def observed_receive() -> Message:
@@ -138,9 +144,11 @@ class RequestObserver:
             started = exchange.status is not None
             if not started:
                 exchange.status = 500
-            exchange.error_type = "internal_error"
             if not isinstance(exc, Exception):
+                # Cancelled (the server shutting down, a task cancelled): no bug of ours.
+                exchange.error_type = "cancelled"
                 raise
+            exchange.error_type = "internal_error"
             # Answered here, once, with its traceback: raised on, the error would be
             # logged again by the server, whose own 500 carries no request id, and
             # answered twice when a whole answer went out straight through the door.

@@ -26,6 +26,7 @@ from starlette.types import Message, Receive, Scope, Send
 from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
 from slm_server.router.door import DIRECT_BODY, DirectBody
 from slm_server.router.drain import Drain
+from slm_server.router.exchange import exchange_of
 from slm_server.router.guard import client_of, running_loop
 
 if TYPE_CHECKING:
@@ -175,6 +176,7 @@ class StreamRelay:
             # A bug of ours mid-stream: the status is sent, so report it in band and end
             # the stream cleanly rather than cutting the connection.
             log.exception("unexpected error while relaying a stream")
+            exchange_of(scope).error_type = "internal_error"
             failure = GatewayError("The router failed while relaying this stream; see its log")
             await send(
                 {"type": "http.response.body", "body": self.error_event(failure), "more_body": True}

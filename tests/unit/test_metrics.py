@@ -67,6 +67,7 @@ def sample(m: Metrics, name: str, **labels: str) -> float:
     [
         ({}, "ok"),
         ({"status": 200, "error_type": "backend_stream_error"}, "stream_error"),
+        ({"status": 200, "error_type": "cancelled"}, "cancelled"),
         ({"status": 200, "error_type": "internal_error"}, "router_error"),
         ({"status": 200, "disconnected": True}, "cancelled"),
         ({"status": 499}, "cancelled"),

@@ -29,7 +29,7 @@ from slm_server.router.middleware import RequestObserver
 from slm_server.router.whole import WholeAnswer
 from slm_server.settings import TelemetrySettings
 from slm_server.telemetry import Telemetry
-from tests.unit.router.inprocess import FakeStates, Sent, make_router, whole
+from tests.unit.router.inprocess import FakeStates, Sent, call, make_router, sse, whole
 from tests.unit.router.test_door_direct_answer import protocol_for
 from tests.unit.router.test_door_writes import Recording
 
@@ -180,8 +180,9 @@ def test_an_error_raised_after_a_whole_answer_went_out_is_logged_once_and_the_co
 def test_an_error_raised_halfway_through_a_stream_still_cuts_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Half an answer is no answer: the error goes on to the server, which closes the
-    connection so the client sees the stream broken."""
+    """Half an answer is no answer: the server closes the connection, so the client
+    sees the stream broken (uvicorn says, without a traceback, that the answer was not
+    completed)."""
     app, seen = observed(StartThenFail())
     with caplog.at_level(logging.INFO):
         transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
@@ -216,3 +217,77 @@ def test_an_error_before_the_answer_is_one_500_with_the_request_id_and_one_trace
     assert all(r.exc_info is not None and isinstance(r.exc_info[1], KeyError) for r in failures)
     assert [(e.status, outcome_of(e)) for e in seen] == [(500, "router_error")] * 2
     assert_logged_once(caplog)
+
+
+class ShortLastPiece:
+    """A head that promises ten bytes and a last piece of three: uvicorn refuses the
+    last send, so the answer never ended."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-length", b"10"), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"abc"})
+
+
+def test_a_last_piece_that_never_went_out_is_no_answer_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app, seen = observed(ShortLastPiece())
+    with caplog.at_level(logging.INFO):
+        transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    assert transport.closed
+    [failure] = [r for r in errors(caplog) if r.exc_info is not None]
+    assert failure.getMessage().endswith(" failed during its answer")
+    assert [(e.answered, outcome_of(e)) for e in seen] == [(False, "router_error")]
+
+
+class CancelledHalfway:
+    """A stream's head, then a cancellation (as the server's shutdown cancels a task)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        raise asyncio.CancelledError
+
+
+def test_a_cancelled_request_is_counted_cancelled_not_a_router_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app, seen = observed(CancelledHalfway())
+    with caplog.at_level(logging.INFO):
+        serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    assert [(e.error_type, outcome_of(e)) for e in seen] == [("cancelled", "cancelled")]
+    assert not [r for r in errors(caplog) if r.name == "slm_server.router"]
+
+
+def test_a_router_bug_while_relaying_a_stream_is_in_band_and_counted_a_router_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stream's status is sent: the bug is reported as its last event, the stream
+    ends cleanly, and the request is a router error, never an ``ok``."""
+    first = {"id": "c1", "object": "chat.completion.chunk", "choices": []}
+
+    async def script(sent: Sent) -> Any:
+        return sse(first, then=[KeyError("bug")])
+
+    router = make_router(tmp_path, script)
+    observer = router.app.user_middleware[0]
+    seen: list[Exchange] = []
+    observe = router.deps.metrics.observe
+
+    def keep(exchange: Exchange) -> str:
+        seen.append(exchange)
+        return observe(exchange)
+
+    router.deps.metrics.observe = keep  # type: ignore[method-assign]
+    assert observer.cls is RequestObserver  # type: ignore[comparison-overlap]
+    payload = {"model": router.spec.entry.id, "messages": [], "stream": True}
+    with caplog.at_level(logging.INFO):
+        answer = asyncio.run(call(router.app, "/v1/chat/completions", payload))
+    assert answer.status == 200 and answer.complete
+    events = answer.events()
+    assert events[0] == first
+    assert "failed while relaying" in events[-1]["error"]["message"]
+    assert [outcome_of(e) for e in seen] == ["router_error"]
+    [failure] = errors(caplog)
+    assert failure.getMessage() == "unexpected error while relaying a stream"
