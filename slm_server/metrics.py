@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -129,6 +129,9 @@ class EngineSource(Protocol):
     def exposition(self) -> bytes: ...
 
 
+_F = TypeVar("_F", Counts, Spread)
+
+
 class Metrics:
     """The metrics of one router app; ``observe`` each finished exchange."""
 
@@ -136,73 +139,88 @@ class Metrics:
         self.engines: EngineSource | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.live: dict[int, Exchange] = {}  # by id(): an Exchange is not hashable
-        self.requests = Counts(
-            "slm_requests_total",
-            "Requests answered, by model, emit path, outcome and status class.",
-            ["model", "emit_path", "outcome", "status_class"],
+        families: list[Counts | Spread] = []
+
+        def family(made: _F) -> _F:
+            families.append(made)
+            return made
+
+        self.requests = family(
+            Counts(
+                "slm_requests_total",
+                "Requests answered, by model, emit path, outcome and status class.",
+                ["model", "emit_path", "outcome", "status_class"],
+            )
         )
-        self.duration = Spread(
-            "slm_request_duration_seconds",
-            "Time from the request's arrival to the end of its answer (streams included).",
-            ["model", "emit_path", "status_class"],
-            DURATION_BUCKETS,
+        self.duration = family(
+            Spread(
+                "slm_request_duration_seconds",
+                "Time from the request's arrival to the end of its answer (streams included).",
+                ["model", "emit_path", "status_class"],
+                DURATION_BUCKETS,
+            )
         )
-        self.first_token = Spread(
-            "slm_time_to_first_token_seconds",
-            "Streams: time from the request's arrival to the backend's first chunk.",
-            ["model"],
-            FIRST_TOKEN_BUCKETS,
+        self.first_token = family(
+            Spread(
+                "slm_time_to_first_token_seconds",
+                "Streams: time from the request's arrival to the backend's first chunk.",
+                ["model"],
+                FIRST_TOKEN_BUCKETS,
+            )
         )
-        self.tokens_per_second = Spread(
-            "slm_output_tokens_per_second",
-            "Streams: completion tokens per second between the first and the last chunk.",
-            ["model"],
-            TOKENS_PER_SECOND_BUCKETS,
+        self.tokens_per_second = family(
+            Spread(
+                "slm_output_tokens_per_second",
+                "Streams: completion tokens per second between the first and the last chunk.",
+                ["model"],
+                TOKENS_PER_SECOND_BUCKETS,
+            )
         )
-        self.prompt_tokens = Counts(
-            "slm_prompt_tokens_total",
-            "Prompt (input) tokens the backends reported.",
-            ["model"],
+        self.prompt_tokens = family(
+            Counts(
+                "slm_prompt_tokens_total",
+                "Prompt (input) tokens the backends reported.",
+                ["model"],
+            )
         )
-        self.completion_tokens = Counts(
-            "slm_completion_tokens_total",
-            "Completion (output) tokens the backends reported, streams included.",
-            ["model"],
+        self.completion_tokens = family(
+            Counts(
+                "slm_completion_tokens_total",
+                "Completion (output) tokens the backends reported, streams included.",
+                ["model"],
+            )
         )
-        self.overhead = Spread(
-            "slm_router_overhead_seconds",
-            "Time a request spent in the router: duration minus backend time minus queue wait.",
-            ["model"],
-            OVERHEAD_BUCKETS,
+        self.overhead = family(
+            Spread(
+                "slm_router_overhead_seconds",
+                "Time a request spent in the router: duration minus backend time minus queue wait.",
+                ["model"],
+                OVERHEAD_BUCKETS,
+            )
         )
-        self.queue_wait = Spread(
-            "slm_queue_wait_seconds",
-            "Time a request waited for a free backend slot before it was sent.",
-            ["model"],
-            QUEUE_BUCKETS,
+        self.queue_wait = family(
+            Spread(
+                "slm_queue_wait_seconds",
+                "Time a request waited for a free backend slot before it was sent.",
+                ["model"],
+                QUEUE_BUCKETS,
+            )
         )
-        self.watchdog_failures = Counts(
-            "slm_watchdog_failures_total",
-            "Watchdog verdicts of failure on a backend's answer, by failure class.",
-            ["model", "replica", "reason"],
+        self.watchdog_failures = family(
+            Counts(
+                "slm_watchdog_failures_total",
+                "Watchdog verdicts of failure on a backend's answer, by failure class.",
+                ["model", "replica", "reason"],
+            )
         )
-        self.routed = Counts(
-            "slm_routed_requests_total",
-            "Requests to an entry with replicas, by the replica chosen and the rule that chose it.",
-            ["model", "replica", "rule"],
+        self.routed = family(
+            Counts(
+                "slm_routed_requests_total",
+                "Requests to an entry with replicas, by the replica chosen and the rule that "
+                "chose it.",
+                ["model", "replica", "rule"],
+            )
         )
-        families: list[Counts | Spread] = [
-            self.requests,
-            self.duration,
-            self.first_token,
-            self.tokens_per_second,
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.overhead,
-            self.queue_wait,
-            self.watchdog_failures,
-            self.routed,
-        ]
         self.registry.register(_Families(families))
         self.registry.register(LiveState(registry, states, self.live))
 
