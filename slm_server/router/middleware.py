@@ -109,9 +109,6 @@ class RequestObserver:
         attach_exchange(scope, exchange)
         model_endpoint = path in EMIT_PATHS
         span = None
-        if model_endpoint:
-            span = self.telemetry.open_span(exchange, Inbound(traceparent, tracestate, legacy))
-            self.metrics.begin(exchange)
         token = REQUEST_ID.set(request_id)
         echoed = echoed_id(exchange)
 
@@ -138,6 +135,9 @@ class RequestObserver:
 
         error: BaseException | None = None
         try:
+            if model_endpoint:
+                span = self.telemetry.open_span(exchange, Inbound(traceparent, tracestate, legacy))
+                self.metrics.begin(exchange)
             await self.app(scope, observed_receive, observed_send)
         except BaseException as exc:
             error = exc

@@ -291,3 +291,30 @@ def test_a_router_bug_while_relaying_a_stream_is_in_band_and_counted_a_router_er
     assert [outcome_of(e) for e in seen] == ["router_error"]
     [failure] = errors(caplog)
     assert failure.getMessage() == "unexpected error while relaying a stream"
+
+
+@pytest.mark.parametrize("failing", ["open_span", "begin"])
+def test_a_failure_to_start_recording_a_request_is_one_500_with_its_id(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, failing: str
+) -> None:
+    async def script(sent: Sent) -> Any:
+        return whole(ANSWER)
+
+    router = make_router(tmp_path, script)
+
+    def broken(*_args: Any) -> Any:
+        raise ValueError(f"{failing} broke")
+
+    target = router.deps.telemetry if failing == "open_span" else router.deps.metrics
+    setattr(target, failing, broken)
+    body = json.dumps({"model": router.spec.entry.id, "messages": []}).encode()
+    with caplog.at_level(logging.INFO):
+        transport = serve_twice(router.app, request(b"/v1/chat/completions", body))
+    assert statuses(transport) == [b"500", b"500"]
+    wire = b"".join(transport.writes)
+    ids = [i.decode() for i in re.findall(rb"x-request-id: (\w+)\r\n", wire)]
+    failures = errors(caplog)
+    assert [r.getMessage() for r in failures] == [f"request {i} failed unexpectedly" for i in ids]
+    access = [r for r in caplog.records if r.name == "slm_server.access"]
+    assert len(access) == 2
+    assert_logged_once(caplog)
