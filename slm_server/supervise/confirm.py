@@ -241,7 +241,7 @@ TABLE: Final[tuple[Row, ...]] = (
     ),
     Row(
         Rule.NO_CANARY_FOR_TYPE_IDLE,
-        "no canary for the model type (images), `/health` answered; no progress",
+        "no canary for the model type (audio, images), `/health` answered; no progress",
         False,
     ),
     Row(Rule.NO_CANARY_IDLE, "no canary (no time left); no progress", True),

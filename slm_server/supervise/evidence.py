@@ -9,8 +9,7 @@ The steps, each bounded by what is left of the budget:
 3. ``GET /health`` (at most ``HEALTH_TIMEOUT``): anything but 200 ends it (rule 4);
 4. ``GET /slots``, first sample (backends with llama-server's ``/slots`` only);
 5. a one-token canary, when a slot is free or slots are unknown and the model type has
-   one (chat for ``lm``/``multimodal``, embeddings, rerank, a transcription of a
-   quarter second of silence for ``whisper``), given ``CANARY_SHARE`` of
+   one (chat for ``lm``/``multimodal``, embeddings, rerank), given ``CANARY_SHARE`` of
    what is left; a 2xx ends it (rule 5);
 6. the sampling window: wait until at least ``MIN_WINDOW`` (``BUSY_WINDOW_SHARE`` of
    the budget when every slot is busy) has passed since step 2;
@@ -40,7 +39,6 @@ from slm_server.supervise.confirm import (
     Reply,
 )
 from slm_server.supervise.slots import SlotSample, parse_slots, summarize
-from slm_server.supervise.upload import Upload, silent_wav
 
 HEALTH_TIMEOUT: Final = 2.0
 SLOTS_TIMEOUT: Final = 2.0
@@ -50,7 +48,6 @@ CANARY_SHARE: Final = 0.8
 # The event loop's own deadline on a probe lies this far past the probe's timeout.
 TIMER_SLACK: Final = 0.25
 CANARY_TEXT: Final = "ok"
-CANARY_AUDIO: Final = silent_wav()
 
 
 class ProbeError(Exception):
@@ -65,7 +62,7 @@ class ProbeError(Exception):
 
 
 class HttpProbe(Protocol):
-    """HTTP to one backend. Every method returns (status, body) with the body cut at a
+    """HTTP to one backend. Both methods return (status, body) with the body cut at a
     bound, and raise :class:`ProbeError` when there is no answer within ``timeout``."""
 
     async def get(self, path: str, timeout: float) -> tuple[int, bytes]: ...
@@ -73,8 +70,6 @@ class HttpProbe(Protocol):
     async def post_json(
         self, path: str, payload: Mapping[str, object], timeout: float
     ) -> tuple[int, bytes]: ...
-
-    async def post_form(self, path: str, form: Upload, timeout: float) -> tuple[int, bytes]: ...
 
 
 class ProcessProbe(Protocol):
@@ -120,14 +115,9 @@ class Target:
     health_path: str = "/health"
 
 
-Payload = Mapping[str, object] | Upload  # a JSON body, or a multipart form
-
-
-def canary_request(model_type: str, model_id: str) -> tuple[str, Payload] | None:
-    """The smallest request that shows a ``model_type`` backend can serve: (path, JSON
-    body or form), or None when there is none (image models: a generation or an edit
-    takes seconds of work at best). A transcription model's is a quarter of a second
-    of silence."""
+def canary_request(model_type: str, model_id: str) -> tuple[str, dict[str, object]] | None:
+    """The one-token request that shows a ``model_type`` backend can serve: (path,
+    JSON body), or None when there is none (image and audio models)."""
     if model_type in ("lm", "multimodal"):
         message = {"role": "user", "content": CANARY_TEXT}
         payload = {"model": model_id, "messages": [message], "max_tokens": 1, "stream": False}
@@ -139,11 +129,6 @@ def canary_request(model_type: str, model_id: str) -> tuple[str, Payload] | None
     if model_type == "rerank":
         payload = {"model": model_id, "query": CANARY_TEXT, "documents": [CANARY_TEXT]}
         return "/v1/rerank", payload
-    if model_type == "whisper":
-        fields = (("model", model_id), ("response_format", "json"))
-        return "/v1/audio/transcriptions", Upload(
-            fields, "file", "canary.wav", "audio/wav", CANARY_AUDIO
-        )
     return None
 
 
@@ -159,17 +144,12 @@ class _Budget:
 
 
 async def _call(
-    http: HttpProbe, path: str, timeout: float, payload: Payload | None = None
+    http: HttpProbe, path: str, timeout: float, payload: Mapping[str, object] | None = None
 ) -> tuple[int, bytes] | ProbeError:
     """One probe, never longer than ``timeout`` (plus slack) on the loop's timer."""
     if timeout <= 0:
         return ProbeError(Reply.TIMED_OUT, "no time left")
-    if payload is None:
-        call = http.get(path, timeout)
-    elif isinstance(payload, Upload):
-        call = http.post_form(path, payload, timeout)
-    else:
-        call = http.post_json(path, payload, timeout)
+    call = http.get(path, timeout) if payload is None else http.post_json(path, payload, timeout)
     try:
         async with asyncio.timeout(timeout + TIMER_SLACK):
             return await call

@@ -25,7 +25,6 @@ from slm_server import http1
 from slm_server.records import CREATE_TIME_TOLERANCE
 from slm_server.supervise.confirm import ProcessStatus, Reply
 from slm_server.supervise.evidence import ProbeError
-from slm_server.supervise.upload import Upload
 
 MAX_BODY: Final = 1024 * 1024
 
@@ -55,11 +54,6 @@ class Http1Probe:
     ) -> tuple[int, bytes]:
         body = json.dumps(payload, separators=(",", ":")).encode()
         headers = {**self.headers, "content-type": "application/json"}
-        return await self._exchange("POST", path, headers, body, timeout)
-
-    async def post_form(self, path: str, form: Upload, timeout: float) -> tuple[int, bytes]:
-        content_type, body = form.encode()
-        headers = {**self.headers, "content-type": content_type}
         return await self._exchange("POST", path, headers, body, timeout)
 
     async def _exchange(

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import email.parser
-import email.policy
-import io
 import json
-import wave
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +19,7 @@ from slm_server.supervise.evidence import (
     Target,
     canary_request,
     gather,
-    gather_remote,
 )
-from slm_server.supervise.upload import Upload
 
 CHAT = "/v1/chat/completions"
 
@@ -64,10 +58,6 @@ class FakeHttp:
         self, path: str, payload: Mapping[str, object], timeout: float
     ) -> tuple[int, bytes]:
         return await self._answer(path, timeout, payload)
-
-    async def post_form(self, path: str, form: Upload, timeout: float) -> tuple[int, bytes]:
-        # The form as its fields, and its file by name.
-        return await self._answer(path, timeout, {**dict(form.fields), "file": form.filename})
 
     async def _answer(
         self, path: str, timeout: float, payload: Mapping[str, object] | None
@@ -264,66 +254,12 @@ def test_canary_request_by_model_type(
     request = canary_request(model_type, "m1")
     assert request is not None
     assert request[0] == path
-    body = request[1]
-    assert not isinstance(body, Upload)
-    assert body["model"] == "m1"
-    assert payload.items() <= body.items()
+    assert request[1]["model"] == "m1"
+    assert payload.items() <= request[1].items()
 
 
-TRANSCRIBE = "/v1/audio/transcriptions"
-
-
-def test_a_transcription_models_canary_is_a_quarter_second_of_silence() -> None:
-    request = canary_request("whisper", "whisper-small")
-    assert request is not None and request[0] == TRANSCRIBE
-    form = request[1]
-    assert isinstance(form, Upload)
-    assert dict(form.fields)["model"] == "whisper-small"
-    # A WAV any decoder reads: RIFF/WAVE, PCM, mono, 16 kHz, 16-bit, 0.25 s of zeros.
-    with wave.open(io.BytesIO(form.content)) as audio:
-        assert (audio.getnchannels(), audio.getframerate(), audio.getsampwidth()) == (1, 16000, 2)
-        assert audio.getnframes() == 4000
-        assert set(audio.readframes(4000)) == {0}
-
-
-def test_a_canary_form_is_well_formed_multipart() -> None:
-    request = canary_request("whisper", "m1")
-    assert request is not None and isinstance(request[1], Upload)
-    content_type, body = request[1].encode()
-    raw = f"Content-Type: {content_type}\r\n\r\n".encode() + body
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(raw)
-    parts = {
-        part.get_param("name", header="content-disposition"): part for part in message.iter_parts()
-    }
-    assert parts["model"].get_content() == "m1"
-    assert parts["file"].get_filename() == "canary.wav"
-    assert parts["file"].get_content_type() == "audio/wav"
-    assert parts["file"].get_payload(decode=True) == request[1].content
-
-
-@pytest.mark.parametrize(
-    ("answer", "cpu", "rule", "restart"),
-    [
-        ((200, b'{"text":""}'), [1.0, 1.0], "canary_ok", False),  # idle and healthy
-        (TIMEOUT, [1.0, 1.0], "canary_unanswered_idle", True),  # alive, answers nothing
-        (TIMEOUT, [1.0, 3.0], "canary_unanswered_progressing", False),  # busy transcribing
-        ((500, b"{}"), [1.0, 1.0], "canary_5xx", True),
-    ],
-)
-def test_a_transcription_model_is_judged_by_its_canary(
-    answer: Any, cpu: list[float | None], rule: str, restart: bool
-) -> None:
-    evidence, http, _ = run(
-        {"/health": OK, TRANSCRIBE: answer}, FakeProcs(cpu=cpu), model_type="whisper"
-    )
-    assert http.paths() == ["/health", TRANSCRIBE]
-    assert http.calls[1][2] == {"model": "m1", "response_format": "json", "file": "canary.wav"}
-    decision = judge(evidence)
-    assert (decision.rule, decision.restart) == (rule, restart)
-
-
-@pytest.mark.parametrize("model_type", ["image-generation", "image-edit"])
-def test_no_canary_for_image_models(model_type: str) -> None:
+@pytest.mark.parametrize("model_type", ["image-generation", "image-edit", "whisper"])
+def test_no_canary_for_media_models(model_type: str) -> None:
     assert canary_request(model_type, "m1") is None
     evidence, http, _ = run({"/health": OK}, FakeProcs(cpu=[1.0, 1.0]), model_type=model_type)
     assert http.paths() == ["/health"]
@@ -437,17 +373,3 @@ def test_unknown_cpu_is_recorded_as_unknown() -> None:
 def test_cpu_going_backwards_counts_as_none() -> None:
     evidence, _, _ = run({"/health": OK, CHAT: TIMEOUT}, FakeProcs(cpu=[5.0, 4.0]))
     assert evidence.cpu_seconds_delta == 0.0
-
-
-def test_a_remote_transcription_model_gets_the_canary_of_silence_with_its_prefix() -> None:
-    clock = FakeClock()
-    transcribe = "/api/v1/audio/transcriptions"
-    http = FakeHttp(clock, {"/api/v1/models": OK, transcribe: (200, b'{"text":""}')})
-    models, canary = asyncio.run(gather_remote(http, "whisper", "whisper-1", "/api", 10.0, clock))
-    assert (models.reply, canary.reply) == (Reply.OK, Reply.OK)
-    assert http.calls[1][0] == transcribe
-    assert http.calls[1][2] == {
-        "model": "whisper-1",
-        "response_format": "json",
-        "file": "canary.wav",
-    }
