@@ -29,7 +29,15 @@ from slm_server.router.middleware import RequestObserver
 from slm_server.router.whole import WholeAnswer
 from slm_server.settings import TelemetrySettings
 from slm_server.telemetry import Telemetry
-from tests.unit.router.inprocess import FakeStates, Sent, call, make_router, sse, whole
+from tests.unit.router.inprocess import (
+    FakeStates,
+    Router,
+    Sent,
+    call,
+    make_router,
+    sse,
+    whole,
+)
 from tests.unit.router.test_door_direct_answer import protocol_for
 from tests.unit.router.test_door_writes import Recording
 
@@ -74,25 +82,36 @@ def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-@pytest.mark.parametrize("failing", ["metrics", "telemetry", "recent"])
-def test_a_recorder_that_fails_leaves_the_answer_the_connection_and_the_access_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, failing: str
-) -> None:
+def answering_router(tmp_path: Path) -> Router:
+    """An in-process router whose backend answers every request with ``ANSWER``."""
+
     async def script(sent: Sent) -> Any:
         return whole(ANSWER)
 
-    router = make_router(tmp_path, script)
+    return make_router(tmp_path, script)
+
+
+def break_method(target: object, method: str, failing: str) -> None:
+    """``target.method`` raises ``ValueError("<failing> broke")`` from now on."""
 
     def broken(*_args: Any) -> Any:
         raise ValueError(f"{failing} broke")
 
+    setattr(target, method, broken)
+
+
+@pytest.mark.parametrize("failing", ["metrics", "telemetry", "recent"])
+def test_a_recorder_that_fails_leaves_the_answer_the_connection_and_the_access_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, failing: str
+) -> None:
+    router = answering_router(tmp_path)
     observer = router.app.user_middleware[0]
     assert observer.cls is RequestObserver  # type: ignore[comparison-overlap]
     target = {"metrics": router.deps.metrics, "telemetry": router.deps.telemetry}.get(failing)
     if target is None:  # the dashboard's recent requests, made by create_app
         target = observer.kwargs["recent"]
     method = {"metrics": "observe", "telemetry": "close_span", "recent": "record"}[failing]
-    setattr(target, method, broken)
+    break_method(target, method, failing)
     if failing == "telemetry":  # telemetry is off here: a span to close all the same
         router.deps.telemetry.open_span = lambda *_args: object()  # type: ignore[method-assign,assignment]
     body = json.dumps(
@@ -158,12 +177,20 @@ def observed(endpoint: ASGIApp) -> tuple[Starlette, list[Exchange]]:
     return app, seen
 
 
-def test_an_error_raised_after_a_whole_answer_went_out_is_logged_once_and_the_connection_kept(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    app, seen = observed(AnswerThenFail())
+def served_by(
+    endpoint: ASGIApp, caplog: pytest.LogCaptureFixture
+) -> tuple[Recording, list[Exchange]]:
+    """Two requests to ``endpoint`` behind the observer, pipelined, logs captured."""
+    app, seen = observed(endpoint)
     with caplog.at_level(logging.INFO):
         transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    return transport, seen
+
+
+def test_an_error_raised_after_a_whole_answer_went_out_is_logged_once_and_the_connection_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    transport, seen = served_by(AnswerThenFail(), caplog)
     assert statuses(transport) == [b"200", b"200"]
     assert not transport.closed
     failures = [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -178,14 +205,12 @@ def test_an_error_raised_after_a_whole_answer_went_out_is_logged_once_and_the_co
 
 
 def test_an_error_raised_halfway_through_a_stream_still_cuts_it(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Half an answer is no answer: the server closes the connection, so the client
     sees the stream broken (uvicorn says, without a traceback, that the answer was not
     completed)."""
-    app, seen = observed(StartThenFail())
-    with caplog.at_level(logging.INFO):
-        transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    transport, seen = served_by(StartThenFail(), caplog)
     assert statuses(transport) == [b"200"]
     assert transport.closed
     assert b"0\r\n\r\n" not in b"".join(transport.writes)  # never a clean end of the stream
@@ -200,9 +225,7 @@ def test_an_error_raised_halfway_through_a_stream_still_cuts_it(
 def test_an_error_before_the_answer_is_one_500_with_the_request_id_and_one_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app, seen = observed(FailAtOnce())
-    with caplog.at_level(logging.INFO):
-        transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    transport, seen = served_by(FailAtOnce(), caplog)
     assert statuses(transport) == [b"500", b"500"]
     assert not transport.closed
     wire = b"".join(transport.writes)
@@ -232,9 +255,7 @@ class ShortLastPiece:
 def test_a_last_piece_that_never_went_out_is_no_answer_sent(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app, seen = observed(ShortLastPiece())
-    with caplog.at_level(logging.INFO):
-        transport = serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    transport, seen = served_by(ShortLastPiece(), caplog)
     assert transport.closed
     [failure] = [r for r in errors(caplog) if r.exc_info is not None]
     assert failure.getMessage().endswith(" failed during its answer")
@@ -253,9 +274,7 @@ class CancelledHalfway:
 def test_a_cancelled_request_is_counted_cancelled_not_a_router_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app, seen = observed(CancelledHalfway())
-    with caplog.at_level(logging.INFO):
-        serve_twice(app, request(b"/v1/chat/completions", b"{}"))
+    _, seen = served_by(CancelledHalfway(), caplog)
     assert [(e.error_type, outcome_of(e)) for e in seen] == [("cancelled", "cancelled")]
     assert not [r for r in errors(caplog) if r.name == "slm_server.router"]
 
@@ -297,16 +316,9 @@ def test_a_router_bug_while_relaying_a_stream_is_in_band_and_counted_a_router_er
 def test_a_failure_to_start_recording_a_request_is_one_500_with_its_id(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, failing: str
 ) -> None:
-    async def script(sent: Sent) -> Any:
-        return whole(ANSWER)
-
-    router = make_router(tmp_path, script)
-
-    def broken(*_args: Any) -> Any:
-        raise ValueError(f"{failing} broke")
-
+    router = answering_router(tmp_path)
     target = router.deps.telemetry if failing == "open_span" else router.deps.metrics
-    setattr(target, failing, broken)
+    break_method(target, failing, failing)
     body = json.dumps({"model": router.spec.entry.id, "messages": []}).encode()
     with caplog.at_level(logging.INFO):
         transport = serve_twice(router.app, request(b"/v1/chat/completions", body))
