@@ -1,8 +1,8 @@
 """The cyclic garbage collector, tuned for a long-running server.
 
 A request allocates hundreds of container objects at once and frees nearly all of them
-by reference counting (the router's own request path makes no reference cycles, a test
-keeps it so; the server's connection handling leaves a few dozen objects a request).
+by reference counting (the router's request path makes no reference cycles, served
+through the door or not; tests keep it so).
 With CPython's default thresholds (700, 10, 10) that starts a young collection every
 request or so, an older one every ten and a full one, over every object the imports
 made, every hundred: measured in-process at ~30 µs of CPU per proxied answer, a quarter

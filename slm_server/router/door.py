@@ -48,6 +48,11 @@ frames them, without an ASGI message each (:class:`DirectBody`, in the request's
 ``scope["extensions"]`` under :data:`DIRECT_BODY`): the router's stream relay uses it
 to splice a backend's pieces to the client as they are parsed.
 
+These four live in the scope of uvicorn's cycle and hold the cycle by a weak reference
+(it lives as long as its request's task, or its connection's next request): a strong
+one would make every finished request a loop of scope and cycle that only the cyclic
+collector frees.
+
 We keep uvicorn's
 httptools protocol (the fast parser the router was measured with) and add the checks in
 its parser callbacks and ``data_received``, rather than switching to h11 (which has a
@@ -59,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -153,14 +159,14 @@ class DirectBody:
     __slots__ = ("_cycle", "_raw")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
         self._raw: asyncio.Transport | None = None  # the real transport, once written to
 
     def write(self, body: bytes) -> bool:
         """Send ``body`` as one chunk; False when it cannot go this way (the client
         left, the response is not a started chunked one), and nothing was sent."""
-        cycle = self._cycle
-        if cycle.disconnected or cycle.response_complete:
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected or cycle.response_complete:
             return False
         transport = self._raw
         if transport is None:
@@ -178,9 +184,10 @@ class DirectBody:
         """The response has started, chunked, and is not a HEAD's: its pieces can go
         this way (asked once, before the first; after it only the client's leaving or
         the response's end refuse a piece)."""
-        cycle = self._cycle
+        cycle = self._cycle()
         return (
-            cycle.response_started
+            cycle is not None
+            and cycle.response_started
             and bool(cycle.chunked_encoding)
             and cycle.scope["method"] != "HEAD"
             and not cycle.disconnected
@@ -190,13 +197,13 @@ class DirectBody:
     @property
     def full(self) -> bool:
         """The client reads slower than it is written to: wait for :meth:`drain`."""
-        cycle = self._cycle
-        return cycle.flow.write_paused and not cycle.disconnected
+        cycle = self._cycle()
+        return cycle is not None and cycle.flow.write_paused and not cycle.disconnected
 
     async def drain(self) -> None:
         """Until the connection's write buffer has room (or the client left)."""
-        cycle = self._cycle
-        if cycle.flow.write_paused and not cycle.disconnected:
+        cycle = self._cycle()
+        if cycle is not None and cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
 
 
@@ -214,7 +221,7 @@ class DirectAnswer:
     __slots__ = ("_cycle",)
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
 
     async def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Answer with ``status``, ``headers`` (lowercase names, written in their order
@@ -224,7 +231,9 @@ class DirectAnswer:
         then. A header value with a control character, or a length that is not the
         body's, is a RuntimeError as in uvicorn's ``send``, raised before anything is
         sent or marked sent (so an error answer can still go out)."""
-        cycle = self._cycle
+        cycle = self._cycle()
+        if cycle is None:
+            return True  # its connection and request are gone: nobody is left to answer
         if (
             cycle.response_started
             or status not in STATUS_LINE
@@ -280,16 +289,17 @@ class ArrivedBody:
     __slots__ = ("_cycle",)
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
 
     def take(self) -> bytes | None:
         """For the first read of the body: all of it, leaving the cycle as uvicorn's
         ``receive`` leaves it after handing over a last ``http.request`` message
         (reading resumed); None when it cannot be had this way (more is to come, the
         client left or waits for ``100 Continue``): read it through ASGI then."""
-        cycle = self._cycle
+        cycle = self._cycle()
         if (
-            cycle.more_body
+            cycle is None
+            or cycle.more_body
             or not cycle.message_event.is_set()
             or cycle.disconnected
             or cycle.response_complete
@@ -313,12 +323,13 @@ class Presence:
     __slots__ = ("_cycle", "on_gone")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
         self.on_gone: Callable[[], None] | None = None
 
     @property
     def gone(self) -> bool:
-        return self._cycle.disconnected
+        cycle = self._cycle()  # None once its request is over: no client left to lose
+        return cycle is not None and cycle.disconnected
 
     def lost(self) -> None:
         on_gone, self.on_gone = self.on_gone, None

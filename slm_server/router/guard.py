@@ -45,7 +45,9 @@ class ClientWatch:
         presence: Presence | None = None,
         exchange: Exchange | None = None,
     ) -> None:
-        self._receive = receive
+        # Told by the door, the watch never reads ``receive``; keeping it would tie the
+        # request's scope to its connection's cycle in a loop only the collector frees.
+        self._receive = receive if presence is None else None
         self._task: asyncio.Task[None] | None = None
         self._on_gone: Callable[[], None] | None = None
         self._exchange = exchange
@@ -79,8 +81,10 @@ class ClientWatch:
         self._on_gone = None
 
     async def _watch(self) -> None:
+        receive = self._receive
+        assert receive is not None  # armed without a door only
         while True:
-            message: Message = await self._receive()
+            message: Message = await receive()
             if message["type"] == "http.disconnect":
                 self._heard()
                 return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from slm_server import gc_tuning
 from tests.unit.router.inprocess import Sent, call, make_router, sse, whole
+from tests.unit.router.test_door_presence import protocol_for
 from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta
 
 
@@ -56,6 +58,59 @@ def test_proxied_answers_whole_streamed_and_refused_make_no_reference_cycles(
                     got = await call(router.app, path, body, method=method)
                     assert got.status in (200, 400, 404)
             gc.collect()
+            found = Counter(type(o).__qualname__ for o in gc.garbage)
+            gc.set_debug(0)
+            gc.garbage.clear()
+            return found
+
+    found = asyncio.run(scenario())
+    assert not found, f"objects left in reference cycles by 100 requests: {found.most_common(10)}"
+
+
+def http_request(path: str, body: bytes, method: str = "POST") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+    if method == "POST":
+        head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+def test_requests_served_through_the_door_on_one_connection_make_no_reference_cycles(
+    tmp_path: Path, saved_collector: None
+) -> None:
+    """The door's per-request objects (in the scope, pointing at uvicorn's cycle, whose
+    scope they are in) and the client watch must not tie a finished request's cycle and
+    scope into a loop that only the collector would free."""
+    router = make_router(tmp_path, answer)  # type: ignore[arg-type]
+    requests = [
+        http_request(CHAT, json.dumps(chat()).encode()),
+        http_request(CHAT, json.dumps(chat(stream=True)).encode()),
+        http_request(CHAT, json.dumps({**chat(), "model": "no-such-model"}).encode()),
+        http_request(CHAT, b"{not json"),
+        http_request("/v1/models", b"", method="GET"),
+    ]
+
+    async def serve(protocol: object, raw: bytes) -> None:
+        writes = protocol.transport.writes  # type: ignore[attr-defined]
+        before = len(writes)
+        protocol.data_received(raw)  # type: ignore[attr-defined]
+        await asyncio.gather(*protocol.tasks)  # type: ignore[attr-defined]
+        assert len(writes) > before, "no answer written"
+
+    async def scenario() -> Counter[str]:
+        async with router.app.router.lifespan_context(router.app):
+            protocol = protocol_for(router.app)
+            for raw in requests:  # first use: lazy imports, caches
+                await serve(protocol, raw)
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            for _ in range(20):
+                for raw in requests:
+                    await serve(protocol, raw)
+            protocol.connection_lost(None)
+            kind = type(protocol)  # made for this test: a class is a cycle of its own
+            del protocol
+            gc.collect()
+            del kind
             found = Counter(type(o).__qualname__ for o in gc.garbage)
             gc.set_debug(0)
             gc.garbage.clear()
