@@ -89,6 +89,48 @@ class SseSplitter:
         return False
 
     def _split(self, chunk: bytes, events: list[bytes]) -> None:
+        if not self._after_cr and chunk.find(b"\r") < 0:  # not ``in``: see _worth_parsing
+            self._split_lf(chunk, events)
+        else:
+            self._scan(chunk, events)
+
+    def _split_lf(self, chunk: bytes, events: list[bytes]) -> None:
+        """:meth:`_scan` for a chunk whose lines all end in LF (and no CR before it
+        awaits its LF), in steps of ``bytes.find``: an event ends at the first LF that
+        follows another (or begins a chunk whose line so far is empty)."""
+        start = 0  # where the event in progress begins in ``chunk``
+        size = len(chunk)
+        line_empty = self._line_empty
+        while start < size:
+            if line_empty and chunk[start] == 0x0A:
+                end = start + 1  # a blank line right where a line begins
+            else:
+                at = chunk.find(b"\n\n", start)
+                if at < 0:
+                    break
+                end = at + 2
+            length = self._size + end - start
+            self._line_empty = True  # as the scan leaves it, should the check refuse
+            self._check(length)
+            events.append(
+                b"".join((*self._parts, chunk[start:end])) if self._parts else chunk[start:end]
+            )
+            self._parts.clear()
+            self._size = 0
+            self._cr_event_size = length
+            start = end
+            line_empty = True
+        if start < size:
+            self._line_empty = chunk[-1] == 0x0A
+            self._check(self._size + size - start)
+            self._parts.append(chunk[start:])
+            self._size += size - start
+        else:
+            self._line_empty = line_empty
+        self._cr_ended_event = False
+
+    def _scan(self, chunk: bytes, events: list[bytes]) -> None:
+        """Line by line, whatever the line ends."""
         start = 0  # where the part of ``chunk`` not yet in an event begins
         pos = 1 if self._after_cr and chunk[:1] == b"\n" else 0
         if pos and self._cr_ended_event:

@@ -1,5 +1,6 @@
-"""The splitter's shortcut for a read that is one whole LF-framed event changes
-nothing: the same events, the same refusals, as scanning line by line."""
+"""The splitter's shortcuts, for a read that is one whole LF-framed event and for a
+read whose lines all end in LF, change nothing: the same events, the same refusals, as
+scanning line by line."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ from slm_server.router.sse import SseSplitter, _worth_parsing
 
 
 class Scanning(SseSplitter):
-    """The splitter with the shortcut off."""
+    """The splitter with the shortcuts off."""
+
+    def take_whole(self, chunk: bytes) -> bool:
+        return False
+
+    def _split(self, chunk: bytes, events: list[bytes]) -> None:
+        self._scan(chunk, events)
+
+
+class NoWholeShortcut(SseSplitter):
+    """The splitter with only the shortcut for LF-framed reads."""
 
     def take_whole(self, chunk: bytes) -> bool:
         return False
@@ -40,8 +51,36 @@ READS = st.lists(st.lists(PIECES, max_size=4).map(b"".join), max_size=12)
 
 
 @given(READS, st.integers(min_value=4, max_value=40))
-def test_the_shortcut_splits_as_the_scan_does(reads: list[bytes], limit: int) -> None:
-    assert run(SseSplitter(limit), reads) == run(Scanning(limit), reads)
+def test_the_shortcuts_split_as_the_scan_does(reads: list[bytes], limit: int) -> None:
+    expected = run(Scanning(limit), reads)
+    assert run(SseSplitter(limit), reads) == expected
+    assert run(NoWholeShortcut(limit), reads) == expected
+
+
+LF_PIECES = st.sampled_from(
+    [b"data: {}\n\n", b"data: x", b"\n", b"\n\n", b"\n\n\n", b": ping\n\n", b"event: a\n", b"d"]
+)
+LF_READS = st.lists(st.lists(LF_PIECES, max_size=8).map(b"".join), max_size=12)
+
+
+@given(LF_READS, st.integers(min_value=4, max_value=60))
+def test_reads_of_many_lf_events_split_as_the_scan_does(reads: list[bytes], limit: int) -> None:
+    assert run(NoWholeShortcut(limit), reads) == run(Scanning(limit), reads)
+
+
+def test_a_read_of_many_lf_events_is_cut_by_find_not_by_the_line_scan() -> None:
+    scans: list[bytes] = []
+
+    class Watched(SseSplitter):
+        def _scan(self, chunk: bytes, events: list[bytes]) -> None:
+            scans.append(chunk)
+            super()._scan(chunk, events)
+
+    splitter = Watched(1000)
+    events = [b"data: %d\n\n" % i for i in range(20)]
+    assert splitter.feed(b"".join(events)) == events
+    assert splitter.feed(b"data: a\r\n\r\n") == [b"data: a\r\n\r\n"]
+    assert scans == [b"data: a\r\n\r\n"]  # only the read with a CR is scanned line by line
 
 
 def test_one_whole_event_per_read_takes_the_shortcut() -> None:
