@@ -7,8 +7,9 @@ import asyncio
 import gc
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,34 +35,46 @@ async def answer(sent: Sent) -> object:
     return whole(ANSWER)
 
 
+async def garbage_of(
+    serve_all: Callable[[], Awaitable[None]], then: Callable[[], None] = lambda: None
+) -> Counter[str]:
+    """What 20 rounds of ``serve_all`` (after one to warm up: lazy imports, caches)
+    leave that only the cyclic collector finds; ``then`` runs before it looks."""
+    await serve_all()
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(20):
+            await serve_all()
+        then()
+        gc.collect()
+        return Counter(type(o).__qualname__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
 def test_proxied_answers_whole_streamed_and_refused_make_no_reference_cycles(
     tmp_path: Path, saved_collector: None
 ) -> None:
     router = make_router(tmp_path, answer)  # type: ignore[arg-type]
+    requests = [
+        (CHAT, chat()),
+        (CHAT, chat(stream=True)),
+        (CHAT, {**chat(), "model": "no-such-model"}),  # 404 from the handler
+        (CHAT, b"{not json"),  # 400
+        ("/v1/models", b""),
+    ]
+
+    async def serve_all() -> None:
+        for path, body in requests:
+            method = "GET" if path == "/v1/models" else "POST"
+            got = await call(router.app, path, body, method=method)
+            assert got.status in (200, 400, 404)
 
     async def scenario() -> Counter[str]:
         async with router.app.router.lifespan_context(router.app):
-            requests = [
-                (CHAT, chat()),
-                (CHAT, chat(stream=True)),
-                (CHAT, {**chat(), "model": "no-such-model"}),  # 404 from the handler
-                (CHAT, b"{not json"),  # 400
-                ("/v1/models", b""),
-            ]
-            for path, body in requests:  # first use: lazy imports, caches
-                await call(router.app, path, body, method="GET" if path == "/v1/models" else "POST")
-            gc.collect()
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            for _ in range(20):
-                for path, body in requests:
-                    method = "GET" if path == "/v1/models" else "POST"
-                    got = await call(router.app, path, body, method=method)
-                    assert got.status in (200, 400, 404)
-            gc.collect()
-            found = Counter(type(o).__qualname__ for o in gc.garbage)
-            gc.set_debug(0)
-            gc.garbage.clear()
-            return found
+            return await garbage_of(serve_all)
 
     found = asyncio.run(scenario())
     assert not found, f"objects left in reference cycles by 100 requests: {found.most_common(10)}"
@@ -88,33 +101,27 @@ def test_requests_served_through_the_door_on_one_connection_make_no_reference_cy
         http_request(CHAT, b"{not json"),
         http_request("/v1/models", b"", method="GET"),
     ]
+    connection: list[Any] = []  # the one connection, until it is lost
+    kinds: list[type] = []  # its protocol's class, made for this test: a cycle of its own
 
-    async def serve(protocol: object, raw: bytes) -> None:
-        writes = protocol.transport.writes  # type: ignore[attr-defined]
-        before = len(writes)
-        protocol.data_received(raw)  # type: ignore[attr-defined]
-        await asyncio.gather(*protocol.tasks)  # type: ignore[attr-defined]
-        assert len(writes) > before, "no answer written"
+    async def serve_all() -> None:
+        protocol = connection[0]
+        for raw in requests:
+            writes = protocol.transport.writes
+            before = len(writes)
+            protocol.data_received(raw)
+            await asyncio.gather(*protocol.tasks)
+            assert len(writes) > before, "no answer written"
+
+    def lose_it() -> None:
+        protocol = connection.pop()
+        protocol.connection_lost(None)
+        kinds.append(type(protocol))
 
     async def scenario() -> Counter[str]:
         async with router.app.router.lifespan_context(router.app):
-            protocol = protocol_for(router.app)
-            for raw in requests:  # first use: lazy imports, caches
-                await serve(protocol, raw)
-            gc.collect()
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            for _ in range(20):
-                for raw in requests:
-                    await serve(protocol, raw)
-            protocol.connection_lost(None)
-            kind = type(protocol)  # made for this test: a class is a cycle of its own
-            del protocol
-            gc.collect()
-            del kind
-            found = Counter(type(o).__qualname__ for o in gc.garbage)
-            gc.set_debug(0)
-            gc.garbage.clear()
-            return found
+            connection.append(protocol_for(router.app))
+            return await garbage_of(serve_all, then=lose_it)
 
     found = asyncio.run(scenario())
     assert not found, f"objects left in reference cycles by 100 requests: {found.most_common(10)}"
