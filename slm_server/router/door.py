@@ -150,16 +150,26 @@ LENGTH_LINE = b"\r\ncontent-length: "
 DIRECT_BODY = "slm.direct_body"
 
 
-class DirectBody:
+class _OfCycle:
+    """One of a request's door objects: it lives in the scope of uvicorn's cycle and
+    holds that cycle weakly (see the module docstring)."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = weakref.ref(cycle)
+
+
+class DirectBody(_OfCycle):
     """Writes body pieces of a chunked response already started through ASGI, framed
     as uvicorn frames them, and says when the connection's write buffer is full. The
     response still ends with an ASGI ``http.response.body`` message (uvicorn writes the
     last chunk and decides on keep-alive)."""
 
-    __slots__ = ("_cycle", "_raw")
+    __slots__ = ("_raw",)
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = weakref.ref(cycle)
+        super().__init__(cycle)
         self._raw: asyncio.Transport | None = None  # the real transport, once written to
 
     def write(self, body: bytes) -> bool:
@@ -210,18 +220,13 @@ class DirectBody:
 DIRECT_ANSWER = "slm.direct_answer"
 
 
-class DirectAnswer:
+class DirectAnswer(_OfCycle):
     """Writes one request's whole response, status line, headers and body, in one write,
     and leaves its cycle as uvicorn's ``send`` leaves it after an
     ``http.response.start`` and a last ``http.response.body``: the server's default
     headers first, ``connection: close`` when the client asked for it (and the
     connection closed after), flow control waited on, nothing written once the client
     has left, the protocol told the response is complete."""
-
-    __slots__ = ("_cycle",)
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = weakref.ref(cycle)
 
     async def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Answer with ``status``, ``headers`` (lowercase names, written in their order
@@ -283,13 +288,8 @@ class DirectAnswer:
 ARRIVED_BODY = "slm.arrived_body"
 
 
-class ArrivedBody:
+class ArrivedBody(_OfCycle):
     """A request's body, taken whole from its cycle when all of it is in."""
-
-    __slots__ = ("_cycle",)
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = weakref.ref(cycle)
 
     def take(self) -> bytes | None:
         """For the first read of the body: all of it, leaving the cycle as uvicorn's
@@ -315,15 +315,15 @@ class ArrivedBody:
 PRESENCE = "slm.presence"
 
 
-class Presence:
+class Presence(_OfCycle):
     """Whether one request's client is still connected. The door calls
     :attr:`on_gone` (once, then forgets it) when the connection is lost before the
     request's response ended; a response that ended has no client left to lose."""
 
-    __slots__ = ("_cycle", "on_gone")
+    __slots__ = ("on_gone",)
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = weakref.ref(cycle)
+        super().__init__(cycle)
         self.on_gone: Callable[[], None] | None = None
 
     @property

@@ -100,9 +100,8 @@ class SseSplitter:
         follows another (or begins a chunk whose line so far is empty)."""
         start = 0  # where the event in progress begins in ``chunk``
         size = len(chunk)
-        line_empty = self._line_empty
         while start < size:
-            if line_empty and chunk[start] == 0x0A:
+            if self._line_empty and chunk[start] == 0x0A:
                 end = start + 1  # a blank line right where a line begins
             else:
                 at = chunk.find(b"\n\n", start)
@@ -110,7 +109,7 @@ class SseSplitter:
                     break
                 end = at + 2
             length = self._size + end - start
-            self._line_empty = True  # as the scan leaves it, should the check refuse
+            self._line_empty = True  # the line after a blank one begins empty
             self._check(length)
             events.append(
                 b"".join((*self._parts, chunk[start:end])) if self._parts else chunk[start:end]
@@ -119,14 +118,11 @@ class SseSplitter:
             self._size = 0
             self._cr_event_size = length
             start = end
-            line_empty = True
         if start < size:
             self._line_empty = chunk[-1] == 0x0A
             self._check(self._size + size - start)
             self._parts.append(chunk[start:])
             self._size += size - start
-        else:
-            self._line_empty = line_empty
         self._cr_ended_event = False
 
     def _scan(self, chunk: bytes, events: list[bytes]) -> None:
