@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from benchmarks.loadgen import Workload, closed_loop
 from benchmarks.machine import ROOT, describe_machine
 from benchmarks.report import RESULTS, table
 from benchmarks.servers import bench_entry, fast_fake, router_env
-from tests.processes import free_port, http_ok, poll
+from tests.processes import free_port, http_ok, poll, start_command
 
 CHUNKS = 64
 
@@ -59,19 +58,16 @@ def count(root: Path, workdir: Path, *, stream: bool, runs: int, spacing: float)
         registry = {"models": {backend.model: bench_entry(backend.model, backend.port)}}
         (workdir / "models.yaml").write_text(yaml.safe_dump(registry, sort_keys=False))
         port = free_port()
-        env = {**os.environ, **router_env(workdir, telemetry=False), "SLM_ROUTER_PORT": str(port)}
+        env = {**router_env(workdir, telemetry=False), "SLM_ROUTER_PORT": str(port)}
         out = workdir / "callgrind.out"
-        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
-        argv += [f"--callgrind-out-file={out}", sys.executable, "-m", "slm_server", "router"]
-        with (workdir / "router.log").open("wb") as log:
-            router = subprocess.Popen(  # noqa: S603 - fixed arguments
-                argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+        valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+        valgrind.append(f"--callgrind-out-file={out}")
+        router = start_command("router", env, workdir / "router.log", prefix=valgrind, cwd=root)
         try:
             url = f"http://127.0.0.1:{port}"
-            poll(lambda: http_ok(f"{url}/health") or router.poll() is not None, 180, "router")
-            if router.poll() is not None:
-                raise SystemExit(f"the router exited: {(workdir / 'router.log').read_text()}")
+            poll(lambda: http_ok(f"{url}/health") or router.popen.poll() is not None, 180, "router")
+            if router.popen.poll() is not None:
+                raise SystemExit(f"the router exited: {router.text()}")
             work = Workload(url=url, model=backend.model, stream=stream, max_tokens=CHUNKS)
             clients = 8 if stream else 1
             uvloop.run(closed_loop(work, clients, requests=max(8, runs // 2)))
@@ -79,8 +75,7 @@ def count(root: Path, workdir: Path, *, stream: bool, runs: int, spacing: float)
             run = uvloop.run(closed_loop(work, clients, requests=runs))
             _control(router.pid, "off")
         finally:
-            router.terminate()
-            router.wait(120)
+            router.stop(timeout=120)  # callgrind writes its counts as the router exits
     answered = int(run.summary()["ok"])
     if answered != runs:
         raise SystemExit(f"{runs - answered} of {runs} requests failed")

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,15 +79,23 @@ class Command:
         return self.popen.returncode
 
 
-def start_command(command: str, env: Mapping[str, str], output: Path, *extra: str) -> Command:
-    """Start ``python -m slm_server <command>`` in its own session."""
+def start_command(
+    command: str,
+    env: Mapping[str, str],
+    output: Path,
+    *extra: str,
+    prefix: Sequence[str] = (),
+    cwd: Path = ROOT,
+) -> Command:
+    """Start ``python -m slm_server <command>`` in its own session, from ``cwd``'s
+    ``slm_server``, under ``prefix`` when one is given (e.g. valgrind)."""
     full_env = {**os.environ, **env}
     full_env.setdefault("SLM_ENV_FILE", str(output.parent / "no.env"))
     handle = output.open("wb")
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "slm_server", command, *extra],
-            cwd=ROOT,
+            [*prefix, sys.executable, "-m", "slm_server", command, *extra],
+            cwd=cwd,
             env=full_env,
             stdout=handle,
             stderr=subprocess.STDOUT,
