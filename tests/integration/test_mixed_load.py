@@ -106,6 +106,9 @@ def embedding(http: httpx.Client, rng: random.Random) -> str:
 def stream(http: httpx.Client, rng: random.Random) -> str:
     body = {"model": CHAT, "messages": messages(rng), "max_tokens": 24, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+        if reply.status_code == 504:  # no token before the deadline: no stream began
+            reply.read()
+            return "cut" if overrun(reply) else f"stream 504: {reply.text[:200]}"
         lines = data_lines(reply)
     if reply.status_code == 200 and cut_in_band(lines):
         return "cut"
@@ -152,10 +155,16 @@ def deadline_cut(http: httpx.Client, rng: random.Random) -> str:
         "ignore_eos": True,
         "stream": True,
     }
+    # Two llama-servers share two cores here: at times a token takes a third of a second
+    # and a first token over 8 s, so the deadline may come before the stream or its third
+    # event: "late", which is the client's budget, as for the other kinds.
     with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+        if reply.status_code == 504:
+            reply.read()
+            return "late" if overrun(reply) else f"deadline_cut 504: {reply.text[:200]}"
         lines = data_lines(reply)
-    if reply.status_code == 200 and len(lines) >= 3 and cut_in_band(lines):
-        return "cut"
+    if reply.status_code == 200 and cut_in_band(lines):
+        return "cut" if len(lines) >= 3 else "late"
     return f"deadline_cut {reply.status_code}: {len(lines)} events, {lines[-2:]}"
 
 
@@ -182,6 +191,11 @@ KINDS: list[tuple[Callable[[httpx.Client, random.Random], str], int]] = [
 ]
 
 
+# How a request may end: "cut" by its deadline (with tokens flowing, for a deadline_cut),
+# or "late": a deadline_cut whose deadline came before its stream or its third event.
+ENDINGS = ("ok", "cut", "late")
+
+
 def run_client(
     stack: Watched, seed: int, until: float, outcomes: Counter[str], lock: threading.Lock
 ) -> list[str]:
@@ -196,10 +210,8 @@ def run_client(
             except httpx.HTTPError as exc:
                 outcome = f"{kind.__name__}: {type(exc).__name__}: {exc}"
             with lock:
-                outcomes[
-                    f"{kind.__name__}:{outcome if outcome in ('ok', 'cut') else 'failed'}"
-                ] += 1
-            if outcome not in ("ok", "cut"):
+                outcomes[f"{kind.__name__}:{outcome if outcome in ENDINGS else 'failed'}"] += 1
+            if outcome not in ENDINGS:
                 failures.append(outcome)
     return failures
 
@@ -227,8 +239,8 @@ def test_ten_minutes_of_mixed_valid_load_restart_nothing(tmp_path: Path) -> None
         assert not failures, failures[:10]
         kinds = {kind.__name__ for kind, _ in KINDS}
         assert {key.split(":")[0] for key in summary} == kinds, summary
-        assert summary.get("one_deadline_cut:cut", 0) >= 1, summary
-        cuts = sum(count for key, count in summary.items() if key.endswith(":cut"))
+        assert summary.get("one_deadline_cut:cut", 0) >= 1, summary  # tokens flowing
+        cuts = sum(count for key, count in summary.items() if key.endswith((":cut", ":late")))
 
         def judged() -> bool:
             neutral = len(stack.events("deadline_not_counted"))
