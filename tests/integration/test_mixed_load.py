@@ -68,6 +68,14 @@ def overrun(reply: httpx.Response) -> bool:
     return reply.status_code == 504 and reply.json()["error"]["code"] == "deadline_exceeded"
 
 
+def overrun_before_stream(reply: httpx.Response) -> bool:
+    """A stream that never began: no token came before the deadline's 504 (read here)."""
+    if reply.status_code != 504:
+        return False
+    reply.read()
+    return overrun(reply)
+
+
 def cut_in_band(lines: list[str]) -> bool:
     """A stream the router ended with an in-band deadline_exceeded error."""
     if not lines or lines[-1] == "data: [DONE]":
@@ -106,9 +114,8 @@ def embedding(http: httpx.Client, rng: random.Random) -> str:
 def stream(http: httpx.Client, rng: random.Random) -> str:
     body = {"model": CHAT, "messages": messages(rng), "max_tokens": 24, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-        if reply.status_code == 504:  # no token before the deadline: no stream began
-            reply.read()
-            return "cut" if overrun(reply) else f"stream 504: {reply.text[:200]}"
+        if overrun_before_stream(reply):
+            return "cut"
         lines = data_lines(reply)
     if reply.status_code == 200 and cut_in_band(lines):
         return "cut"
@@ -127,10 +134,8 @@ def cancelled(http: httpx.Client, rng: random.Random) -> str:
     }
     wanted = rng.randint(1, 6)
     with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-        if reply.status_code == 504:
-            reply.read()
-            if overrun(reply):
-                return "cut"
+        if overrun_before_stream(reply):
+            return "cut"
         if reply.status_code != 200:
             return f"cancelled {reply.status_code}: {reply.read()[:200]!r}"
         lines: list[str] = []
@@ -159,9 +164,8 @@ def deadline_cut(http: httpx.Client, rng: random.Random) -> str:
     # and a first token over 8 s, so the deadline may come before the stream or its third
     # event: "late", which is the client's budget, as for the other kinds.
     with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-        if reply.status_code == 504:
-            reply.read()
-            return "late" if overrun(reply) else f"deadline_cut 504: {reply.text[:200]}"
+        if overrun_before_stream(reply):
+            return "late"
         lines = data_lines(reply)
     if reply.status_code == 200 and cut_in_band(lines):
         return "cut" if len(lines) >= 3 else "late"
