@@ -236,10 +236,16 @@ async def serve(host: str, port: int, chunks: int, interval: float) -> None:
     )
     for sock in server.sockets:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    await serve_until_signalled(server, f"fastfake pid {os.getpid()} on http://{host}:{port}")
+
+
+async def serve_until_signalled(server: asyncio.AbstractServer, banner: str) -> None:
+    """Print ``banner``, then serve until SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"fastfake pid {os.getpid()} on http://{host}:{port}", flush=True)
+    print(banner, flush=True)
     async with server:
         await stop.wait()
 

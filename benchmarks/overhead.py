@@ -47,6 +47,7 @@ from benchmarks.report import DASH, TIMES, Check, pick, show, spread, table
 from benchmarks.servers import (
     BENCH_MODEL,
     Server,
+    bare_relay,
     fast_fake,
     litellm_proxy,
     slm_router,
@@ -106,6 +107,7 @@ def _direct(_workdir: Path, _backends: Sequence[Server]) -> Iterator[Server | No
 
 STARTERS: dict[str, Starter] = {
     "direct": _direct,
+    "bare_relay": bare_relay,
     "slm_server": lambda workdir, backends: slm_router(workdir, backends, telemetry=False),
     "slm_server_otel": lambda workdir, backends: slm_router(workdir, backends, telemetry=True),
     "slm_server_default": lambda workdir, backends: slm_router(
@@ -117,6 +119,7 @@ STARTERS: dict[str, Starter] = {
 }
 LABELS = {
     "direct": "direct",
+    "bare_relay": "bare byte relay (the floor)",
     "slm_server": "slm_server",
     "slm_server_otel": "slm_server, telemetry on",
     "slm_server_default": "slm_server, defaults (spans to a collector)",

@@ -80,7 +80,7 @@ def run_overhead(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
 
 
 def run_defaults(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
-    plan = _fake_plan(("direct", "slm_server", "slm_server_default"), quick, rounds)
+    plan = _fake_plan(("direct", "bare_relay", "slm_server", "slm_server_default"), quick, rounds)
     runs = overhead.run_rounds(plan, workdir, say)
     found = overhead.Rounds(runs)
     markdown = "\n\n".join(

@@ -124,6 +124,19 @@ def fast_fake(
         yield Server("fastfake", popen.pid, url, model)
 
 
+@contextlib.contextmanager
+def bare_relay(workdir: Path, backends: Sequence[Server]) -> Iterator[Server]:
+    """:mod:`benchmarks.bare_relay` in front of ``backends`` (each chosen by its
+    ``model``; the first by default): the floor any proxy in Python pays here."""
+    port = free_port()
+    argv = [sys.executable, "-m", "benchmarks.bare_relay", "--port", str(port)]
+    for backend in backends:
+        argv += ["--upstream", f"{backend.model}={backend.port}"]
+    url = f"http://127.0.0.1:{port}"
+    with _process(argv, workdir / f"bare-relay-{port}.out", f"{url}/health", 30) as popen:
+        yield Server("bare_relay", popen.pid, url, "")
+
+
 def bench_entry(model: str, port: int) -> dict[str, Any]:
     """A registry entry for a backend that is already running on ``port``."""
     return {
@@ -418,6 +431,7 @@ __all__ = [
     "BENCH_MODEL",
     "Launched",
     "Server",
+    "bare_relay",
     "bench_entry",
     "fast_fake",
     "free_port",
