@@ -123,9 +123,13 @@ def python_argv(python: str, entry: ModelEntry, files: ModelFiles) -> list[str]:
     """The ``python -m llama_cpp.server`` command line for ``entry``.
 
     ``--n_ctx 0`` asks for the model's own context length, like llama-server's default.
+    ``--interrupt_requests false``: a request that arrives while a stream runs waits for
+    it, where by default it would end that stream early, as if it were complete (the
+    router's admission, or the watchdog's canary, would cut a client's answer short).
     """
     argv = [python, "-m", "llama_cpp.server", "--model", files.model]
     argv += ["--host", entry.host, "--port", str(entry.port), "--model_alias", entry.id]
+    argv += ["--interrupt_requests", "false"]
     argv += ["--n_ctx", str(entry.context_length or 0)]
     if entry.model_type == "embeddings":
         argv += ["--embedding", "true"]

@@ -27,8 +27,12 @@ from slm_server.model_path import ModelPathError, resolve_file_field, resolve_mo
 
 LOG_KINDS = {"llamacpp": "llama", "mlx": "mlx", "mlx-rerank": "mlx-rerank"}
 # llama-cpp-python's server has no /health; it loads the model before it listens, so
-# any answer from /v1/models means ready.
-PYTHON_LLAMA_HEALTH_PATH = "/v1/models"
+# any answer means ready. Not /v1/models: like every route that names the model, it
+# waits for the model's lock, which a generation holds to its end, so a backend busy
+# with a long answer would look dead to the watchdog's confirmation (and with
+# interrupt_requests on, would cut a running stream). /docs is FastAPI's own page and
+# answers from the event loop, which a generation leaves free.
+PYTHON_LLAMA_HEALTH_PATH = "/docs"
 
 
 @dataclass(frozen=True)

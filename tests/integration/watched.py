@@ -129,13 +129,15 @@ def watched(
 ) -> Iterator[Watched]:
     """Start the launcher on ``models`` (and the router); stop both afterwards and check
     that no backend process outlives them. ``wait_ready``: first wait for every enabled
-    model to be ready (a ``load: on_demand`` one: to be published unloaded)."""
+    model to be ready (a ``load: on_demand`` one: to be published unloaded).
+    ``llama_server``: the native llama-server (the fake one by default; ``""`` for
+    none, so that the Python fallback runs when it is importable)."""
     config = tmp / "models.yaml"
     config.write_text(yaml.safe_dump({"models": models}, sort_keys=False))
     env = {
         "SLM_CONFIG": str(config),
         "SLM_BACKEND_LOG_DIR": str(tmp / "logs"),
-        "SLM_LLAMA_SERVER_BIN": llama_server or str(FAKE_LLAMA_SERVER),
+        "SLM_LLAMA_SERVER_BIN": str(FAKE_LLAMA_SERVER) if llama_server is None else llama_server,
         "FAKE_BACKEND_PYTHON": sys.executable,
         "SLM_ENV_FILE": str(tmp / "no.env"),
         **FAST_WATCHDOG,

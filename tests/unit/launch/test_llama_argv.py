@@ -332,6 +332,10 @@ PYTHON_BASE = [
     "8501",
     "--model_alias",
     "m1",
+    # A request that comes while a stream runs waits, instead of cutting that stream
+    # short as if it had ended (llama-cpp-python's default).
+    "--interrupt_requests",
+    "false",
     "--n_ctx",
     "0",
 ]

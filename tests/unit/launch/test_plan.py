@@ -491,4 +491,5 @@ def test_readiness_path_follows_the_runtime(model: Path, log_dir: Path) -> None:
     native = plan(spec(model_path=str(model)), tools(), log_dir)
     assert native.health_url.endswith(":8501/health")
     fallback = plan(spec(model_path=str(model)), tools(llama=PYTHON), log_dir)
-    assert fallback.health_url.endswith(":8501/v1/models"), "llama_cpp.server has no /health"
+    # llama_cpp.server has no /health, and its /v1/models waits for any generation.
+    assert fallback.health_url.endswith(":8501/docs")
