@@ -383,6 +383,8 @@ def test_python_fallback_plans_a_plain_entry(
         "8601",
         "--model_alias",
         "m1",
+        "--interrupt_requests",
+        "false",
         "--n_ctx",
         "0",
     ]
