@@ -78,11 +78,11 @@ class _Client(_Side):
         self.connecting: asyncio.Future[None] | None = None
 
     def data_received(self, data: bytes) -> None:
-        if self.peer is not None and self.waiting is None:
-            super().data_received(data)
-            return
-        if self.waiting is not None:
+        if self.waiting is not None:  # connecting
             self.waiting.append(data)
+            return
+        if self.peer is not None:
+            super().data_received(data)
             return
         self.waiting = [data]
         port = next((p for name, p in self.upstreams if name in data), self.default)

@@ -4,24 +4,17 @@ when that evidence says it cannot serve. Fake llama-servers, real processes and 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.integration.watched import Watched, fake_entry, seconds_between, watched
-from tests.processes import pid_alive, poll
+from tests.processes import pid_alive
 
 HELLO = [{"role": "user", "content": "hello"}]
 CONFIRM_SECONDS = 2.0
 STALL_SECONDS = 1.0  # FAST_WATCHDOG's SLM_WATCHDOG_STALL_SECONDS
 LOAD_SECONDS = 10.0  # a fake llama-server's start-up, generously (a loaded CI machine)
-
-
-def started(stack: Watched, role: str) -> Watched:
-    begun = stack.state(role)["started_at"]
-    poll(lambda: time.time() > begun + 0.55, 5, "the startup grace to pass")
-    return stack
 
 
 def stream_once(stack: Watched, role: str) -> None:
@@ -49,7 +42,7 @@ def test_a_backend_that_accepts_and_never_answers_health_included_is_restarted(
     """Not stopped: a running process that holds its port and answers nothing."""
     models = {"standard": fake_entry(tmp_path, "standard", default_timeout=3)}
     with watched(tmp_path, models, SLM_WATCHDOG_CONFIRM_SECONDS=str(CONFIRM_SECONDS)) as stack:
-        started(stack, "standard")
+        stack.past_startup_grace("standard")
         old_pid = stack.pid("standard")
         stack.control("standard", stall=True, health_stall=True)
         stream_once(stack, "standard")
@@ -63,7 +56,7 @@ def test_a_backend_that_accepts_and_never_answers_health_included_is_restarted(
 def test_health_ok_but_every_completion_stalls_is_restarted(tmp_path: Path) -> None:
     models = {"standard": fake_entry(tmp_path, "standard", default_timeout=3)}
     with watched(tmp_path, models, SLM_WATCHDOG_CONFIRM_SECONDS=str(CONFIRM_SECONDS)) as stack:
-        started(stack, "standard")
+        stack.past_startup_grace("standard")
         old_pid = stack.pid("standard")
         stack.control("standard", stall=True)
         assert httpx.get(f"http://127.0.0.1:{stack.port('standard')}/health").status_code == 200
@@ -80,7 +73,7 @@ def test_429s_from_slots_busy_with_progressing_generations_are_not_a_restart(
     the backend being full, not wedged. No canary is sent into a full backend."""
     models = {"standard": fake_entry(tmp_path, "standard")}
     with watched(tmp_path, models, SLM_WATCHDOG_CONFIRM_SECONDS=str(CONFIRM_SECONDS)) as stack:
-        started(stack, "standard")
+        stack.past_startup_grace("standard")
         old_pid = stack.pid("standard")
         stack.control("standard", status=429, slots=2, busy_slots=2)
         body = {"model": stack.model_id("standard"), "messages": HELLO}

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.fakes.fake_llama_cpp_server import write_shim
 from tests.integration.watched import fake_entry, watched
-from tests.processes import ROOT, poll
+from tests.processes import ROOT
 
 CONFIRM_SECONDS = 2.0
 HELLO = [{"role": "user", "content": "hello"}]
@@ -48,21 +46,12 @@ def test_a_python_fallback_busy_with_a_long_generation_is_not_restarted(
         SLM_WATCHDOG_CONFIRM_SECONDS=str(CONFIRM_SECONDS),
     ) as stack:
         assert stack.state("standard")["kind"] == "llama_cpp.server", stack.state("standard")
-        begun = stack.state("standard")["started_at"]
-        poll(lambda: time.time() > begun + 0.55, 5, "the startup grace to pass")
+        stack.past_startup_grace("standard")
         old_pid = stack.pid("standard")
         # ~30 s of generation each: far past the deadline, the confirmation and the test.
         body = {"model": stack.model_id("standard"), "messages": HELLO, "max_tokens": 300}
-        statuses: list[int] = []
-
-        def ask() -> None:
-            url = f"{stack.url}/v1/chat/completions"
-            statuses.append(httpx.post(url, json=body, timeout=30).status_code)
-
-        for _ in range(2):
-            worker = threading.Thread(target=ask)
-            worker.start()
-            worker.join(timeout=TIMEOUT + 10)
+        url = f"{stack.url}/v1/chat/completions"
+        statuses = [httpx.post(url, json=body, timeout=30).status_code for _ in range(2)]
         assert statuses == [504, 504]
         stack.wait_event("restart_requested", reason="timeout")
         refused = stack.wait_event("restart_not_confirmed", timeout=CONFIRM_SECONDS + 10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -94,6 +95,12 @@ class Watched:
 
         poll(seen, timeout, f"watchdog event {name} {match}")
         return found[0]
+
+    def past_startup_grace(self, role: str) -> None:
+        """Wait until ``role``'s backend has been up longer than FAST_WATCHDOG's startup
+        grace, so that a trip against it is taken."""
+        begun = self.state(role)["started_at"]
+        poll(lambda: time.time() > begun + 0.55, 5, "the startup grace to pass")
 
     def wait_ready(self, role: str, timeout: float = 20.0) -> None:
         self.wait_state(role, "ready", timeout)
