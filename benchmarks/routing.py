@@ -26,8 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import describe_machine
-from slm_server.router.affinity import INDEX_BLOCKS, PrefixIndex, block_hashes, leading_text
-from slm_server.router.balance import Balancer, Routing
+from slm_server.router.dispatch.affinity import (
+    INDEX_BLOCKS,
+    PrefixIndex,
+    block_hashes,
+    leading_text,
+)
+from slm_server.router.dispatch.balance import Balancer, Routing
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 15

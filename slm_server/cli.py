@@ -24,9 +24,7 @@ from slm_server.config import (
     load_registry,
     read_registry_text,
 )
-from slm_server.launch.footprint import NoEstimate, estimate_entry
-from slm_server.launch.plan import Toolchain, plan_registry
-from slm_server.records import (
+from slm_server.contracts.records import (
     HOLDING_STATES,
     BackendState,
     budget_view,
@@ -34,6 +32,8 @@ from slm_server.records import (
     read_state,
     read_state_file,
 )
+from slm_server.launch.footprint import NoEstimate, estimate_entry
+from slm_server.launch.plan import Toolchain, plan_registry
 from slm_server.settings import Settings, SettingsError, load_environment
 
 
@@ -131,8 +131,8 @@ def cmd_router(settings: Settings) -> int:
 
     from slm_server.gc_tuning import tune_for_serving
     from slm_server.router.app import production_app
-    from slm_server.router.door import door_protocol
-    from slm_server.router.drain import Drain, DrainingServer
+    from slm_server.router.dispatch.drain import Drain, DrainingServer
+    from slm_server.router.edge.http_protocol import door_protocol
 
     _setup_logging("router", settings)
     registry = load_registry(settings.config_path)

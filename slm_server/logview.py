@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, TextIO
 
-from slm_server.supervise.events import EVENTS
+from slm_server.contracts.events import EVENTS
 
 MODES = ("server", "watchdog", "all", "raw")  # ``server`` is the default
 POLL_SECONDS = 0.25

@@ -208,7 +208,7 @@ class TelemetrySettings:
 @dataclass(frozen=True)
 class DoorLimits:
     """What a client may send before the router reads a body (``SLM_MAX_URL_KB`` and
-    friends); enforced by :mod:`slm_server.router.door`."""
+    friends); enforced by :mod:`slm_server.router.edge.http_protocol`."""
 
     max_url_bytes: int = 8 * 1024
     max_header_bytes: int = 32 * 1024

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
-from slm_server.records import read_json, write_json_atomic
+from slm_server.contracts.records import read_json, write_json_atomic
 
 FORMAT_VERSION: Final = 1
 DEFAULT_MAX_ENTRIES: Final = 256

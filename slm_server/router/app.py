@@ -21,32 +21,33 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slm_server import commands, logging_setup, remote
+from slm_server import logging_setup, remote
 from slm_server.config import ModelSpec, RegistryFile
+from slm_server.contracts import commands
+from slm_server.contracts.events import EventLog, EventSink
 from slm_server.errors import GatewayError, HttpStatusError
-from slm_server.metrics import Metrics
 from slm_server.registry import Registry
-from slm_server.router.admission import Gate
-from slm_server.router.auth import Keys
-from slm_server.router.backend_state import StateSource, StateView
-from slm_server.router.dashboard import Dashboard
-from slm_server.router.drain import Drain
-from slm_server.router.engine_metrics import EngineMetrics
-from slm_server.router.exchange import exchange_of
-from slm_server.router.front import Front, Handler
-from slm_server.router.hosts import AllowedHosts
-from slm_server.router.info import Info, error_response
-from slm_server.router.loader import Commander, Loader
-from slm_server.router.middleware import RequestObserver, unexpected
-from slm_server.router.models_api import ModelsApi
-from slm_server.router.proxy import Proxy
-from slm_server.router.recent import RecentRequests
-from slm_server.router.room import Rules
-from slm_server.router.upstream import Transport, Upstream
+from slm_server.router.apis.models_and_health import Info, error_response
+from slm_server.router.dashboard.endpoints import Dashboard
+from slm_server.router.dashboard.recent import RecentRequests
+from slm_server.router.dispatch.admission import Gate
+from slm_server.router.dispatch.backend_state import StateSource, StateView
+from slm_server.router.dispatch.drain import Drain
+from slm_server.router.dispatch.proxy import Proxy
+from slm_server.router.edge.api_keys import Keys
+from slm_server.router.edge.hosts import AllowedHosts
+from slm_server.router.edge.screening import Front, Handler
+from slm_server.router.observe.engine_metrics import EngineMetrics
+from slm_server.router.observe.exchange import exchange_of
+from slm_server.router.observe.metrics import Metrics
+from slm_server.router.observe.observer import RequestObserver, unexpected
+from slm_server.router.observe.telemetry import Telemetry
+from slm_server.router.ondemand.load_api import ModelsApi
+from slm_server.router.ondemand.loader import Commander, Loader
+from slm_server.router.ondemand.memory_fit import Rules
+from slm_server.router.upstream.client import Transport, Upstream
+from slm_server.router.watchdog.tripwire import Tripwire
 from slm_server.settings import Settings, load_environment
-from slm_server.supervise.events import EventLog, EventSink
-from slm_server.supervise.tripwire import Tripwire
-from slm_server.telemetry import Telemetry
 
 log = logging.getLogger("slm_server.router")
 
@@ -140,7 +141,7 @@ def production_dependencies(
 
 
 def supervisor_commander(settings: Settings) -> Commander:
-    """Commands sent over the supervisor's socket (:mod:`slm_server.commands`)."""
+    """Commands sent over the supervisor's socket (:mod:`slm_server.contracts.commands`)."""
     path = commands.socket_path(settings.log_dir)
 
     async def send(command: commands.Command) -> commands.Reply:
@@ -230,7 +231,7 @@ def create_app(
         Route("/ui", dashboard.page, methods=["GET"]),
         Route("/ui/{asset}", dashboard.page, methods=["GET"]),
     ]
-    # The proxied POST paths go straight to their handlers (see router/front.py); the
+    # The proxied POST paths go straight to their handlers (see router/edge/screening.py); the
     # routes stay for every other method, and as the one list of what is served.
     direct: dict[str, Handler] = {path: proxy.proxy for path in PROXIED_PATHS}
     direct["/v1/responses"] = proxy.responses

@@ -6,7 +6,7 @@ stops, the clock — and hands each observation to :func:`decide`, which moves t
 backend's :class:`Lifecycle` to its next phase and returns the actions to carry out,
 in order: events, log lines, launches, stops, probes and confirmations.
 
-One backend's restart flow (phases from :mod:`slm_server.supervise.states`)::
+One backend's restart flow (phases from :mod:`slm_server.contracts.states`)::
 
     Launching ──spawned──▶ Starting ──/health 200──▶ Ready ──accepted trip──▶ Confirming
         │ failed              │ exited                 │ exited                 │ confirmed
@@ -35,11 +35,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slm_server.supervise.budget import RestartBudget
-from slm_server.supervise.classify import FailureClass
-from slm_server.supervise.requests import RestartRequest, is_stale
-from slm_server.supervise.states import (
-    RUNNING,
+from slm_server.contracts.restart_requests import RestartRequest, is_stale
+from slm_server.contracts.states import RUNNING, State, check_transition
+from slm_server.contracts.verdicts import FailureClass
+from slm_server.supervise.phases import (
     Attempt,
     Confirming,
     Done,
@@ -48,11 +47,10 @@ from slm_server.supervise.states import (
     Ready,
     Restarting,
     Starting,
-    State,
     Unloaded,
     Unloading,
-    check_transition,
 )
+from slm_server.supervise.restart_budget import RestartBudget
 
 # Restart reasons as bounded metric labels; a failed launch's message is not one.
 RESTART_REASONS = frozenset({"exited", "exited while starting"} | {f.value for f in FailureClass})

@@ -22,7 +22,7 @@ from typing import Final
 import psutil
 
 from slm_server import http1
-from slm_server.records import CREATE_TIME_TOLERANCE
+from slm_server.contracts.records import CREATE_TIME_TOLERANCE
 from slm_server.supervise.confirm import ProcessStatus, Reply
 from slm_server.supervise.evidence import ProbeError
 

@@ -19,13 +19,13 @@ from typing import Any
 
 from slm_server import remote
 from slm_server.config import ModelSpec
-from slm_server.records import BackendState
+from slm_server.contracts.events import EventSink
+from slm_server.contracts.records import BackendState
+from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.settings import WatchdogSettings
 from slm_server.supervise.confirm import Decision
 from slm_server.supervise.control import ProcessControl
 from slm_server.supervise.eject import Change, Ejection, EjectionPolicy, judge
-from slm_server.supervise.events import EventSink
-from slm_server.supervise.requests import RestartRequest
 
 log = logging.getLogger("slm_server.supervisor")
 

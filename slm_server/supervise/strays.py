@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from slm_server.records import CREATE_TIME_TOLERANCE
+from slm_server.contracts.records import CREATE_TIME_TOLERANCE
 
 
 def verifiably_ours(

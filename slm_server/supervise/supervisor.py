@@ -26,14 +26,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slm_server import commands
 from slm_server.config import ModelSpec, RegistryFile
-from slm_server.launch import process
-from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key
-from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
-from slm_server.memory import measure
-from slm_server.memory.store import FootprintKey, FootprintStore
-from slm_server.records import (
+from slm_server.contracts import commands
+from slm_server.contracts.events import EventLog
+from slm_server.contracts.records import (
     BackendState,
     PidRecord,
     process_create_time,
@@ -41,27 +37,30 @@ from slm_server.records import (
     write_pidfile,
     write_state,
 )
+from slm_server.contracts.restart_requests import RestartRequest, take_requests
+from slm_server.contracts.states import SUPERVISED, State
+from slm_server.launch import process
+from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key
+from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
+from slm_server.memory import measure
+from slm_server.memory.store import FootprintKey, FootprintStore
 from slm_server.settings import Settings
 from slm_server.supervise import decide as core
 from slm_server.supervise import launcher_lock
-from slm_server.supervise.budget import RestartBudget
 from slm_server.supervise.confirm import judge
 from slm_server.supervise.control import Child, ProcessControl, RealControl
-from slm_server.supervise.events import EventLog
 from slm_server.supervise.evidence import Target
-from slm_server.supervise.remotes import Remotes
-from slm_server.supervise.requests import RestartRequest, take_requests
-from slm_server.supervise.states import (
-    SUPERVISED,
+from slm_server.supervise.phases import (
     Confirming,
     Done,
     Launching,
     Phase,
     Ready,
     Starting,
-    State,
     Unloaded,
 )
+from slm_server.supervise.remotes import Remotes
+from slm_server.supervise.restart_budget import RestartBudget
 from slm_server.supervise.strays import verifiably_ours
 
 log = logging.getLogger("slm_server.supervisor")

@@ -1,4 +1,4 @@
-"""Attacks on the door's timers and limits (router/door.py), on a real router in front
+"""Attacks on the door's timers and limits (router/edge/http_protocol.py), on a real router in front
 of a real fake backend, from raw sockets: pipelined requests, bodies after an early
 refusal, trailers, heads in one-byte reads, streams longer than every door timer.
 

@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slm_server.router.strict_json import MAX_DEPTH
+from slm_server.router.intake.strict_json import MAX_DEPTH
 from tests.fakes.control import FakeBackend
 from tests.processes import running_router
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from slm_server.records import BackendState, write_state
+from slm_server.contracts.records import BackendState, write_state
 from tests.fakes.control import FakeBackend
 from tests.processes import poll, running_router
 

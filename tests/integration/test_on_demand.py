@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import psutil
 
-from slm_server.commands import socket_path
+from slm_server.contracts.commands import socket_path
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import pid_alive, poll
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from slm_server.supervise.requests import RestartRequest, write_request
+from slm_server.contracts.restart_requests import RestartRequest, write_request
 from tests.fakes.control import FakeBackend
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, fake_entry, watched

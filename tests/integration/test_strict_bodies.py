@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from slm_server.supervise.requests import RestartRequest, write_request
+from slm_server.contracts.restart_requests import RestartRequest, write_request
 from tests.fakes.control import FakeBackend
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import poll

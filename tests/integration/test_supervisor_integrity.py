@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from slm_server.supervise.requests import RestartRequest, write_request
+from slm_server.contracts.restart_requests import RestartRequest, write_request
 from tests.integration.watched import fake_entry, watched
 from tests.processes import pid_alive, poll
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from slm_server.supervise.requests import RestartRequest, write_request
+from slm_server.contracts.restart_requests import RestartRequest, write_request
 from tests.integration.watched import Watched, fake_entry, seconds_between, watched
 from tests.processes import ROOT, pid_alive, poll
 

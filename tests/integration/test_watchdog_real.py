@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from slm_server.supervise.requests import RestartRequest, write_request
+from slm_server.contracts.restart_requests import RestartRequest, write_request
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, seconds_between, watched
 from tests.processes import free_port, pid_alive, poll

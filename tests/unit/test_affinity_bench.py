@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import affinity
 from benchmarks.affinity import Turn, schedule, summarize, system_prompt, user_message
-from slm_server.router.affinity import BLOCK_CHARS
+from slm_server.router.dispatch.affinity import BLOCK_CHARS
 
 
 def test_system_prompts_are_deterministic_long_and_distinct_from_the_first_block() -> None:

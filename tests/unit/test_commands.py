@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slm_server.commands import (
+from slm_server.contracts.commands import (
     MAX_LINE_BYTES,
     Command,
     CommandError,

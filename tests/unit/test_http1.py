@@ -38,7 +38,7 @@ from slm_server.http1 import (
     ReadTimeout,
     Response,
 )
-from slm_server.router.upstream import Upstream, iter_sse, read_all
+from slm_server.router.upstream.client import Upstream, iter_sse, read_all
 
 T = TypeVar("T")
 # One read of the socket, at most, on either loop.

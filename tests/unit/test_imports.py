@@ -1,7 +1,8 @@
-"""Dependencies run one way: the router and the supervisor share contracts (config,
-records, errors, settings, http1, supervise's judging of traffic), never each other's
-internals; the router imports nothing from ``launch/``; no module imports itself back
-through others."""
+"""Dependencies run one way. The router (``slm_server.router``) and the supervisor
+(``slm_server.supervise``) share ``slm_server.contracts`` and the shared utilities
+(config, settings, errors, http1, ...), never each other's modules; ``contracts`` imports
+neither; the router imports nothing from ``launch/``; no module imports itself back
+through others, and neither does any part of the package."""
 
 from __future__ import annotations
 
@@ -37,30 +38,50 @@ def imports() -> dict[str, set[str]]:
     return dict(graph)
 
 
-def test_the_router_imports_nothing_from_launch() -> None:
-    wrong = sorted(
+def crossings(sources: tuple[str, ...], targets: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Every import of a module under ``targets`` by a module under ``sources``."""
+    return sorted(
         (a, b)
-        for a, targets in imports().items()
-        if a.startswith("slm_server.router")
-        for b in targets
-        if b.startswith("slm_server.launch")
+        for a, imported in imports().items()
+        if a.startswith(sources)
+        for b in imported
+        if b.startswith(targets)
     )
-    assert wrong == []
+
+
+def test_the_router_imports_nothing_from_the_supervisor_or_the_launcher() -> None:
+    assert crossings(("slm_server.router",), ("slm_server.supervise", "slm_server.launch")) == []
 
 
 def test_the_supervisor_and_the_launcher_import_nothing_from_the_router() -> None:
-    wrong = sorted(
-        (a, b)
-        for a, targets in imports().items()
-        if a.startswith(("slm_server.supervise", "slm_server.launch"))
-        for b in targets
-        if b.startswith("slm_server.router")
-    )
-    assert wrong == []
+    assert crossings(("slm_server.supervise", "slm_server.launch"), ("slm_server.router",)) == []
+
+
+def test_the_contracts_belong_to_neither_process() -> None:
+    sides = ("slm_server.router", "slm_server.supervise", "slm_server.launch", "slm_server.cli")
+    assert crossings(("slm_server.contracts",), sides) == []
+
+
+def part_of(module: str) -> str:
+    """The package part a module belongs to: ``slm_server.router.edge.hosts`` is in
+    ``router``, ``slm_server.config`` is ``config``."""
+    return module.split(".")[1] if "." in module else module
+
+
+def test_the_parts_of_the_package_form_no_cycle() -> None:
+    parts: dict[str, set[str]] = defaultdict(set)
+    for a, imported in imports().items():
+        for b in imported:
+            if part_of(a) != part_of(b):
+                parts[part_of(a)].add(part_of(b))
+    assert find_cycles(dict(parts)) == []
 
 
 def test_there_are_no_import_cycles() -> None:
-    graph = imports()
+    assert find_cycles(imports()) == []
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
@@ -81,11 +102,13 @@ def test_there_are_no_import_cycles() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node)
-    assert cycles == []
+    return cycles
 
 
 def test_the_graph_is_read() -> None:
     """The checks above would pass on an empty graph: make sure they have one."""
     graph = imports()
-    assert "slm_server.router.proxy" in graph
-    assert "slm_server.records" in graph["slm_server.router.backend_state"]
+    assert "slm_server.router.dispatch.proxy" in graph
+    assert "slm_server.contracts.records" in graph["slm_server.router.dispatch.backend_state"]
+    assert find_cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
+    assert crossings(("slm_server.router",), ("slm_server.contracts",)) != []

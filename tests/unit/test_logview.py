@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from slm_server import logview
+from slm_server.contracts.events import EVENTS
 from slm_server.logview import (
     LogFile,
     format_event,
@@ -26,7 +27,6 @@ from slm_server.logview import (
     render,
     use_colour,
 )
-from slm_server.supervise.events import EVENTS
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BACKEND: dict[str, Any] = {"role": "reasoning", "model_id": "unsloth/qwen3", "port": 8502}

@@ -20,7 +20,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from slm_server.otlp_wire import PairCache, Unsupported, encode_request, varint
+from slm_server.router.observe.otlp_wire import PairCache, Unsupported, encode_request, varint
 
 RESOURCE = Resource.create({"service.name": "svc", "service.version": "1.2"})
 SCOPE = InstrumentationScope("slm_server", "0.1")

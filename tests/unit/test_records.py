@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slm_server.records import (
+from slm_server.contracts.records import (
     BackendState,
     PidRecord,
     read_json,

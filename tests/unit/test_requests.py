@@ -11,7 +11,7 @@ from starlette.datastructures import Headers
 
 from slm_server.config import ModelEntry
 from slm_server.errors import InvalidRequest, UnsupportedMediaType
-from slm_server.router.requests import (
+from slm_server.router.intake.payload import (
     apply_defaults,
     check_fields,
     check_json_type,

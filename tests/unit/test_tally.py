@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from slm_server.tally import Counts, Spread
+from slm_server.router.observe.tally import Counts, Spread
 
 BUCKETS = (0.005, 0.1, 1.0, 2.5, 900.0)
 LABELS = st.sampled_from([("a", "x"), ("b", "x"), ("a", "y")])

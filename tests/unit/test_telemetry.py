@@ -19,9 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
 from slm_server.config import ModelEntry, ModelSpec
-from slm_server.router.exchange import Exchange
-from slm_server.settings import TelemetrySettings
-from slm_server.telemetry import (
+from slm_server.router.observe.exchange import Exchange
+from slm_server.router.observe.telemetry import (
     EMIT_SITES,
     CompactExporter,
     ExportWarnings,
@@ -31,6 +30,7 @@ from slm_server.telemetry import (
     samples_every_root,
     span_attributes,
 )
+from slm_server.settings import TelemetrySettings
 
 PARENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT_SPAN = "b7ad6b7169203331"

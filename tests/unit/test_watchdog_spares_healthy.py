@@ -19,9 +19,9 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from slm_server.router.door import door_protocol
+from slm_server.contracts.restart_requests import take_requests
+from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
-from slm_server.supervise.budget import RestartBudget
 from slm_server.supervise.confirm import judge
 from slm_server.supervise.decide import (
     Confirm,
@@ -33,8 +33,8 @@ from slm_server.supervise.decide import (
     decide,
 )
 from slm_server.supervise.evidence import Target, gather
-from slm_server.supervise.requests import take_requests
-from slm_server.supervise.states import Ready
+from slm_server.supervise.phases import Ready
+from slm_server.supervise.restart_budget import RestartBudget
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
 from tests.unit.router.test_door_writes import Unread
 from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta, serving

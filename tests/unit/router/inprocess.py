@@ -19,17 +19,17 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.types import Message
 
-from slm_server.commands import Command, Reply
 from slm_server.config import ModelSpec, RegistryFile, parse_registry
+from slm_server.contracts.commands import Command, Reply
+from slm_server.contracts.records import BackendState
 from slm_server.http1 import Headers
-from slm_server.metrics import Metrics
-from slm_server.records import BackendState
 from slm_server.registry import Registry
 from slm_server.router.app import Dependencies, create_app, gates_for
-from slm_server.router.drain import Drain
-from slm_server.router.upstream import Probe, UpstreamResponse
+from slm_server.router.dispatch.drain import Drain
+from slm_server.router.observe.metrics import Metrics
+from slm_server.router.observe.telemetry import Telemetry
+from slm_server.router.upstream.client import Probe, UpstreamResponse
 from slm_server.settings import Settings
-from slm_server.telemetry import Telemetry
 
 Step = bytes | BaseException | asyncio.Event
 

@@ -3,7 +3,7 @@ hashes, and the bounded LRU index of one replica."""
 
 from __future__ import annotations
 
-from slm_server.router.affinity import (
+from slm_server.router.dispatch.affinity import (
     BLOCK_CHARS,
     MAX_BLOCKS,
     PrefixIndex,

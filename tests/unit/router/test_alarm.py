@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from slm_server.router.alarm import Alarm
+from slm_server.router.edge.alarm import Alarm
 
 
 class Handle:

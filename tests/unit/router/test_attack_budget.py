@@ -14,8 +14,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message
 
 from slm_server.errors import BodiesOverBudget, PayloadTooLarge
-from slm_server.router.budget import BodyBudget, Held
-from slm_server.router.intake import Reception
+from slm_server.router.intake.body_budget import BodyBudget, Held
+from slm_server.router.intake.reception import Reception
 
 MIB = 1024 * 1024
 

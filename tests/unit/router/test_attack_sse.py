@@ -1,4 +1,4 @@
-"""Attacks on the SSE splitter (router/sse.py): every way of cutting a stream into
+"""Attacks on the SSE splitter (router/answer/sse.py): every way of cutting a stream into
 reads, empty reads included, must give the same events; CRs at read ends; events at,
 just over and just under the size limit; complete events ahead of an oversized one."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import pytest
 
 from slm_server.errors import AnswerTooLarge
-from slm_server.router.sse import SseSplitter, event_data
+from slm_server.router.answer.sse import SseSplitter, event_data
 
 STREAMS = [
     b"data: a\n\ndata: b\n\n",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from slm_server.router.upstream import backend_error_body
+from slm_server.router.upstream.client import backend_error_body
 
 
 def shaped(status: int, content: bytes) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slm_server.records import BackendState, write_state
-from slm_server.router import backend_state
-from slm_server.router.backend_state import StateView
+from slm_server.contracts.records import BackendState, write_state
+from slm_server.router.dispatch import backend_state
+from slm_server.router.dispatch.backend_state import StateView
 
 
 def published(state: str) -> BackendState:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from slm_server.router.affinity import block_hashes
-from slm_server.router.balance import Balancer
+from slm_server.router.dispatch.affinity import block_hashes
+from slm_server.router.dispatch.balance import Balancer
 
 CONVERSATION_A = block_hashes("A system prompt for the first conversation. " * 30)
 CONVERSATION_B = block_hashes("Another system prompt, quite different. " * 30)

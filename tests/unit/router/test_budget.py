@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slm_server.errors import BodiesOverBudget
-from slm_server.router.budget import BodyBudget
+from slm_server.router.intake.body_budget import BodyBudget
 
 
 def test_holdings_add_up_and_are_given_back() -> None:

@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from slm_server.router import dashboard, recent
+from slm_server.router.dashboard import endpoints as dashboard
+from slm_server.router.dashboard import recent
 from tests.unit.router.inprocess import Answer, Router, Sent, call, make_router, whole
 
 CHAT = "/v1/chat/completions"
@@ -344,7 +345,7 @@ def test_a_published_log_outside_the_log_directory_is_not_read(tmp_path: Path) -
 def test_the_follower_says_unchanged_without_reading_only_when_nothing_was_appended(
     tmp_path: Path,
 ) -> None:
-    from slm_server.router.tail import Follower
+    from slm_server.router.dashboard.log_tail import Follower
 
     log = tmp_path / "watchdog.jsonl"
     log.write_text('{"event": "a"}\n')

@@ -14,9 +14,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from slm_server.router.door import DIRECT_ANSWER, door_protocol
-from slm_server.router.exchange import exchange_of
-from slm_server.router.whole import WholeAnswer
+from slm_server.router.answer.whole_answer import WholeAnswer
+from slm_server.router.edge.http_protocol import DIRECT_ANSWER, door_protocol
+from slm_server.router.observe.exchange import exchange_of
 from slm_server.settings import DoorLimits
 from tests.unit.router.test_door_writes import Recording
 

@@ -11,9 +11,9 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from slm_server.router.door import PRESENCE, Presence, door_protocol
-from slm_server.router.exchange import exchange_of
-from slm_server.router.guard import client_of
+from slm_server.router.dispatch.waits import client_of
+from slm_server.router.edge.http_protocol import PRESENCE, Presence, door_protocol
+from slm_server.router.observe.exchange import exchange_of
 from slm_server.settings import DoorLimits
 from tests.unit.router.test_door_writes import Recording
 

@@ -13,7 +13,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from slm_server.router.door import door_protocol
+from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
 from tests.unit.router.test_door_writes import Unread
 

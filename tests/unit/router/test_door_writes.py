@@ -11,7 +11,12 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from slm_server.router.door import DIRECT_BODY, DirectBody, HeldTransport, door_protocol
+from slm_server.router.edge.http_protocol import (
+    DIRECT_BODY,
+    DirectBody,
+    HeldTransport,
+    door_protocol,
+)
 from slm_server.settings import DoorLimits
 
 

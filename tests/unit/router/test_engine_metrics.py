@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slm_server.config import ModelSpec
 from slm_server.registry import Registry
-from slm_server.router.engine_metrics import EngineMetrics
+from slm_server.router.observe.engine_metrics import EngineMetrics
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, whole
 
 LLAMA_METRICS = b"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.

@@ -11,14 +11,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from slm_server.errors import InvalidRequest
-from slm_server.router.forms import (
+from slm_server.router.intake.forms import (
     MAX_PART_HEADER_BYTES,
     MAX_PARTS,
     form_boundary,
     form_fields,
     read_form_fields,
 )
-from slm_server.router.requests import model_field
+from slm_server.router.intake.payload import model_field
 
 BOUNDARY = "b0undary"
 FORM = f"multipart/form-data; boundary={BOUNDARY}"

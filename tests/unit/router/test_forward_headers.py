@@ -3,7 +3,7 @@ header list in one pass."""
 
 from __future__ import annotations
 
-from slm_server.router.upstream import forward_headers
+from slm_server.router.upstream.client import forward_headers
 
 
 def test_hop_by_hop_credentials_and_what_connection_names_stay() -> None:

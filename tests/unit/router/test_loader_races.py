@@ -9,8 +9,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from slm_server.commands import Command, Reply
-from slm_server.records import BackendState
+from slm_server.contracts.commands import Command, Reply
+from slm_server.contracts.records import BackendState
 from tests.unit.router.inprocess import (
     FakeStates,
     call,

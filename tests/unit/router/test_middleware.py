@@ -23,13 +23,13 @@ from starlette.routing import Route
 
 from slm_server.config import ModelEntry, ModelSpec
 from slm_server.logging_setup import REQUEST_ID, RequestIdFilter
-from slm_server.metrics import Metrics
 from slm_server.registry import Registry
-from slm_server.router.backend_state import StateView
-from slm_server.router.exchange import exchange_of
-from slm_server.router.middleware import MAX_SHOWN, RequestObserver, request_id_from, shown
+from slm_server.router.dispatch.backend_state import StateView
+from slm_server.router.observe.exchange import exchange_of
+from slm_server.router.observe.metrics import Metrics
+from slm_server.router.observe.observer import MAX_SHOWN, RequestObserver, request_id_from, shown
+from slm_server.router.observe.telemetry import Telemetry
 from slm_server.settings import TelemetrySettings
-from slm_server.telemetry import Telemetry
 
 ALPHA = ModelSpec(
     role="alpha",

@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from slm_server.commands import Command, Reply
-from slm_server.router.loader import Loader
+from slm_server.contracts.commands import Command, Reply
+from slm_server.router.ondemand.loader import Loader
 from tests.unit.router.inprocess import (
     Answer,
     FakeResponse,

@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
+from slm_server.contracts.records import BackendState
 from slm_server.errors import BackendUnavailable
-from slm_server.records import BackendState
 from tests.openai_shapes import strict_events, strict_response
 from tests.unit.router.inprocess import (
     Answer,

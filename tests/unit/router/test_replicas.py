@@ -16,8 +16,8 @@ import pytest
 
 from slm_server.config import parse_registry
 from slm_server.errors import BackendUnavailable
-from slm_server.router.exchange import Exchange
-from slm_server.telemetry import span_attributes
+from slm_server.router.observe.exchange import Exchange
+from slm_server.router.observe.telemetry import span_attributes
 from tests.unit.router.inprocess import (
     FakeResponse,
     Router,

@@ -3,7 +3,7 @@ numbers for the clock."""
 
 from __future__ import annotations
 
-from slm_server.router.room import Holder, Room, Rules, make_room
+from slm_server.router.ondemand.memory_fit import Holder, Room, Rules, make_room
 
 RULES = Rules(budget_mb=1000, max_loaded=None, hold_seconds=2.0, aging_seconds=20.0)
 NOW = 100.0

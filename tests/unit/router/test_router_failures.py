@@ -22,13 +22,13 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from slm_server.metrics import Metrics, outcome_of
 from slm_server.registry import Registry
-from slm_server.router.exchange import Exchange, exchange_of
-from slm_server.router.middleware import RequestObserver
-from slm_server.router.whole import WholeAnswer
+from slm_server.router.answer.whole_answer import WholeAnswer
+from slm_server.router.observe.exchange import Exchange, exchange_of
+from slm_server.router.observe.metrics import Metrics, outcome_of
+from slm_server.router.observe.observer import RequestObserver
+from slm_server.router.observe.telemetry import Telemetry
 from slm_server.settings import TelemetrySettings
-from slm_server.telemetry import Telemetry
 from tests.unit.router.inprocess import (
     FakeStates,
     Router,

@@ -14,14 +14,14 @@ import pytest
 import uvloop
 
 from slm_server.config import ModelSpec
+from slm_server.contracts.verdicts import Outcome, Verdict
 from slm_server.errors import AnswerTooLarge, BackendProtocolError, BackendTimeout
 from slm_server.http1 import Pool, Response
-from slm_server.router.door import DirectBody
-from slm_server.router.exchange import Exchange
-from slm_server.router.splice import Splice
-from slm_server.router.sse import SseTap
-from slm_server.supervise.classify import Outcome, Verdict
-from slm_server.supervise.tripwire import Progress, StallTimer
+from slm_server.router.answer.sse import SseTap
+from slm_server.router.answer.stream_splice import Splice
+from slm_server.router.edge.http_protocol import DirectBody
+from slm_server.router.observe.exchange import Exchange
+from slm_server.router.watchdog.tripwire import Progress, StallTimer
 from tests.unit.test_http1 import Peer, Server, chunked, poll, spec_at
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slm_server.errors import InvalidRequest
-from slm_server.router.strict_json import MAX_DEPTH, dumps_body, loads
+from slm_server.router.intake.strict_json import MAX_DEPTH, dumps_body, loads
 
 DOUBLE_MAX = int(sys.float_info.max)  # 309 digits
 

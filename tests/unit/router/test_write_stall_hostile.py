@@ -16,8 +16,8 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from slm_server.errors import GatewayError
-from slm_server.router.door import door_protocol
-from slm_server.router.relay import StreamRelay
+from slm_server.router.answer.stream_relay import StreamRelay
+from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
 from tests.unit.router.test_door_writes import Unread
 

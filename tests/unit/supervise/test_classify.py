@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slm_server.supervise.classify import (
+from slm_server.contracts.verdicts import (
     BROKEN,
     FAILURE_4XX,
     HEALTH_STATUSES,

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from slm_server.supervise.budget import RestartBudget
+from slm_server.contracts.restart_requests import RestartRequest
+from slm_server.contracts.states import State, check_transition
 from slm_server.supervise.decide import (
     Action,
     Confirm,
@@ -38,8 +39,7 @@ from slm_server.supervise.decide import (
     Unload,
     decide,
 )
-from slm_server.supervise.requests import RestartRequest
-from slm_server.supervise.states import (
+from slm_server.supervise.phases import (
     Attempt,
     Confirming,
     Done,
@@ -48,10 +48,9 @@ from slm_server.supervise.states import (
     Ready,
     Restarting,
     Starting,
-    State,
     Unloaded,
-    check_transition,
 )
+from slm_server.supervise.restart_budget import RestartBudget
 
 ROLE, MODEL, PORT = "chat", "m1", 8501
 IDS: dict[str, Any] = {"role": ROLE, "model_id": MODEL, "port": PORT}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from slm_server.supervise.events import EVENTS, EventLog, utc_timestamp
+from slm_server.contracts.events import EVENTS, EventLog, utc_timestamp
 
 # 2024-01-02T03:04:05Z
 BASE = datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC).timestamp()

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from slm_server.supervise.requests import RestartRequest, is_stale, take_requests, write_request
+from slm_server.contracts.restart_requests import (
+    RestartRequest,
+    is_stale,
+    take_requests,
+    write_request,
+)
 
 NAME = re.compile(r"^(?P<port>\d+)-(?P<role>[A-Za-z0-9_-]+)-(?P<ns>\d+)\.json$")
 
@@ -95,7 +100,7 @@ def test_failed_write_removes_its_temp_file(
     def refuse(src: str, dst: Path) -> None:
         raise OSError("rename refused")
 
-    monkeypatch.setattr("slm_server.supervise.requests.os.replace", refuse)
+    monkeypatch.setattr("slm_server.contracts.restart_requests.os.replace", refuse)
     with pytest.raises(OSError, match="rename refused"):
         write_request(tmp_path, request())
     assert list(tmp_path.iterdir()) == []

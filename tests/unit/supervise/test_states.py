@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from slm_server.supervise.states import (
+from slm_server.contracts.states import (
     FINAL,
     RUNNING,
     SUPERVISED,

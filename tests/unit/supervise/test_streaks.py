@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slm_server.supervise.classify import (
+from slm_server.contracts.verdicts import (
     BROKEN,
     HEALTHY,
     STALLED,
@@ -15,7 +15,7 @@ from slm_server.supervise.classify import (
     Verdict,
     classify_status,
 )
-from slm_server.supervise.streaks import Streaks, Trip
+from slm_server.router.watchdog.streaks import Streaks, Trip
 
 KEY = "standard"
 

@@ -16,18 +16,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slm_server.commands import Command, Reply
 from slm_server.config import ModelEntry, ModelSpec, RegistryFile
+from slm_server.contracts.commands import Command, Reply
+from slm_server.contracts.records import budget_view, read_state
+from slm_server.contracts.restart_requests import RestartRequest, write_request
+from slm_server.contracts.states import State
 from slm_server.launch.plan import LaunchPlan, Toolchain
 from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
-from slm_server.records import budget_view, read_state
 from slm_server.settings import Settings
 from slm_server.supervise.confirm import Evidence, Probe, ProcessStatus
 from slm_server.supervise.confirm import Reply as ProbeReply
 from slm_server.supervise.evidence import Target
-from slm_server.supervise.requests import RestartRequest, write_request
-from slm_server.supervise.states import State
 from slm_server.supervise.supervisor import Supervisor
 
 LLAMA = "/opt/llama/llama-server"

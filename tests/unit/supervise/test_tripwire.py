@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from slm_server.config import ModelSpec, parse_registry
-from slm_server.settings import WatchdogSettings
-from slm_server.supervise.classify import (
+from slm_server.contracts.events import EventLog
+from slm_server.contracts.restart_requests import RestartRequest, take_requests
+from slm_server.contracts.verdicts import (
     BROKEN,
     HEALTHY,
     PROGRESSING,
@@ -24,9 +25,8 @@ from slm_server.supervise.classify import (
     Outcome,
     classify_status,
 )
-from slm_server.supervise.events import EventLog
-from slm_server.supervise.requests import RestartRequest, take_requests
-from slm_server.supervise.tripwire import Progress, StallTimer, Tripwire
+from slm_server.router.watchdog.tripwire import Progress, StallTimer, Tripwire
+from slm_server.settings import WatchdogSettings
 
 WALL = 1_700_000_000.25
 TS = "2023-11-14T22:13:20.250Z"

@@ -1,0 +1,223 @@
+"""Answering the client from an opened backend response: a stream relayed chunk by
+chunk (as it came, or converted to Responses-API events), anything else read whole
+under the deadline and passed on — errors in the OpenAI shape, a Responses-API
+request's chat answer converted back. The call's admission slot is freed when the
+answer is complete (for a stream: when the relay ends, however it ends)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp
+
+from slm_server import http1
+from slm_server.errors import BackendProtocolError, GatewayError
+from slm_server.router.answer.answer_fields import answer_fields
+from slm_server.router.answer.sse import SseTap
+from slm_server.router.answer.stream_relay import StreamRelay
+from slm_server.router.answer.stream_splice import Splice
+from slm_server.router.answer.whole_answer import WholeAnswer
+from slm_server.router.apis.responses.translate import ResponseStreamTranslator, chat_to_response
+from slm_server.router.dispatch.admitted_call import Call
+from slm_server.router.dispatch.drain import Drain
+from slm_server.router.observe.exchange import Exchange
+from slm_server.router.upstream.client import (
+    UpstreamResponse,
+    backend_error_body,
+    content_encoding,
+    iter_raw,
+    iter_sse,
+)
+from slm_server.router.upstream.sender import Sender
+from slm_server.router.watchdog.tripwire import Progress, StallTimer
+
+JSON = "application/json"
+
+
+class Replies:
+    """Turns backend responses into the client's answers, for one router."""
+
+    def __init__(self, sender: Sender, drain: Drain, max_event: int) -> None:
+        self.sender = sender
+        self.drain = drain
+        self.max_event = max_event
+
+    async def reply(
+        self,
+        call: Call,
+        upstream: UpstreamResponse,
+        timer: StallTimer,
+        progress: Progress | None,
+        translate: dict[str, Any] | None = None,
+    ) -> Response | ASGIApp:
+        """Answer with an opened upstream response: relayed when it streams, else read
+        whole under the deadline (and converted when ``translate`` is the original
+        Responses-API request). ``progress`` notes what the backend delivers, for the
+        watchdog to judge a deadline that cuts the answer; None when the client
+        shortened the deadline (it is never judged)."""
+        spec, exchange = call.spec, call.exchange
+        content_type = upstream.headers.get("content-type", "application/json")
+        streams = upstream.status_code == 200 and "event-stream" in content_type
+        noted = progress if progress is not None else Progress(time.perf_counter())
+
+        def on_cut(error: GatewayError) -> None:
+            exchange.error_type = error.code
+            if error.code == "deadline_exceeded":
+                self.sender.judge_deadline(spec, progress, error)
+
+        def on_head(sent: bool) -> None:
+            # The head waits for the client (a full buffer): the backend's first-byte
+            # timer and silence stop until it is out, and then start afresh.
+            if sent:
+                noted.go_on(time.perf_counter())
+                timer.resume()
+            else:
+                timer.pause()
+                noted.hold()
+
+        async def close() -> None:
+            # A relay that never began reading (the client left first) must not leave
+            # the first-byte timer to blame the backend.
+            timer.cancel()
+            try:
+                await upstream.aclose()
+            finally:
+                call.slot.release()
+
+        encoding = content_encoding(upstream)
+        if encoding is not None and translate is not None:
+            timer.cancel()
+            await close()
+            raise BackendProtocolError(
+                f"The backend for '{spec.entry.id}' sent a {encoding}-encoded answer, "
+                "which the router cannot translate to the Responses API",
+                code="upstream_encoded",
+            )
+        if exchange.stream and streams:
+            if translate is not None:
+                translator = ResponseStreamTranslator(translate)
+                events = iter_sse(spec, upstream, self.max_event)
+                return StreamRelay(
+                    _translated(
+                        self.sender.watched(call, events, timer, noted), translator, exchange
+                    ),
+                    close,
+                    error_event=lambda error: b"".join(translator.error(error.message)),
+                    deadline=call.deadline.at,
+                    drain=self.drain,
+                    on_cut=on_cut,
+                    on_head=on_head,
+                )
+            chunks = self.sender.watched(call, iter_raw(spec, upstream), timer, noted)
+            if encoding is not None:  # the bytes as they came: the client decodes them
+                return StreamRelay(
+                    chunks,
+                    close,
+                    media_type=content_type,
+                    headers={"content-encoding": encoding},
+                    deadline=call.deadline.at,
+                    drain=self.drain,
+                    on_cut=on_cut,
+                    on_head=on_head,
+                )
+            tap = SseTap(
+                exchange, drop_usage_chunk=call.hidden_usage, max_event_bytes=self.max_event
+            )
+            spliced = None
+            if isinstance(upstream, http1.Response):
+                tripwire = self.sender.tripwire
+                spliced = Splice(spec, exchange, upstream, tap, timer, noted, tripwire)
+            return StreamRelay(
+                _tapped(chunks, tap),
+                close,
+                media_type=content_type,
+                deadline=call.deadline.at,
+                drain=self.drain,
+                on_cut=on_cut,
+                splice=spliced,
+                on_head=on_head,
+            )
+        timer.cancel()
+        try:
+            content = await self.sender.read(call, upstream, progress)
+        finally:
+            await close()
+        return _whole(call, upstream.status_code, content_type, encoding, content, translate)
+
+
+def _whole(
+    call: Call,
+    status: int,
+    content_type: str,
+    encoding: str | None,
+    content: bytes,
+    translate: dict[str, Any] | None,
+) -> Response | WholeAnswer:
+    """The answer to a request whose backend answered in one piece."""
+    exchange = call.exchange
+    if encoding is not None:  # passed on with the encoding it needs to be read
+        return WholeAnswer(
+            exchange, content, status, content_type, headers={"content-encoding": encoding}
+        )
+    if status >= 400:
+        return WholeAnswer(exchange, backend_error_body(status, content), status, JSON)
+    body_json: Any = None
+    if "json" in content_type and translate is not None:
+        try:
+            body_json = json.loads(content)
+        except (ValueError, RecursionError):
+            body_json = None
+    elif "json" in content_type:
+        body_json = answer_fields(content)  # only for the record: floats kept as text
+    if translate is not None:
+        if not isinstance(body_json, dict):
+            return WholeAnswer(exchange, backend_error_body(502, content), 502, JSON)
+        result = chat_to_response(body_json, translate)
+        exchange.note_response(result)
+        return JSONResponse(result)
+    if isinstance(body_json, dict):
+        exchange.note_response(body_json)
+    return WholeAnswer(exchange, content, status, content_type)
+
+
+async def _tapped(chunks: AsyncIterator[bytes], tap: SseTap) -> AsyncIterator[bytes]:
+    """The stream as the client gets it: each event checked and noted on the way."""
+    async for chunk in chunks:
+        forward = tap.feed(chunk)
+        if forward:
+            yield forward
+    rest = tap.flush()
+    if rest:
+        yield rest
+    if tap.error is not None:
+        tap.exchange.error_type = "backend_stream_error"
+
+
+async def _translated(
+    chunks: AsyncIterator[dict[str, Any]],
+    translator: ResponseStreamTranslator,
+    exchange: Exchange,
+) -> AsyncIterator[bytes]:
+    """A chat-completions stream as Responses-API events."""
+    for event in translator.start():
+        yield event
+    async for chunk in chunks:
+        exchange.note_response(chunk)
+        error = chunk.get("error")
+        if error is not None:
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            exchange.error_type = "backend_stream_error"
+            for event in translator.error(str(message)):
+                yield event
+            return
+        for event in translator.feed(chunk):
+            yield event
+    for event in translator.finish():
+        yield event
+
+
+__all__ = ["Replies"]

@@ -1,0 +1,144 @@
+"""A backend's event stream spliced to the client: each piece the upstream parser
+delivers is checked by the stream's :class:`~slm_server.router.answer.sse.SseTap` and written
+to the client's connection in the same callback, with no task woken, no async
+generator resumed and no ASGI message built per piece.
+
+It keeps every duty of the piece-by-piece relay it stands in for
+(:meth:`~slm_server.router.upstream.sender.Sender.watched` under the tap): the first piece
+clears the stall timer and counts as health, each one is noted in the call's
+:class:`~slm_server.router.watchdog.tripwire.Progress` and
+:class:`~slm_server.router.observe.exchange.Exchange`, a broken body counts against the
+backend, a stream event past its limit ends the stream, and the read timeout bounds
+every wait for the next bytes. A client that reads slower than the backend writes
+pauses the backend's socket until the client's buffer drains (the router holds the
+answer up then, not the backend). Used when the server offers
+:class:`~slm_server.router.edge.http_protocol.DirectBody` and the upstream is the router's own
+HTTP client; otherwise the relay reads the stream piece by piece as before.
+"""
+
+from __future__ import annotations
+
+import time
+
+from slm_server.config import ModelSpec
+from slm_server.contracts.verdicts import HEALTHY, outcome_of
+from slm_server.errors import GatewayError
+from slm_server.http1 import HttpError, Response
+from slm_server.router.answer.sse import SseTap
+from slm_server.router.edge.http_protocol import DirectBody
+from slm_server.router.observe.exchange import Exchange
+from slm_server.router.upstream.client import translate
+from slm_server.router.watchdog.tripwire import Progress, StallTimer, Tripwire
+
+
+class Splice:
+    """One stream's splice; :meth:`run` relays it to ``DirectBody`` until it ends."""
+
+    __slots__ = (
+        "_failure",
+        "_mark",
+        "_writer",
+        "exchange",
+        "progress",
+        "spec",
+        "tap",
+        "timer",
+        "tripwire",
+        "upstream",
+    )
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        exchange: Exchange,
+        upstream: Response,
+        tap: SseTap,
+        timer: StallTimer,
+        progress: Progress,
+        tripwire: Tripwire,
+    ) -> None:
+        self.spec = spec
+        self.exchange = exchange
+        self.upstream = upstream
+        self.tap = tap
+        self.timer = timer
+        self.progress = progress
+        self.tripwire = tripwire
+        self._writer: DirectBody | None = None
+        self._failure: BaseException | None = None
+        self._mark = 0.0
+
+    async def run(self, writer: DirectBody) -> None:
+        """Relay until the stream ends; a failure raises the :class:`GatewayError` the
+        relay reports in band (the response's head is sent already)."""
+        upstream, exchange = self.upstream, self.exchange
+        self._writer = writer
+        self._mark = started = time.perf_counter()
+        self.progress.waiting(started)
+        try:
+            upstream.splice(self._piece)
+            while True:
+                try:
+                    ended = await upstream.settle()
+                except HttpError as exc:
+                    error = translate(exc, self.spec)
+                    if isinstance(error, GatewayError):
+                        exchange.error_type = error.code
+                        self.tripwire.observe(self.spec, outcome_of(error), error.message)
+                    raise error from exc
+                if self._failure is not None:
+                    raise self._failure
+                if ended:
+                    break
+                # The client is full: the router holds the answer up, not the backend.
+                self._account()
+                self.progress.arrived()
+                await writer.drain()
+                self._mark = now = time.perf_counter()
+                self.progress.waiting(now)
+                upstream.resume()
+            self._account()
+        finally:
+            upstream.unsplice()
+            self.timer.cancel()
+        rest = self.tap.flush()
+        if rest:
+            writer.write(rest)
+        if self.tap.error is not None:
+            exchange.error_type = "backend_stream_error"
+
+    def _account(self) -> None:
+        now = time.perf_counter()
+        self.exchange.upstream_seconds += now - self._mark
+        self._mark = now
+
+    def _piece(self, data: bytes) -> None:
+        """One piece of the body, from the upstream connection's parser: never raises."""
+        if self._failure is not None or not data:
+            return
+        exchange = self.exchange
+        now = time.perf_counter()
+        exchange.upstream_seconds += now - self._mark
+        try:
+            if exchange.first_chunk is None:
+                self.timer.first_byte()
+                self.tripwire.observe(self.spec, HEALTHY)
+            exchange.note_chunk(now)
+            tap = self.tap
+            forward = tap.feed(data)
+            writer = self._writer
+            if forward and writer is not None and writer.write(forward) and writer.full:
+                self.upstream.pause()
+            if tap.owed is not None:  # an event past the limit: the stream ends now
+                self._fail(tap.owed)
+        except Exception as error:  # a refusal, or a bug of ours: the relay reports it in band
+            self._fail(error)
+        self._mark = now = time.perf_counter()
+        self.progress.came(now)
+
+    def _fail(self, error: BaseException) -> None:
+        self._failure = error
+        self.upstream.pause()  # wakes run(), which raises it
+
+
+__all__ = ["Splice"]

@@ -1,0 +1,187 @@
+"""The router's own endpoints: the model list and the health views."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from slm_server import remote
+from slm_server.config import ModelSpec
+from slm_server.contracts.records import budget_view
+from slm_server.errors import GatewayError
+from slm_server.registry import Registry
+from slm_server.router.dispatch.admission import Gate
+from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.upstream.client import Transport
+from slm_server.router.watchdog.tripwire import Tripwire
+
+
+class Info:
+    """``/v1/models``, ``/v1/backends/health`` and ``/health``."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        upstream: Transport,
+        tripwire: Tripwire,
+        states: StateSource,
+        gates: Mapping[str, Gate],
+        status: Callable[[ModelSpec], dict[str, Any]],
+    ) -> None:
+        self.gates = gates
+        self.status = status
+        self.registry = registry
+        self.upstream = upstream
+        self.tripwire = tripwire
+        self.states = states
+        self.started = int(time.time())
+
+    def describe(self, spec: ModelSpec) -> dict[str, Any]:
+        """One model as ``GET /v1/models/{id}`` shows it."""
+        return self._model(spec)
+
+    def _status(self, spec: ModelSpec) -> dict[str, Any]:
+        """The model's ``status``; a remote's with ``url`` and, while it is ejected,
+        ``ejected_until`` (wall clock)."""
+        status = self.status(spec)
+        if spec.entry.remote:
+            known = self.states.get(spec.role, spec.entry.port)
+            status["url"] = remote.shown_url(spec.entry)
+            status["ejected_until"] = known.ejected_until if known is not None else None
+        return status
+
+    def _model(self, spec: ModelSpec) -> dict[str, Any]:
+        """One model as ``/v1/models`` lists it: OpenAI's four fields, then ours. An
+        entry with replicas is one model, its status ``ready`` when any replica is and
+        each replica listed under ``status.replicas``."""
+        status = self._status(spec)
+        size = self.registry.size(spec)
+        if size > 1:
+            replicas = []
+            for replica in self.registry.replicas(spec):
+                gate = self.gates.get(replica.role)
+                replicas.append(
+                    {
+                        "replica": replica.replica,
+                        "role": replica.role,
+                        "backend": replica.entry.backend,
+                        "port": None if replica.entry.remote else replica.entry.port,
+                        "url": remote.shown_url(replica.entry),
+                        "state": self.status(replica)["state"],
+                        "in_flight": gate.active if gate is not None else None,
+                        "queued": gate.queued if gate is not None else None,
+                    }
+                )
+            if any(r["state"] == "ready" for r in replicas):
+                status["state"] = "ready"
+            status["replicas"] = replicas
+        return {
+            "id": spec.entry.id,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "slm_server",
+            "role": spec.role,
+            "backend": spec.entry.backend,
+            "port": None if spec.entry.remote else spec.entry.port,
+            "model_type": spec.entry.model_type,
+            "context_length": spec.entry.context_length,
+            "quantization": spec.entry.quantization or None,
+            "supports_function_calling": spec.entry.supports_function_calling,
+            "replicas": size,
+            "routing": spec.entry.routing,
+            "status": status,
+        }
+
+    async def models(self, _request: Request) -> JSONResponse:
+        """``GET /v1/models``: the enabled models and their settings."""
+        data = [self._model(spec) for spec in self.registry.entries]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> JSONResponse:
+        """``GET /v1/models/{id}``: one enabled model (ids may contain ``/``); 404
+        ``model_not_found`` when there is none."""
+        model_id: str = request.path_params["model_id"]
+        return JSONResponse(self._model(self.registry.lookup(model_id)))
+
+    async def backends_health(self, _request: Request) -> JSONResponse:
+        """``GET /v1/backends/health``: every backend probed at once, keyed by role."""
+        probes = await asyncio.gather(*(self.upstream.probe(s) for s in self.registry.enabled))
+        by_role = dict(zip((s.role for s in self.registry.enabled), probes, strict=True))
+        launcher_alive = self.states.launcher_alive()
+        report: dict[str, dict[str, Any]] = {}
+        now = time.time()
+        for spec in self.registry.models:
+            entry = spec.entry
+            item: dict[str, Any] = {
+                "model_id": entry.id,
+                "backend": entry.backend,
+                "port": None if entry.remote else entry.port,
+                "model_type": entry.model_type,
+                "replica": spec.replica,
+                "replicas": self.registry.size(spec),
+            }
+            probe = by_role.get(spec.role)
+            if not entry.enabled or probe is None:
+                item["status"] = "disabled"
+                item["state"] = "disabled"
+            else:
+                item["status"] = probe.status
+                if probe.detail is not None:
+                    item["error"] = probe.detail
+                if probe.http_status is not None and probe.status != "healthy":
+                    item["http_status"] = probe.http_status
+                known = self.states.get(spec.role, entry.port)
+                streak = self.tripwire.open_streak(spec.role)
+                if entry.remote:
+                    item["url"] = remote.shown_url(entry)
+                if known is not None and entry.remote:
+                    state = known.state if launcher_alive else "unsupervised"
+                    if state == "ready" and streak:
+                        state = "degraded"
+                    item.update(
+                        state=state,
+                        reason=known.reason,
+                        ejected_until=known.ejected_until,
+                        ejections=known.ejections,
+                    )
+                elif known is not None:
+                    state = known.state if launcher_alive else "unsupervised"
+                    if state == "ready" and streak:
+                        state = "degraded"
+                    item.update(
+                        state=state,
+                        pid=known.pid,
+                        uptime_seconds=round(now - known.started_at, 1)
+                        if known.started_at
+                        else None,
+                        restarts=known.restarts,
+                        last_exit=known.last_exit,
+                        last_restart_reason=known.last_restart_reason,
+                        reason=known.reason,
+                        restart_budget=asdict(budget_view(known, now)),
+                    )
+                item["failure_streak"] = streak
+                status = self.status(spec)
+                item["load"] = status["load"]
+                item["memory_mb"] = status["memory_mb"]
+                item["idle_ttl_remaining"] = status["idle_ttl_remaining"]
+                gate = self.gates.get(spec.role)
+                if gate is not None:
+                    item["in_flight"] = gate.active
+                    item["queued"] = gate.queued
+            report[spec.role] = item
+        return JSONResponse(report)
+
+    async def health(self, _request: Request) -> JSONResponse:
+        """``GET /health``: the router itself."""
+        return JSONResponse({"status": "ok", "models": len(self.registry.entries)})
+
+
+def error_response(error: GatewayError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())

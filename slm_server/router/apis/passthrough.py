@@ -1,0 +1,34 @@
+"""The endpoints proxied as they are — chat completions, completions, embeddings,
+rerank, image generations, and the multipart image edits and audio transcriptions:
+the request goes to the backend's own endpoint and its answer comes back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from slm_server.router.answer.reply import Replies
+from slm_server.router.dispatch.admitted_call import Call
+from slm_server.router.upstream.sender import Sender
+
+
+class PassThrough:
+    """Sends a call's body to a backend path and answers with what comes back."""
+
+    def __init__(self, sender: Sender, replies: Replies) -> None:
+        self.sender = sender
+        self.replies = replies
+
+    async def __call__(
+        self, call: Call, path: str, body: bytes, translate: dict[str, Any] | None = None
+    ) -> Response | ASGIApp:
+        """``body`` to ``path`` under the call's deadline; ``translate`` is the original
+        Responses-API request when the answer is to be converted back to it."""
+        progress = self.sender.progress(call)
+        upstream, timer = await self.sender.open(call, path, body, progress)
+        return await self.replies.reply(call, upstream, timer, progress, translate)
+
+
+__all__ = ["PassThrough"]

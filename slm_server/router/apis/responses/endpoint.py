@@ -1,0 +1,64 @@
+"""``POST /v1/responses``: the backend's own Responses API where it is OpenAI-shaped,
+else the request converted to chat completions and the answer (whole, or event by
+event) converted back by the router's translator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from slm_server.config import ModelSpec
+from slm_server.router.answer.reply import Replies
+from slm_server.router.apis.passthrough import PassThrough
+from slm_server.router.apis.responses.translate import responses_to_chat
+from slm_server.router.dispatch.admitted_call import Call
+from slm_server.router.intake.payload import apply_defaults
+from slm_server.router.intake.strict_json import dumps_body
+from slm_server.router.upstream.sender import Sender
+
+# A backend answering these to /v1/responses has none: the router translates.
+RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
+# Backends whose own /v1/responses is asked first. llama-server's (at the pinned
+# release, and llama-cpp-python has none) is not OpenAI-shaped: its events lack
+# sequence_number and most output/content indexes, response.created lacks created_at,
+# model and tools, a cut answer says completed; the openai SDK's responses.stream()
+# fails on it. For llama.cpp backends the router translates to chat completions itself.
+OWN_RESPONSES_BACKENDS = frozenset({"mlx"})
+
+
+class ResponsesApi:
+    """The Responses API over any backend."""
+
+    def __init__(
+        self,
+        sender: Sender,
+        replies: Replies,
+        passthrough: PassThrough,
+        sampling_defaults: Callable[[ModelSpec], dict[str, Any]],
+    ) -> None:
+        self.sender = sender
+        self.replies = replies
+        self.passthrough = passthrough
+        self.sampling_defaults = sampling_defaults
+
+    async def __call__(self, call: Call, payload: dict[str, Any], raw: bytes) -> Response | ASGIApp:
+        """The backend's own ``/v1/responses`` where it is OpenAI-shaped (see
+        ``OWN_RESPONSES_BACKENDS``), unless it answers 404/422; otherwise the request
+        converted to chat completions and the answer converted back."""
+        spec = call.spec
+        if spec.entry.backend in OWN_RESPONSES_BACKENDS:
+            progress = self.sender.progress(call)
+            probe, timer = await self.sender.open(call, "/v1/responses", raw, progress)
+            if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
+                return await self.replies.reply(call, probe, timer, progress)
+            timer.cancel()
+            await probe.aclose()
+        chat = responses_to_chat(payload)
+        apply_defaults(chat, spec.entry, "/v1/chat/completions", self.sampling_defaults(spec))
+        return await self.passthrough(call, "/v1/chat/completions", dumps_body(chat), payload)
+
+
+__all__ = ["OWN_RESPONSES_BACKENDS", "RESPONSES_FALLBACK_STATUSES", "ResponsesApi"]

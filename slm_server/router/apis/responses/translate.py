@@ -1,0 +1,374 @@
+"""The OpenAI Responses API in terms of chat completions, for backends without ``/v1/responses``.
+
+:func:`responses_to_chat` turns a Responses request into a chat completions request and
+:func:`chat_to_response` turns the chat completion back into a Responses object that
+``openai.types.responses.Response`` accepts. Streaming answers are translated by
+:class:`ResponseStreamTranslator` (defined in :mod:`.stream` with the object
+builders, and re-exported here). Everything is pure: no I/O, no clock beyond ``time.time()``.
+
+Requests that cannot be expressed as chat completions (stored state, hosted tools,
+file references, unknown item types) raise :class:`InvalidRequest` naming the field;
+malformed backend answers raise :class:`BackendProtocolError`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from slm_server.errors import BackendProtocolError, InvalidRequest
+from slm_server.router.apis.responses.stream import (
+    ResponseStreamTranslator,
+    build_response,
+    convert_usage,
+    function_call_item,
+    incomplete_reason,
+    message_item,
+    new_id,
+    output_text_part,
+    reasoning_item,
+    reasoning_text,
+)
+
+__all__ = [
+    "ResponseStreamTranslator",
+    "chat_to_response",
+    "responses_to_chat",
+]
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+COPIED_FIELDS = ("model", "temperature", "top_p", "stream", "user", "parallel_tool_calls")
+STATEFUL_FIELDS = ("previous_response_id", "conversation", "prompt")
+RESPONSES_FIELDS = frozenset(
+    {
+        *COPIED_FIELDS,
+        *STATEFUL_FIELDS,
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "tools",
+        "tool_choice",
+        "text",
+        "reasoning",
+        "metadata",
+        "store",
+        "include",
+        "truncation",
+        "service_tier",
+        "background",
+        "stream_options",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "top_logprobs",
+        "max_tool_calls",
+        "context_management",
+    }
+)
+TEXT_PARTS = frozenset({"input_text", "output_text"})
+TOOL_CHOICE_MODES = frozenset({"auto", "none", "required"})
+
+
+def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """Translate a Responses request body into a chat completions request body.
+
+    ``instructions`` becomes a leading system message, ``input`` the following messages
+    (``developer`` maps to ``system``; reasoning items are dropped), ``max_output_tokens``
+    becomes ``max_tokens``, function tools and ``tool_choice`` take the nested chat shape
+    and ``text.format`` becomes ``response_format``. ``metadata``, ``reasoning`` and the
+    other Responses-only fields are dropped; fields the Responses API does not define
+    (``top_k``, ``seed``, ``chat_template_kwargs``...) are forwarded unchanged. A streaming
+    request asks for a final usage chunk. Raises :class:`InvalidRequest` with ``param``
+    naming the offending field for anything that has no chat completions equivalent.
+    """
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    for field in STATEFUL_FIELDS:
+        if body.get(field) is not None:
+            raise InvalidRequest(
+                f"`{field}` is not supported: this gateway keeps no stored responses, "
+                "conversations or prompts; send the whole conversation in `input`",
+                param=field,
+            )
+    if body.get("background"):
+        raise InvalidRequest("background responses are not supported", param="background")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("`model` must be a non-empty string", param="model")
+
+    chat: dict[str, Any] = {k: v for k, v in body.items() if k not in RESPONSES_FIELDS}
+    chat.update({k: body[k] for k in COPIED_FIELDS if body.get(k) is not None})
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise InvalidRequest("`instructions` must be a string", param="instructions")
+        messages.append({"role": "system", "content": instructions})
+    messages.extend(_input_messages(body.get("input")))
+    chat["messages"] = messages
+
+    max_output_tokens = body.get("max_output_tokens")
+    if max_output_tokens is not None:
+        if isinstance(max_output_tokens, bool) or not isinstance(max_output_tokens, int):
+            raise InvalidRequest(
+                "`max_output_tokens` must be an integer", param="max_output_tokens"
+            )
+        chat["max_tokens"] = max_output_tokens
+    if body.get("tools") is not None:
+        tools = _chat_tools(body["tools"])
+        if tools:
+            chat["tools"] = tools
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _chat_tool_choice(body["tool_choice"])
+    response_format = _response_format(body.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
+    if chat.get("stream") is True:
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def _input_messages(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise InvalidRequest("`input` must be a string or a list of input items", param="input")
+    if not value:
+        raise InvalidRequest("`input` must not be empty", param="input")
+    messages: list[dict[str, Any]] = []
+    for index, item in enumerate(value):
+        path = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"`{path}` must be an object", param=path)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            messages.append(_chat_message(item, path))
+        elif kind == "function_call":
+            _append_tool_call(messages, item, path)
+        elif kind == "function_call_output":
+            messages.append(_tool_message(item, path))
+        elif kind != "reasoning":
+            raise InvalidRequest(
+                f"input item type {kind!r} is not supported; expected message, "
+                "function_call, function_call_output or reasoning",
+                param=f"{path}.type",
+            )
+    return messages
+
+
+def _chat_message(item: dict[str, Any], path: str) -> dict[str, Any]:
+    role_name = item.get("role")
+    role = ROLES.get(role_name) if isinstance(role_name, str) else None
+    if role is None:
+        raise InvalidRequest(
+            f"`{path}.role` must be one of user, assistant, system, developer",
+            param=f"{path}.role",
+        )
+    content = item.get("content")
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"`{path}.content` must be a string or a list of content parts",
+            param=f"{path}.content",
+        )
+    parts = [_chat_part(part, f"{path}.content[{i}]", role) for i, part in enumerate(content)]
+    if all(part["type"] == "text" for part in parts):
+        return {"role": role, "content": "\n".join(part["text"] for part in parts)}
+    return {"role": role, "content": parts}
+
+
+def _chat_part(part: Any, path: str, role: str) -> dict[str, Any]:
+    if not isinstance(part, dict):
+        raise InvalidRequest(f"`{path}` must be an object", param=path)
+    kind = part.get("type")
+    if kind in TEXT_PARTS or kind == "refusal":
+        text = part.get("refusal" if kind == "refusal" else "text")
+        if not isinstance(text, str):
+            raise InvalidRequest(f"`{path}` has no text", param=path)
+        return {"type": "text", "text": text}
+    if kind == "input_image":
+        url = part.get("image_url")
+        if role != "user":
+            raise InvalidRequest("images are only supported in user messages", param=path)
+        if not isinstance(url, str) or not url:
+            raise InvalidRequest(
+                f"`{path}` needs an `image_url` (a URL or data URL); file_id is not supported",
+                param=f"{path}.image_url",
+            )
+        image: dict[str, Any] = {"url": url}
+        if isinstance(part.get("detail"), str):
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    raise InvalidRequest(
+        f"content part type {kind!r} is not supported; expected input_text, output_text, "
+        "refusal or input_image",
+        param=f"{path}.type",
+    )
+
+
+def _append_tool_call(messages: list[dict[str, Any]], item: dict[str, Any], path: str) -> None:
+    for field in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(field), str):
+            raise InvalidRequest(f"`{path}.{field}` must be a string", param=f"{path}.{field}")
+    call = {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item["arguments"]},
+    }
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and not isinstance(last["content"], list):
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+
+
+def _tool_message(item: dict[str, Any], path: str) -> dict[str, Any]:
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str):
+        raise InvalidRequest(f"`{path}.call_id` must be a string", param=f"{path}.call_id")
+    output = item.get("output")
+    if isinstance(output, list):
+        parts = [_chat_part(p, f"{path}.output[{i}]", "tool") for i, p in enumerate(output)]
+        output = "\n".join(part["text"] for part in parts)
+    if not isinstance(output, str):
+        raise InvalidRequest(
+            f"`{path}.output` must be a string or a list of text parts", param=f"{path}.output"
+        )
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
+
+
+def _chat_tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise InvalidRequest("`tools` must be a list", param="tools")
+    converted: list[dict[str, Any]] = []
+    for index, tool in enumerate(tools):
+        path = f"tools[{index}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"`{path}` must be an object", param=path)
+        if tool.get("type") != "function":
+            raise InvalidRequest(
+                f"tool type {tool.get('type')!r} is not supported: only function tools "
+                "can be served by a chat completions backend",
+                param=f"{path}.type",
+            )
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise InvalidRequest(
+                f"`{path}.name` is required (Responses tools are flat: "
+                '{"type": "function", "name": ..., "parameters": ...})',
+                param=f"{path}.name",
+            )
+        function = {"name": tool["name"]}
+        function.update(
+            {k: tool[k] for k in ("description", "parameters") if tool.get(k) is not None}
+        )
+        converted.append({"type": "function", "function": function})
+    return converted
+
+
+def _chat_tool_choice(choice: Any) -> Any:
+    if isinstance(choice, str) and choice in TOOL_CHOICE_MODES:
+        return choice
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("name"), str)
+    ):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise InvalidRequest(
+        '`tool_choice` must be "auto", "none", "required" or {"type": "function", "name": ...}',
+        param="tool_choice",
+    )
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise InvalidRequest("`text` must be an object", param="text")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema" or not isinstance(fmt, dict):
+        raise InvalidRequest(
+            "`text.format.type` must be text, json_object or json_schema",
+            param="text.format.type",
+        )
+    if not isinstance(fmt.get("name"), str):
+        raise InvalidRequest("`text.format.name` is required", param="text.format.name")
+    if not isinstance(fmt.get("schema"), dict):
+        raise InvalidRequest(
+            "`text.format.schema` must be a JSON schema object", param="text.format.schema"
+        )
+    schema = {k: fmt[k] for k in ("name", "schema", "description", "strict") if k in fmt}
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """Translate a non-streaming chat completion into a Responses object.
+
+    The output holds, in order, a ``reasoning`` item (from ``reasoning_content``), a
+    ``message`` item when the assistant produced text or a refusal, and one
+    ``function_call`` item per tool call. A ``length`` finish reason yields status
+    ``incomplete`` with reason ``max_output_tokens``. Request settings are echoed as the
+    Responses API does. Raises :class:`BackendProtocolError` when ``chat`` has no choice
+    with a message.
+    """
+    choices = chat.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or not isinstance(message, dict):
+        raise BackendProtocolError("the backend's chat completion has no choice with a message")
+    reason = incomplete_reason(choice.get("finish_reason"))
+    status = "incomplete" if reason else "completed"
+    output: list[dict[str, Any]] = []
+    reasoning = reasoning_text(message)
+    if reasoning:
+        output.append(reasoning_item(new_id("rs"), reasoning, "completed"))
+    parts: list[dict[str, Any]] = []
+    text = _content_text(message.get("content"))
+    if text:
+        parts.append(output_text_part(text))
+    if isinstance(message.get("refusal"), str) and message["refusal"]:
+        parts.append({"type": "refusal", "refusal": message["refusal"]})
+    if parts:
+        output.append(message_item(new_id("msg"), parts, status))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise BackendProtocolError("the backend returned a tool call without a function name")
+        arguments = function.get("arguments", "")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        call_id = call.get("id") if isinstance(call.get("id"), str) else new_id("call")
+        output.append(
+            function_call_item(new_id("fc"), call_id, function["name"], arguments, status)
+        )
+    created = chat.get("created")
+    return build_response(
+        request,
+        response_id=new_id("resp"),
+        created_at=created if isinstance(created, int) else int(time.time()),
+        status=status,
+        output=output,
+        usage=convert_usage(chat.get("usage")),
+        model=chat.get("model") if isinstance(chat.get("model"), str) else None,
+        incomplete=reason,
+    )
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""

@@ -1,0 +1,102 @@
+"""The last requests the router finished, for the dashboard (``GET /v1/ui/requests``).
+
+:class:`RecentRequests` is a ring of plain tuples: the middleware appends one per
+finished model request (a ``deque`` with a ``maxlen``, so the append is O(1), needs no
+lock under the event loop and drops the oldest); the endpoint turns them into objects
+only when asked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Final
+
+from slm_server.router.observe.exchange import Exchange
+
+CAPACITY: Final = 200
+MAX_MODEL_CHARS: Final = 256
+FIELDS: Final = (
+    "time",
+    "request_id",
+    "model",
+    "endpoint",
+    "status",
+    "queue_seconds",
+    "ttft_seconds",
+    "duration_seconds",
+    "input_tokens",
+    "output_tokens",
+    "stream",
+    "error_type",
+    "replica",
+    "prefix_match_chars",
+)
+
+Row = tuple[
+    float,
+    str,
+    str | None,
+    str,
+    int | None,
+    float | None,
+    float | None,
+    float,
+    int | None,
+    int | None,
+    bool,
+    str | None,
+    str | None,
+    int | None,
+]
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+class RecentRequests:
+    """The last ``capacity`` finished model requests, oldest dropped first."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.rows: deque[Row] = deque(maxlen=capacity)
+
+    def record(self, exchange: Exchange) -> None:
+        """Keep one finished exchange (its model as routed, else as asked for)."""
+        spec = exchange.spec
+        self.rows.append(
+            (
+                time.time(),
+                exchange.request_id,
+                spec.entry.id if spec is not None else exchange.model,
+                exchange.path,
+                exchange.status,
+                exchange.queue_seconds,
+                exchange.time_to_first_chunk,
+                exchange.duration,
+                exchange.input_tokens,
+                exchange.output_tokens,
+                exchange.stream,
+                exchange.error_type,
+                # An entry with replicas: the one that served it, and its prefix match.
+                spec.role if spec is not None and exchange.routing_rule is not None else None,
+                exchange.prefix_match_chars,
+            )
+        )
+
+    def newest_first(self) -> list[dict[str, Any]]:
+        """Every kept request as an object, the newest first; times rounded."""
+        shown = []
+        for row in reversed(self.rows):
+            item = dict(zip(FIELDS, row, strict=True))
+            item["time"] = round(row[0], 3)
+            if isinstance(row[2], str) and len(row[2]) > MAX_MODEL_CHARS:
+                item["model"] = row[2][:MAX_MODEL_CHARS]  # a client's string, unchecked
+            item["queue_seconds"] = _rounded(row[5])
+            item["ttft_seconds"] = _rounded(row[6])
+            item["duration_seconds"] = _rounded(row[7])
+            shown.append(item)
+        return shown
+
+
+__all__ = ["CAPACITY", "RecentRequests"]

@@ -1,0 +1,64 @@
+"""One proxied request on its way through the router, and its deadline.
+
+A :class:`Call` is made once the request is admitted and carries everything the
+endpoint handlers, the sender and the reply need about it: the request, the model it
+names, its record (:class:`~slm_server.router.observe.exchange.Exchange`), its one
+:class:`Deadline`, the headers for the backend and the admission slot it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from slm_server.config import ModelSpec
+from slm_server.router.dispatch.admission import Slot
+from slm_server.router.dispatch.waits import ClientWatch, client_of
+from slm_server.router.observe.exchange import Exchange
+
+
+class Deadline:
+    """A request's deadline on one clock, the event loop's (``loop.time()``): set when
+    the request arrives, so the time it waits in the queue counts, and read wherever
+    the request waits as the loop time it ends at (``at``) or what is left of it."""
+
+    __slots__ = ("_clock", "at", "seconds")
+
+    def __init__(self, seconds: float, clock: Callable[[], float]) -> None:
+        self.seconds = seconds
+        self._clock = clock
+        self.at = clock() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left, negative once it has passed."""
+        return self.at - self._clock()
+
+
+@dataclass(eq=False, slots=True)
+class Call:
+    """One admitted request to one backend.
+
+    ``judged`` says whether a deadline that cuts the request is the backend's to
+    answer for (the model's own deadline), or not (the client shortened it with
+    ``X-Request-Timeout``). ``hidden_usage`` marks a stream the router asked to carry
+    usage for its own record, whose usage-only chunk the client never sees.
+    """
+
+    request: Request
+    spec: ModelSpec
+    exchange: Exchange
+    deadline: Deadline
+    judged: bool
+    headers: dict[str, str]
+    slot: Slot
+    hidden_usage: bool = False
+
+    @property
+    def client(self) -> ClientWatch:
+        """Who tells the waits that the client has left."""
+        return client_of(self.request.scope, self.request.receive)
+
+
+__all__ = ["Call", "Deadline"]

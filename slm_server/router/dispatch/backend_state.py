@@ -1,0 +1,121 @@
+"""The supervisor's published backend states, as the router sees them.
+
+The state file's ``stat`` is taken at most every ``STAT_EVERY_SECONDS``, and the file
+is read only when its inode, modification time or size changed, or while it is fresh
+(modified less than ``FRESH_SECONDS`` ago), and decoded only when its bytes changed: so
+looking a backend up (several times per request) costs next to nothing, and a change
+is seen within that time. The supervisor replaces the file on every change; two
+versions of the same size written within one tick of the file system's clock (a
+jiffy, or a second on some) have the same stamp, so a fresh file's bytes are what
+tell them apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+from slm_server.contracts.records import BackendState, StateFile, parse_state, pid_alive
+from slm_server.errors import BackendUnavailable
+
+# How long a launcher whose pid and create time matched is trusted on its pid alone.
+REVERIFY_SECONDS = 1.0
+STAT_EVERY_SECONDS = 0.02
+# Longer than the coarsest modification-time tick of the file systems we run on (1 s).
+FRESH_SECONDS = 2.0
+
+
+def given_up(subject: str, state: BackendState) -> BackendUnavailable | None:
+    """503, with why, when the supervisor has given up on the backend ``subject`` names
+    (abandoned by the watchdog, or failed: no process, and none until the supervisor
+    starts again); None in any other state."""
+    if state.state not in ("abandoned", "failed"):
+        return None
+    verb = "was abandoned by the watchdog" if state.state == "abandoned" else "failed"
+    return BackendUnavailable(
+        f"{subject} {verb}: {state.reason or 'no reason recorded'}",
+        code=f"backend_{state.state}",
+    )
+
+
+class StateSource(Protocol):
+    """The supervisor's published states as the router reads them: :class:`StateView`
+    over the state file in production."""
+
+    def get(self, role: str, port: int) -> BackendState | None:
+        """The published state of the backend with this role and port, if any."""
+        ...
+
+    def planned(self, role: str, port: int) -> BackendState | None:
+        """What a running launcher published for this backend; None without one."""
+        ...
+
+    def launcher_alive(self) -> bool:
+        """Whether the process that published the states still runs."""
+        ...
+
+
+class StateView:
+    """Read-through cache of ``backends.state.json``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._raw: bytes | None = None
+        self._states: dict[tuple[str, int], BackendState] = {}
+        self._file = StateFile()
+        self._verified_until = 0.0
+        self._stat_after = 0.0
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now < self._stat_after:
+            return
+        self._stat_after = now + STAT_EVERY_SECONDS
+        try:
+            info = os.stat(self.path)
+            stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+            fresh = time.time_ns() - info.st_mtime_ns < FRESH_SECONDS * 1e9
+            if stamp == self._stamp and not fresh:
+                return
+            raw = self.path.read_bytes()
+        except OSError:
+            self._stamp, self._raw, self._states, self._file = None, None, {}, StateFile()
+            return
+        self._stamp = stamp
+        if raw == self._raw:
+            return
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            data = None  # half of a file no writer of ours leaves: as if empty
+        self._raw, self._file = raw, parse_state(data)
+        self._verified_until = 0.0
+        self._states = {(s.role, s.port): s for s in self._file.backends}
+
+    def get(self, role: str, port: int) -> BackendState | None:
+        """The published state of the backend with this role and port, if any."""
+        self._refresh()
+        return self._states.get((role, port))
+
+    def planned(self, role: str, port: int) -> BackendState | None:
+        """What a running launcher published for this backend (its kind, health path
+        and request defaults); None without one."""
+        state = self.get(role, port)
+        return state if state is not None and self.launcher_alive() else None
+
+    def launcher_alive(self) -> bool:
+        """Whether the process that published the states still runs (a dead launcher's
+        file describes nothing, nor does one whose pid another process now has)."""
+        self._refresh()
+        now = time.monotonic()
+        if now < self._verified_until:
+            # Verified a moment ago: a signal-0 check is enough in between (it is on the
+            # path of every request; reading the create time costs a /proc read).
+            return pid_alive(self._file.launcher_pid)
+        alive = self._file.launcher_running()
+        self._verified_until = now + REVERIFY_SECONDS if alive else 0.0
+        return alive

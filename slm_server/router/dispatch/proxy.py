@@ -1,0 +1,200 @@
+"""Proxying one request to the backend its ``model`` names: take it in, refuse when the
+supervisor says the backend cannot serve, admit it under its deadline, and hand the
+call to its endpoint's handler (:mod:`~slm_server.router.apis.passthrough`,
+:mod:`~slm_server.router.apis.responses.endpoint`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from slm_server.config import ModelSpec
+from slm_server.errors import BackendUnavailable
+from slm_server.registry import Registry
+from slm_server.router.answer.reply import Replies
+from slm_server.router.apis.passthrough import PassThrough
+from slm_server.router.apis.responses.endpoint import ResponsesApi
+from slm_server.router.dispatch.admission import Gate
+from slm_server.router.dispatch.admitted_call import Call, Deadline
+from slm_server.router.dispatch.affinity import BLOCK_CHARS, block_hashes, leading_text
+from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.dispatch.balance import Balancer
+from slm_server.router.dispatch.drain import Drain
+from slm_server.router.dispatch.waits import client_of, running_loop
+from slm_server.router.intake.body_budget import BodyBudget
+from slm_server.router.intake.payload import header_value, request_timeout
+from slm_server.router.intake.reception import Intake, Reception
+from slm_server.router.observe.exchange import Exchange, exchange_of
+from slm_server.router.ondemand.loader import Loader
+from slm_server.router.upstream.client import Transport, forward_headers
+from slm_server.router.upstream.sender import Sender
+from slm_server.router.watchdog.tripwire import Tripwire
+from slm_server.settings import Settings
+
+RESPONSES = "/v1/responses"
+# A replica that refused the connection never saw the request: it is sent to another.
+UNREACHABLE = "backend_unreachable"
+
+
+class Proxy:
+    """The proxying handlers, bound to one registry, one upstream transport and the
+    router's half of the watchdog."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        upstream: Transport,
+        tripwire: Tripwire,
+        states: StateSource,
+        drain: Drain,
+        gates: Mapping[str, Gate],
+    ) -> None:
+        serving = settings.serving
+        self.gates = gates
+        self.registry = registry
+        # One per entry with replicas, by the entry's position in the file.
+        self.balancers = {
+            spec.index: Balancer(
+                registry.size(spec), spec.entry.routing, spec.entry.affinity_threshold
+            )
+            for spec in registry.entries
+            if registry.size(spec) > 1
+        }
+        self.bodies = BodyBudget(serving.max_bodies_in_flight_bytes)
+        self.reception = Reception(registry, states, drain, serving.max_body_bytes)
+        self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
+        replies = Replies(self.sender, drain, serving.max_sse_event_bytes)
+        self.passthrough = PassThrough(self.sender, replies)
+        self.responses_api = ResponsesApi(
+            self.sender, replies, self.passthrough, self.reception.sampling_defaults
+        )
+        self.loader: Loader | None = None  # loading on demand, set by the app
+
+    def cancel_waiting(self) -> None:
+        """End every request still waiting on a backend (the drain period is over)."""
+        self.sender.cancel_waiting()
+
+    async def proxy(self, request: Request) -> Response | ASGIApp:
+        """``POST`` chat completions, completions, embeddings, rerank, image
+        generations, and the multipart image edits and audio transcriptions."""
+        return await self._serve(request, request.scope["path"])
+
+    async def responses(self, request: Request) -> Response | ASGIApp:
+        """``POST /v1/responses``: the backend's own, else translated to chat."""
+        return await self._serve(request, RESPONSES)
+
+    async def _serve(self, request: Request, endpoint: str) -> Response | ASGIApp:
+        """Take in, admit and proxy one request to ``endpoint``; its body counts
+        against the budget for bodies in flight until the answer is handed back."""
+        held = self.bodies.hold()
+        try:
+            exchange = exchange_of(request.scope)
+            intake = await self.reception.take(request, endpoint, exchange, held)
+            entry = intake.spec.entry
+            size = self.registry.size(intake.spec)
+            seconds, shortened = request_timeout(
+                entry.default_timeout, header_value(request.scope["headers"], b"x-request-timeout")
+            )
+            tried: list[str] = []  # replicas that refused the connection
+            while True:
+                spec = self.choose(intake.spec, intake.payload, exchange, tried)
+                if not tried:  # one deadline, however many replicas are tried
+                    deadline = Deadline(seconds, running_loop().time)
+                try:
+                    return await self._send(request, endpoint, intake, spec, deadline, shortened)
+                except BackendUnavailable as error:
+                    if error.code != UNREACHABLE or size == 1:
+                        raise
+                    tried.append(spec.role)
+                    if len(tried) == size:
+                        raise
+        finally:
+            held.release()
+
+    def choose(
+        self, spec: ModelSpec, payload: dict[str, Any], exchange: Exchange, tried: list[str]
+    ) -> ModelSpec:
+        """The replica of ``spec``'s entry that serves this request: among those the
+        supervisor says can serve (and that did not just refuse the connection), as
+        the entry's routing says. With none, the refusal of one that may come back
+        soonest (a 503 with ``Retry-After`` when one is starting or restarting).
+        Whether a replica can serve is :meth:`Reception.down`'s one decision: a replica
+        with no process of its own would be judged there by whatever ejects it."""
+        balancer = self.balancers.get(spec.index)
+        if balancer is None:
+            self.reception.refuse_if_down(spec)
+            return spec
+        group = self.registry.replicas(spec)
+        serving: list[int] = []
+        refusals: list[BackendUnavailable] = []
+        for position, replica in enumerate(group):
+            refusal = self.reception.down(replica)
+            if refusal is not None:
+                refusals.append(refusal)
+                balancer.forget(position)
+            elif replica.role not in tried:
+                serving.append(position)
+        if not serving:
+            if not refusals:
+                raise BackendUnavailable(
+                    f"No replica of '{spec.entry.id}' can be reached; retry shortly",
+                    retry_after=1.0,
+                )
+            raise next((r for r in refusals if r.retry_after is not None), refusals[0])
+        gates = self.gates
+        outstanding = [gates[r.role].active + gates[r.role].queued for r in group]
+        hashes = block_hashes(leading_text(payload)) if balancer.indexes else ()
+        pick = balancer.choose(serving, outstanding, hashes)
+        chosen = group[pick.position]
+        exchange.spec = chosen
+        exchange.routing_rule = pick.rule
+        if balancer.indexes:
+            exchange.prefix_match_chars = pick.matched_blocks * BLOCK_CHARS
+        return chosen
+
+    async def _send(
+        self,
+        request: Request,
+        endpoint: str,
+        intake: Intake,
+        spec: ModelSpec,
+        deadline: Deadline,
+        shortened: bool,
+    ) -> Response | ASGIApp:
+        """Admit the request to ``spec``'s backend and hand it to its handler."""
+        exchange = exchange_of(request.scope)
+        client = client_of(request.scope, request.receive)
+        intake = await self.reception.for_backend(intake, spec, endpoint)
+        slot = await self.sender.admit(client, spec, exchange, deadline)
+        try:
+            loader = self.loader
+            if loader is not None and loader.on_demand(spec):
+                # Holding the slot: the line behind it waits in order, within its limits.
+                await loader.until_ready(spec, client, deadline.at)
+            headers = forward_headers(request.scope["headers"])
+            headers.update(exchange.upstream_headers)
+            headers["x-request-id"] = exchange.request_id
+            call = Call(
+                request,
+                spec,
+                exchange,
+                deadline,
+                judged=not shortened,
+                headers=headers,
+                slot=slot,
+                hidden_usage=intake.hidden_usage,
+            )
+            if endpoint == RESPONSES:
+                return await self.responses_api(call, intake.payload, intake.raw)
+            return await self.passthrough(call, endpoint, intake.raw)
+        except BaseException:
+            slot.release()
+            raise
+
+
+__all__ = ["Proxy"]

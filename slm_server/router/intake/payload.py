@@ -1,0 +1,163 @@
+"""Reading and adjusting a client's request body before it goes upstream. Pure."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from slm_server.config import ModelEntry
+from slm_server.errors import InvalidRequest, UnsupportedMediaType
+from slm_server.router.intake import strict_json
+
+CHAT_TEMPLATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/responses"})
+SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of header ``name`` (lowercase, as ASGI gives names) among a
+    request's raw ``headers``, decoded as Starlette's ``Headers`` decodes it; None
+    when it is absent. (A look-up in ``Request.headers`` decodes every name before it
+    and raises and catches a KeyError for an absent one.)"""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def check_json_type(content_type: str | None) -> None:
+    """415 unless the request says its body is JSON: ``application/json`` or any
+    ``application/*+json``, with or without parameters. A browser page on any site may
+    POST ``text/plain``, a form, or a body with no type at all (a ``Blob`` in a
+    ``no-cors`` fetch) to 127.0.0.1 without asking first; a JSON type it cannot send
+    without a preflight, and every client of a JSON API sends one."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        return
+    shown = media[:100] or "none"
+    raise UnsupportedMediaType(
+        f"This endpoint takes a JSON body: send Content-Type: application/json (not {shown})"
+    )
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object, read by :mod:`strict_json`'s rules (nothing a backend
+    could fail to parse); 400 for anything else."""
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; send a JSON object", code="invalid_json")
+    payload = strict_json.loads(raw)
+    if not isinstance(payload, dict):
+        raise InvalidRequest(
+            f"The request body must be a JSON object, not {type(payload).__name__}",
+            code="invalid_json",
+        )
+    return payload
+
+
+def model_field(payload: dict[str, Any]) -> str:
+    """The ``model`` the request names; 400 when missing or not a string."""
+    model = payload.get("model")
+    if model is None:
+        raise InvalidRequest(
+            "The request has no 'model' field; name one of GET /v1/models",
+            code="missing_model",
+            param="model",
+        )
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(
+            "The 'model' field must be a non-empty string", code="invalid_model", param="model"
+        )
+    return model
+
+
+RERANK_ENDPOINTS = frozenset({"/v1/rerank"})
+GRAMMAR_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+
+
+def check_fields(payload: dict[str, Any], endpoint: str) -> None:
+    """Refuse values a backend would fail on with a 5xx of its own (which the watchdog
+    would count against a healthy backend): a rerank ``top_n`` that is not a positive
+    integer (llama-server throws on a negative one; 0 would rank nothing), and both a
+    ``json_schema`` and a ``grammar`` (llama-server answers them 500)."""
+    if (
+        endpoint in GRAMMAR_ENDPOINTS
+        and payload.get("json_schema") is not None
+        and payload.get("grammar")
+    ):
+        raise InvalidRequest(
+            "Give either 'json_schema' or 'grammar', not both",
+            code="invalid_request",
+            param="grammar",
+        )
+    if endpoint in RERANK_ENDPOINTS and "top_n" in payload:
+        top_n = payload["top_n"]
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise InvalidRequest(
+                f"'top_n' must be a positive integer, got {json.dumps(top_n)[:40]}",
+                code="invalid_top_n",
+                param="top_n",
+            )
+
+
+def is_stream(payload: dict[str, Any]) -> bool:
+    return payload.get("stream") is True
+
+
+def apply_defaults(
+    payload: dict[str, Any],
+    entry: ModelEntry,
+    endpoint: str,
+    sampling_defaults: dict[str, Any],
+) -> bool:
+    """Fill in what the registry supplies and the request left out: the entry's
+    ``chat_template_kwargs``, and sampling defaults the backend cannot take as flags.
+    Returns whether ``payload`` changed."""
+    changed = False
+    if (
+        entry.chat_template_kwargs is not None
+        and endpoint in CHAT_TEMPLATE_ENDPOINTS
+        and "chat_template_kwargs" not in payload
+    ):
+        payload["chat_template_kwargs"] = dict(entry.chat_template_kwargs)
+        changed = True
+    if endpoint in SAMPLING_ENDPOINTS:
+        for name, value in sampling_defaults.items():
+            if name not in payload:
+                payload[name] = value
+                changed = True
+    return changed
+
+
+def ask_for_usage(payload: dict[str, Any], endpoint: str) -> bool:
+    """Ask a streaming backend to end with a usage chunk; True when the client did not
+    ask for it itself (so that chunk is kept from it)."""
+    if endpoint not in USAGE_STREAM_ENDPOINTS or not is_stream(payload):
+        return False
+    options = payload.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    merged = dict(options) if isinstance(options, dict) else {}
+    merged["include_usage"] = True
+    payload["stream_options"] = merged
+    return True
+
+
+def request_timeout(entry_timeout: float, header: str | None) -> tuple[float, bool]:
+    """The request's deadline in seconds and whether the caller shortened it: the
+    entry's ``default_timeout``, or less when ``X-Request-Timeout`` asks for less."""
+    if header is None:
+        return entry_timeout, False
+    try:
+        asked = float(header)
+    except ValueError:
+        asked = math.nan
+    if not math.isfinite(asked) or asked <= 0:
+        raise InvalidRequest(
+            f"X-Request-Timeout must be a positive number of seconds, got {header[:40]!r}",
+            code="invalid_timeout",
+        )
+    return (asked, True) if asked < entry_timeout else (entry_timeout, False)

@@ -1,0 +1,189 @@
+"""Taking a request in: its body read within the limits, parsed, routed to a model by
+its ``model`` field, checked and given the model's defaults; and the router's own
+refusals for a backend the supervisor says cannot serve."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from slm_server.config import ModelSpec
+from slm_server.errors import BackendUnavailable, PayloadTooLarge
+from slm_server.registry import Registry
+from slm_server.router.dispatch.backend_state import StateSource, given_up
+from slm_server.router.dispatch.drain import Drain
+from slm_server.router.edge.http_protocol import ARRIVED_BODY, ArrivedBody
+from slm_server.router.intake.body_budget import Held
+from slm_server.router.intake.forms import FORM_ENDPOINTS, read_form_fields
+from slm_server.router.intake.payload import (
+    apply_defaults,
+    ask_for_usage,
+    check_fields,
+    check_json_type,
+    header_value,
+    model_field,
+    parse_body,
+)
+from slm_server.router.intake.strict_json import dumps_body
+from slm_server.router.observe.exchange import Exchange
+from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
+
+# Bodies larger than this are parsed and re-serialised in a thread: 30 MiB of JSON
+# takes the better part of a second, which would stall every other request.
+OFF_LOOP_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """A request taken in: the model it names, its parsed fields and the bytes to send
+    (re-serialised when defaults were applied), and whether the router asked a stream
+    for usage the client did not."""
+
+    spec: ModelSpec
+    payload: dict[str, Any]
+    raw: bytes
+    hidden_usage: bool
+
+
+class Reception:
+    """Reads, parses and routes requests for one registry."""
+
+    def __init__(
+        self, registry: Registry, states: StateSource, drain: Drain, max_body: int
+    ) -> None:
+        self.registry = registry
+        self.states = states
+        self.drain = drain
+        self.max_body = max_body
+
+    def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
+        """The request fields the launcher published for this backend (the Python
+        fallback's sampling defaults); none without a running launcher."""
+        planned = self.states.planned(spec.role, spec.entry.port)
+        return dict(planned.request_defaults) if planned is not None else {}
+
+    async def body(self, request: Request, held: Held) -> bytes:
+        """The request body, refused with 413 past ``SLM_MAX_BODY_MB`` and with 503 past
+        the budget for bodies in flight; both on ``Content-Length`` before reading."""
+        limit = self.max_body
+        declared = header_value(request.scope["headers"], b"content-length")
+        stated = int(declared) if declared is not None and declared.isdigit() else None
+        if stated is not None and stated > limit:
+            raise _too_large(limit)
+        if stated is not None:
+            held.take(stated)
+        arrived = request.scope.get("extensions", {}).get(ARRIVED_BODY)
+        whole = arrived.take() if isinstance(arrived, ArrivedBody) else None
+        if whole is not None:  # all in already: one piece, no ASGI message
+            if len(whole) > limit:
+                raise _too_large(limit)
+            if stated is None or len(whole) > stated:
+                held.take(len(whole))
+            return whole
+        parts: list[bytes] = []
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise _too_large(limit)
+            if stated is None or size > stated:
+                held.take(len(part))
+            parts.append(part)
+        return b"".join(parts)
+
+    async def take(self, request: Request, endpoint: str, exchange: Exchange, held: Held) -> Intake:
+        """The request to ``endpoint`` read, routed, checked and completed."""
+        if self.drain.draining:
+            raise BackendUnavailable(
+                "The router is shutting down and takes no new requests",
+                code="shutting_down",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        if endpoint not in FORM_ENDPOINTS:
+            check_json_type(header_value(request.scope["headers"], b"content-type"))
+        raw = await self.body(request, held)
+        if endpoint in FORM_ENDPOINTS:
+            # Only read for its routing fields: the form goes upstream byte for byte.
+            content_type = header_value(request.scope["headers"], b"content-type")
+            payload = await read_form_fields(raw, content_type)
+        elif len(raw) > OFF_LOOP_BYTES:  # a large body is parsed off the event loop
+            payload = await asyncio.to_thread(parse_body, raw)
+        else:
+            payload = parse_body(raw)
+        exchange.note_request(payload)
+        spec = self.registry.route(model_field(payload), endpoint)
+        exchange.spec = spec
+        check_fields(payload, endpoint)
+        changed = apply_defaults(payload, spec.entry, endpoint, self.sampling_defaults(spec))
+        hidden_usage = ask_for_usage(payload, endpoint)
+        if changed or hidden_usage:
+            large = len(raw) > OFF_LOOP_BYTES
+            raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
+        return Intake(spec, payload, raw, hidden_usage)
+
+    async def for_backend(self, intake: Intake, spec: ModelSpec, endpoint: str) -> Intake:
+        """The request as ``spec``'s backend is sent it: a remote that knows the model
+        by another name (``remote_model``) gets its name in ``model``. A multipart form
+        goes byte for byte, its ``model`` unchanged."""
+        entry = spec.entry
+        if not entry.remote or entry.upstream_model == intake.payload.get("model"):
+            return intake
+        if endpoint in FORM_ENDPOINTS:
+            return intake
+        payload = {**intake.payload, "model": entry.upstream_model}
+        large = len(intake.raw) > OFF_LOOP_BYTES
+        raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
+        return Intake(intake.spec, payload, raw, intake.hidden_usage)
+
+    def refuse_if_down(self, spec: ModelSpec) -> None:
+        """Answer for the supervisor when it says the backend cannot serve (see
+        :meth:`down`)."""
+        refusal = self.down(spec)
+        if refusal is not None:
+            raise refusal
+
+    def down(self, spec: ModelSpec) -> BackendUnavailable | None:
+        """Why the supervisor says the backend cannot serve, None when it can (or no
+        supervisor says anything): abandoned or failed (503, with why), or
+        (re)starting (503 with ``Retry-After``), a remote ejected (503 with
+        ``Retry-After`` until its ejection ends). These are the router's own refusals,
+        never counted against the backend."""
+        state = self.states.get(spec.role, spec.entry.port)
+        if state is None or not self.states.launcher_alive():
+            return None
+        name = f"The backend for '{spec.entry.id}'"
+        size = self.registry.size(spec)
+        if size > 1:
+            name += f" (replica {spec.replica} of {size})"
+        if state.state == "ejected":
+            until = state.ejected_until
+            wait = max(1.0, until - time.time()) if until is not None else RETRY_AFTER_SECONDS
+            return BackendUnavailable(
+                f"{name} is a remote the watchdog ejected: {state.reason or 'no reason recorded'}",
+                code="backend_ejected",
+                retry_after=round(wait, 1),
+            )
+        refusal = given_up(name, state)
+        if refusal is not None:
+            return refusal
+        if state.state in ("starting", "restarting"):
+            why = f" ({state.reason})" if state.reason else ""
+            return BackendUnavailable(
+                f"{name} is {state.state}{why}; retry shortly",
+                code=f"backend_{state.state}",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        return None
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The request body is larger than the router's limit of {limit} bytes (SLM_MAX_BODY_MB)"
+    )
+
+
+__all__ = ["OFF_LOOP_BYTES", "Intake", "Reception"]
