@@ -117,6 +117,42 @@ STARTERS: dict[str, Starter] = {
     "slm_server_ui": slm_router_watched,
     "litellm": litellm_proxy,
 }
+# Routers started from another checkout (``benchmarks.run --against REV``): a target
+# ``slm_server@<short>`` is ``slm_server`` run from the tree of that commit, beside this one.
+AGAINST: dict[str, Path] = {}
+COMPARABLE = {
+    "slm_server": {"telemetry": False},
+    "slm_server_otel": {"telemetry": True},
+    "slm_server_default": {"telemetry": True, "collector": True},
+}
+
+
+def starter(name: str) -> Starter:
+    """The starter of a target; ``<target>@<short>`` runs ``<target>`` from the tree of
+    that commit (one of :data:`AGAINST`)."""
+    base, _, revision = name.partition("@")
+    if not revision:
+        return STARTERS[name]
+    options, tree = COMPARABLE[base], AGAINST[revision]
+    return lambda workdir, backends: slm_router(workdir, backends, tree=tree, **options)
+
+
+def with_against(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """``targets``, each comparable one followed by itself at every commit of
+    :data:`AGAINST`, so the two run side by side in every round."""
+    out: list[str] = []
+    for target in targets:
+        out.append(target)
+        if target in COMPARABLE:
+            out += [f"{target}@{revision}" for revision in AGAINST]
+    return tuple(out)
+
+
+def label_of(target: str) -> str:
+    base, _, revision = target.partition("@")
+    return f"{LABELS[base]} at {revision}" if revision else LABELS[base]
+
+
 LABELS = {
     "direct": "direct",
     "bare_relay": "bare byte relay (the floor)",
@@ -167,7 +203,7 @@ def run_target(
     with (
         fast_fake(workdir, plan.chunks, plan.chunk_interval, BENCH_MODEL) as paced,
         fast_fake(workdir, plan.chunks, 0.0, BURST_MODEL) as burst,
-        STARTERS[name](workdir, [paced, burst]) as gateway,
+        starter(name)(workdir, [paced, burst]) as gateway,
     ):
 
         async def all_cells() -> list[dict[str, Any]]:
@@ -253,7 +289,7 @@ BURST = [f"burst-c{c}" for c in BURST_CONCURRENCY]
 def overhead_checks(rounds: Rounds, target: str) -> list[Check]:
     """The issue's targets for one gateway; the CPU ones at every load level, since on
     this machine they do not carry across levels (see docs/benchmarks.md)."""
-    label = LABELS[target]
+    label = label_of(target)
     found = [
         Check(
             f"{label}: added p50 latency, whole answers, c=1",
@@ -358,7 +394,7 @@ def overhead_tables(rounds: Rounds, targets: tuple[str, ...]) -> str:
             cell = f"whole-c{c}"
             rows.append(
                 [
-                    LABELS[target],
+                    label_of(target),
                     str(c),
                     _ms(rounds.stat("direct", cell, "latency_ms.p50")),
                     _ms(rounds.added(target, cell, "latency_ms.p50")),
@@ -378,7 +414,7 @@ def overhead_tables(rounds: Rounds, targets: tuple[str, ...]) -> str:
             kind, clients = cell.split("-c")
             rows.append(
                 [
-                    LABELS[target],
+                    label_of(target),
                     "1 ms apart" if kind == "stream" else "back to back",
                     clients,
                     _ms(rounds.stat("direct", cell, "ttft_ms.p50")),
@@ -407,7 +443,7 @@ def headroom_table(rounds: Rounds, targets: tuple[str, ...]) -> str:
                 DASH if target == "direct" else show(rounds.stat(target, cell, "server.cpu_share"))
             )
             row = [
-                LABELS[target],
+                label_of(target),
                 cell,
                 show(rounds.stat(target, cell, "client_cpu_share")),
                 show(rounds.stat(target, cell, "backend.cpu_share")),

@@ -7,6 +7,7 @@
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run affinity             # routing policies on two replicas
     uv run python -m benchmarks.run overhead --quick     # a short run to try things out
+    uv run python -m benchmarks.run defaults --against HEAD~3  # that commit's router beside
 
 Each scenario first waits (up to ``--max-wait`` seconds) for the 1-minute load average
 to drop below ``--quiet-load``, then runs its rounds — every run on newly started
@@ -20,6 +21,7 @@ the exit status is 1 only with ``--strict`` and a missed target.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import tempfile
 import time
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import affinity, overhead, real, recovery, swap
+from benchmarks.instructions import checkout
 from benchmarks.machine import describe_machine, load_average, source_digest, wait_for_quiet
 from benchmarks.report import DASH, Check, checks_table, machine_line, show, write_results
 from benchmarks.servers import litellm_version
@@ -52,7 +55,7 @@ class Outcome:
 
 
 def _fake_plan(targets: tuple[str, ...], quick: bool, rounds: int) -> overhead.Plan:
-    plan = overhead.Plan(targets=targets, rounds=rounds)
+    plan = overhead.Plan(targets=overhead.with_against(targets), rounds=rounds)
     return replace(plan, warmup=0.3, duration=1.0) if quick else plan
 
 
@@ -274,12 +277,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-wait", type=float, default=1200.0, help="seconds")
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run the router of this commit beside this tree's, in the same rounds "
+        "(overhead, defaults and dashboard)",
+    )
     args = parser.parse_args(argv)
 
     def say(line: str) -> None:
         print(line, flush=True)
 
-    results = {name: run_scenario(name, args, say) for name in args.scenarios}
+    with contextlib.ExitStack() as trees:
+        if args.against:
+            tree, short = trees.enter_context(checkout(args.against))
+            overhead.AGAINST[short] = tree
+        results = {name: run_scenario(name, args, say) for name in args.scenarios}
     say("\nsummary")
     for name, outcome in results.items():
         for check in outcome.checks:

@@ -195,18 +195,23 @@ def port_open(port: int) -> bool:
 
 @contextlib.contextmanager
 def slm_router(
-    workdir: Path, backends: Sequence[Server], telemetry: bool = False, collector: bool = False
+    workdir: Path,
+    backends: Sequence[Server],
+    telemetry: bool = False,
+    collector: bool = False,
+    tree: Path = ROOT,
 ) -> Iterator[Server]:
     """``python -m slm_server router`` in front of ``backends``, each registered under
     its ``model``; with ``collector``, spans go to a local OTLP sink answering 200 (the
-    defaults a user gets: telemetry exporting, metrics, the INFO access log)."""
+    defaults a user gets: telemetry exporting, metrics, the INFO access log). ``tree``:
+    the checkout whose ``slm_server`` runs (another commit's, to compare)."""
     workdir.mkdir(parents=True, exist_ok=True)
     registry = {"models": {b.model: bench_entry(b.model, b.port) for b in backends}}
     (workdir / "models.yaml").write_text(yaml.safe_dump(registry, sort_keys=False))
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(otlp_sink(workdir)) if collector else None
         env = router_env(workdir, telemetry, sink)
-        router, url = stack.enter_context(running_router(env, workdir))
+        router, url = stack.enter_context(running_router(env, workdir, cwd=tree))
         yield Server("slm_server", router.pid, url, "")
 
 

@@ -120,10 +120,15 @@ def registry_env(workdir: Path, models: Mapping[str, object], **extra: str) -> d
 
 
 @contextlib.contextmanager
-def running_router(env: Mapping[str, str], workdir: Path) -> Iterator[tuple[Command, str]]:
-    """A router on a free port; yields it and its base URL, stops it afterwards."""
+def running_router(
+    env: Mapping[str, str], workdir: Path, *, cwd: Path = ROOT
+) -> Iterator[tuple[Command, str]]:
+    """A router on a free port, run from ``cwd``'s ``slm_server``; yields it and its base
+    URL, stops it afterwards."""
     port = free_port()
-    router = start_command("router", {**env, "SLM_ROUTER_PORT": str(port)}, workdir / "router.out")
+    router = start_command(
+        "router", {**env, "SLM_ROUTER_PORT": str(port)}, workdir / "router.out", cwd=cwd
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         poll(

@@ -56,6 +56,12 @@ class Watched:
     models: dict[str, dict[str, Any]]
     launcher: Command
     url: str = ""
+    router: Command | None = None
+
+    @property
+    def router_pid(self) -> int:
+        assert self.router is not None, "started without a router"
+        return self.router.popen.pid
 
     @property
     def log_dir(self) -> Path:
@@ -164,7 +170,7 @@ def watched(
                     else:
                         stack.wait_ready(role)
             if router:
-                _process, stack.url = stack_exit.enter_context(running_router(env, tmp))
+                stack.router, stack.url = stack_exit.enter_context(running_router(env, tmp))
             yield stack
             seen_pids = {e["new_pid"] for e in stack.events("restart_succeeded")}
             seen_pids |= {e["pid"] for e in stack.events("backend_loaded") if e.get("pid")}
