@@ -7,6 +7,8 @@
 #   scripts/setup.sh --for-tests  the same without creating .env or config/models.yaml,
 #                                 and on Linux Debian's chromium and chromium-driver for
 #                                 the dashboard's browser test (apt-get, as root or sudo)
+#   scripts/setup.sh --env-only   the Python environment alone, as for the tests (what
+#                                 the unit tests need: scripts/test.sh --fast)
 #
 # Prints SLM_LLAMA_SERVER_BIN=... as its last line. Runs on macOS's bash 3.2 and Linux.
 set -euo pipefail
@@ -14,7 +16,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 for_tests=false
-[ "${1:-}" = "--for-tests" ] && for_tests=true
+env_only=false
+case "${1:-}" in
+  --for-tests) for_tests=true ;;
+  --env-only) for_tests=true; env_only=true ;;
+esac
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -39,6 +45,9 @@ esac
 # shellcheck disable=SC2086  # extras is a word list on purpose
 # --inexact keeps what the user (or the CPU torch step below) added by hand.
 "$uv_cmd" sync --frozen --inexact $extras >&2
+if [ "$env_only" = true ]; then
+  exit 0
+fi
 
 # PyPI's Linux torch is a CUDA build of several GB; mlx-openai-server needs torch only
 # for CPU-side helpers (outlines, mlx-whisper), so Linux gets the CPU build, fetched once

@@ -2,16 +2,32 @@
 # The whole test suite from a fresh clone: installs and builds what the tests need
 # (scripts/setup.sh --for-tests), runs the static checks, then pytest.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k router -x).
+#
+#   scripts/test.sh --fast [pytest args]   the Python environment, ruff, and the unit
+#                                          and in-process tests (tests/unit) alone:
+#                                          no llama-server, models or browser needed
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
+# shellcheck source=scripts/toolchain.sh
+. "$root/scripts/toolchain.sh"
+
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  bash scripts/setup.sh --env-only
+  uv_cmd=$(find_uv)
+  echo "[test] ruff"
+  "$uv_cmd" run --frozen ruff check .
+  "$uv_cmd" run --frozen ruff format --check .
+  echo "[test] pytest (fast: tests/unit)"
+  exec "$uv_cmd" run --frozen pytest tests/unit "$@"
+fi
+
 bin_line=$(bash scripts/setup.sh --for-tests | tail -n 1)
 export SLM_LLAMA_SERVER_BIN=${bin_line#SLM_LLAMA_SERVER_BIN=}
 
-# shellcheck source=scripts/toolchain.sh
-. "$root/scripts/toolchain.sh"
 uv_cmd=$(find_uv)
 run() { "$uv_cmd" run --frozen "$@"; }
 
