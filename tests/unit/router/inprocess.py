@@ -60,6 +60,8 @@ class FakeResponse:
         self.headers = Headers({k.lower(): v for k, v in (headers or {}).items()})
         self.steps = list(steps)
         self.closed = asyncio.Event()
+        self.sink: Callable[[bytes], None] | None = None
+        self.paused = False
 
     @property
     def complete(self) -> bool:
@@ -75,6 +77,41 @@ class FakeResponse:
             elif step:
                 return step
         return b""
+
+    def spliceable(self) -> FakeResponse:
+        """Spliceable, as the router's own HTTP client's responses are: through the
+        door, a stream is spliced (its steps played by :meth:`settle`)."""
+        return self
+
+    def splice(self, sink: Callable[[bytes], None]) -> None:
+        self.sink = sink
+
+    def unsplice(self) -> None:
+        self.sink = None
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    async def settle(self) -> bool:
+        """Play the steps into the sink until they end (True, closed) or the sink
+        paused reading (False), as :meth:`slm_server.http1.Response.settle` does."""
+        while True:
+            if self.paused:
+                return False
+            if not self.steps:
+                self.close()
+                return True
+            step = self.steps.pop(0)
+            if isinstance(step, asyncio.Event):
+                await step.wait()
+            elif isinstance(step, BaseException):
+                self.close()
+                raise step
+            elif step and self.sink is not None:
+                self.sink(step)
 
     def close(self) -> None:
         self.closed.set()
