@@ -56,6 +56,34 @@ We keep uvicorn's
 httptools protocol (the fast parser the router was measured with) and add the checks in
 its parser callbacks and ``data_received``, rather than switching to h11 (which has a
 head size limit but no count, line or time limit, and costs more CPU per request).
+
+What this module relies on in uvicorn, none of it public API (so ``pyproject.toml`` pins
+uvicorn to the minor release it was written against, 0.39, and
+``tests/unit/router/test_uvicorn_contract.py`` checks every item below on real
+instances, and that this list covers what the source touches):
+
+* imported: ``CLOSE_HEADER`` (``flow_control``), ``HEADER_VALUE_RE``, ``STATUS_LINE``,
+  ``HttpToolsProtocol``, ``RequestResponseCycle`` (``httptools_impl``);
+* ``HttpToolsProtocol``'s ``__init__`` (config, server_state, app_state, _loop),
+  ``connection_made``, ``connection_lost``, ``pause_writing``, ``resume_writing``,
+  ``on_response_complete`` and the parser callbacks ``on_message_begin``, ``on_url``,
+  ``on_header``, ``on_headers_complete``, ``on_body``, ``on_message_complete``, all
+  overridden and called through ``super()``; ``data_received``, replaced (what it does
+  is redone here); its fields ``loop``, ``transport``, ``parser``, ``cycle`` (the
+  newest request's: a pipelined request takes it from one still answering),
+  ``pipeline``, ``logger``, ``url``, ``headers`` (the scope's own list, rewritten for
+  an absolute-form target); its methods ``_should_upgrade``,
+  ``handle_websocket_upgrade``, ``_unsupported_upgrade_warning``,
+  ``send_400_response`` and ``_unset_keepalive_if_required``;
+* ``RequestResponseCycle``'s ``scope``, ``transport`` (replaced by the connection's
+  :class:`HeldTransport`), ``flow`` (its ``write_paused``, ``drain`` and
+  ``resume_reading``), ``default_headers``, ``message_event``, ``on_response``,
+  ``disconnected``, ``keep_alive``, ``waiting_for_100_continue``, ``body``,
+  ``more_body``, ``response_started``, ``response_complete``, ``chunked_encoding``
+  and ``expected_content_length``: :class:`DoorRequest` reads and writes them as
+  uvicorn's ``receive`` and ``send`` do, so that after the fast path the cycle is
+  what uvicorn's own messages would have left (keep-alive, the next pipelined
+  request, a lost connection's disconnect all depend on it).
 """
 
 from __future__ import annotations
