@@ -438,6 +438,10 @@ class Response:
             await conn.wait()
         return conn.take()
 
+    def spliceable(self) -> Response:
+        """This response, whose body can be spliced (:meth:`splice`)."""
+        return self
+
     def splice(self, sink: Callable[[bytes], None]) -> None:
         """From now on hand each piece of the body to ``sink`` as it is parsed (what
         arrived already first), instead of keeping it for :meth:`receive`. ``sink`` is

@@ -53,6 +53,10 @@ EMBEDDINGS = f"""
 """
 
 
+# Every test here runs twice: through plain ASGI and through the door (its fast path).
+pytestmark = pytest.mark.usefixtures("via")
+
+
 def run(scenario: Any) -> None:
     asyncio.run(asyncio.wait_for(scenario, 20))
 

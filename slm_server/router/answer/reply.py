@@ -14,7 +14,6 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from slm_server import http1
 from slm_server.errors import BackendProtocolError, GatewayError
 from slm_server.router.answer.answer_fields import answer_fields
 from slm_server.router.answer.sse import SseTap
@@ -128,9 +127,10 @@ class Replies:
                 exchange, drop_usage_chunk=call.hidden_usage, max_event_bytes=self.max_event
             )
             spliced = None
-            if isinstance(upstream, http1.Response):
+            source = upstream.spliceable()
+            if source is not None:
                 tripwire = self.sender.tripwire
-                spliced = Splice(spec, exchange, upstream, tap, timer, noted, tripwire)
+                spliced = Splice(spec, exchange, source, tap, timer, noted, tripwire)
             return StreamRelay(
                 _tapped(chunks, tap),
                 close,

@@ -8,8 +8,8 @@ longer change the status code; it becomes one in-band ``data: {"error": ...}`` e
 and a clean end of the stream.
 
 Given a :class:`~slm_server.router.answer.stream_splice.Splice` and served by the
-router's own protocol (which offers
-:class:`~slm_server.router.edge.http_protocol.DirectBody`), the relay lets the splice
+router's own protocol (which offers a
+:class:`~slm_server.router.edge.fast_path.FastPath`), the relay lets the splice
 write the backend's pieces straight to the client instead of iterating ``chunks``;
 everything else (the head, the cuts, the in-band errors, the end) is the same.
 """
@@ -27,7 +27,7 @@ from starlette.types import Message, Receive, Scope, Send
 from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
 from slm_server.router.dispatch.drain import Drain
 from slm_server.router.dispatch.waits import client_of, running_loop
-from slm_server.router.edge.http_protocol import DIRECT_BODY, DirectBody
+from slm_server.router.edge.fast_path import fast_path_of
 from slm_server.router.observe.exchange import exchange_of
 
 if TYPE_CHECKING:
@@ -161,10 +161,10 @@ class StreamRelay:
         await send(self._start())
         if on_head is not None:
             on_head(True)
-        direct = scope.get("extensions", {}).get(DIRECT_BODY)
+        door = fast_path_of(scope)
         try:
-            if self.splice is not None and isinstance(direct, DirectBody) and direct.usable:
-                await self.splice.run(direct)
+            if self.splice is not None and door is not None and door.writable:
+                await self.splice.run(door)
                 return
             async for chunk in self.chunks:
                 if chunk:

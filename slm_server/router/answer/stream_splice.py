@@ -11,9 +11,11 @@ clears the stall timer and counts as health, each one is noted in the call's
 backend, a stream event past its limit ends the stream, and the read timeout bounds
 every wait for the next bytes. A client that reads slower than the backend writes
 pauses the backend's socket until the client's buffer drains (the router holds the
-answer up then, not the backend). Used when the server offers
-:class:`~slm_server.router.edge.http_protocol.DirectBody` and the upstream is the router's own
-HTTP client; otherwise the relay reads the stream piece by piece as before.
+answer up then, not the backend). Used when both sides of the fast path
+(:mod:`slm_server.router.edge.fast_path`) offer theirs: the server a
+:class:`~slm_server.router.edge.fast_path.PieceWriter` for the client, the upstream
+response a :class:`~slm_server.router.edge.fast_path.SpliceSource` (the router's own
+HTTP client's does); otherwise the relay reads the stream piece by piece as before.
 """
 
 from __future__ import annotations
@@ -23,16 +25,16 @@ import time
 from slm_server.config import ModelSpec
 from slm_server.contracts.verdicts import HEALTHY, outcome_of
 from slm_server.errors import GatewayError
-from slm_server.http1 import HttpError, Response
+from slm_server.http1 import HttpError
 from slm_server.router.answer.sse import SseTap
-from slm_server.router.edge.http_protocol import DirectBody
+from slm_server.router.edge.fast_path import PieceWriter, SpliceSource
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.upstream.client import translate
 from slm_server.router.watchdog.tripwire import Progress, StallTimer, Tripwire
 
 
 class Splice:
-    """One stream's splice; :meth:`run` relays it to ``DirectBody`` until it ends."""
+    """One stream's splice; :meth:`run` relays it to the client's writer until it ends."""
 
     __slots__ = (
         "_failure",
@@ -51,7 +53,7 @@ class Splice:
         self,
         spec: ModelSpec,
         exchange: Exchange,
-        upstream: Response,
+        upstream: SpliceSource,
         tap: SseTap,
         timer: StallTimer,
         progress: Progress,
@@ -64,11 +66,11 @@ class Splice:
         self.timer = timer
         self.progress = progress
         self.tripwire = tripwire
-        self._writer: DirectBody | None = None
+        self._writer: PieceWriter | None = None
         self._failure: BaseException | None = None
         self._mark = 0.0
 
-    async def run(self, writer: DirectBody) -> None:
+    async def run(self, writer: PieceWriter) -> None:
         """Relay until the stream ends; a failure raises the :class:`GatewayError` the
         relay reports in band (the response's head is sent already)."""
         upstream, exchange = self.upstream, self.exchange

@@ -1,13 +1,13 @@
 """A whole answer: a status, a content type, a body and any extra headers, sent to the
 client in one piece.
 
-Where the door serves the request
-(:class:`~slm_server.router.edge.http_protocol.DirectAnswer` in the scope's
-extensions), it goes out in one write with no ASGI message: the request's exchange is
-given its status and the answer carries the request id, as the
+Where the door serves the request (its
+:class:`~slm_server.router.edge.fast_path.FastPath` in the scope), it goes out in one
+write with no ASGI message: the request's exchange is given its status and the answer
+carries the request id, as the
 :class:`~slm_server.router.observe.observer.RequestObserver` does for a response sent
-through ASGI. Elsewhere (in-process ASGI) it is the two messages a Starlette ``Response`` sends,
-with the same headers.
+through ASGI. Elsewhere (plain ASGI) it is the two messages a Starlette ``Response``
+sends, with the same headers.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from starlette.types import Receive, Scope, Send
 
-from slm_server.router.edge.http_protocol import DIRECT_ANSWER, DirectAnswer
+from slm_server.router.edge.fast_path import fast_path_of
 from slm_server.router.observe.exchange import Exchange, echoed_id
 
 
@@ -50,15 +50,15 @@ class WholeAnswer:
         self.headers = raw
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        direct = scope.get("extensions", {}).get(DIRECT_ANSWER)
-        if isinstance(direct, DirectAnswer):
+        door = fast_path_of(scope)
+        if door is not None:
             exchange = self.exchange
             status = self.status_code
             # Noted before the write, as the observer notes it before ASGI's send: a
             # write that waits on a full client and is cancelled keeps it.
             exchange.status = status
             try:
-                sent = await direct.send(status, [*self.headers, echoed_id(exchange)], self.body)
+                sent = await door.answer(status, [*self.headers, echoed_id(exchange)], self.body)
             except RuntimeError:
                 exchange.status = None  # nothing went out: the error's answer will
                 raise

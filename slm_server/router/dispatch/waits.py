@@ -3,8 +3,9 @@ presence and the router's drain all bound every wait.
 
 The wait runs in the request's own task. The request's :class:`ClientWatch` (shared
 by its waits and its stream relay) hears of the client's leaving and cancels whatever
-wait is current: from the door (:class:`~slm_server.router.edge.http_protocol.Presence`, told the
-moment the connection is lost), or, where no door serves the request (an in-process
+wait is current: from the door (its
+:class:`~slm_server.router.edge.fast_path.FastPath`, told the moment the connection is
+lost), or, where no door serves the request (an in-process
 ASGI client), from a watcher task started by the first wait that awaits ASGI's
 ``http.disconnect``. The drain cancels every registered wait at once. The cancellation
 is then turned into the error that says why.
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 from starlette.types import Message, Receive, Scope
 
 from slm_server.errors import BackendUnavailable, ClientDisconnected
-from slm_server.router.edge.http_protocol import PRESENCE, Presence
+from slm_server.router.edge.fast_path import FastPath, fast_path_of
 from slm_server.router.observe.exchange import Exchange, exchange_of
 
 _T = TypeVar("_T")
@@ -42,7 +43,7 @@ class ClientWatch:
     def __init__(
         self,
         receive: Receive,
-        presence: Presence | None = None,
+        presence: FastPath | None = None,
         exchange: Exchange | None = None,
     ) -> None:
         # Told by the door, the watch never reads ``receive``; keeping it would tie the
@@ -106,8 +107,8 @@ def client_of(scope: Scope, receive: Receive) -> ClientWatch:
     state = scope.setdefault("state", {})
     watch = state.get(_SCOPE_KEY)
     if not isinstance(watch, ClientWatch):
-        presence = scope.get("extensions", {}).get(PRESENCE)
-        if isinstance(presence, Presence):
+        presence = fast_path_of(scope)
+        if presence is not None:
             watch = ClientWatch(receive, presence, exchange_of(scope))
         else:
             watch = ClientWatch(receive)

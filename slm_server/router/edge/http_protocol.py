@@ -29,34 +29,61 @@ write, status line, headers and body together (:class:`HeldTransport`), where
 uvicorn writes the head and the body separately: one system call and one segment
 fewer per answer. Streams are untouched: their head goes out at once.
 
-Each request's ``scope["extensions"]`` carries its :class:`Presence` under
-:data:`PRESENCE`: the door calls its listener the moment the connection is lost, so
-the router hears of a client leaving without a task per request waiting on ASGI's
-``receive`` for the ``http.disconnect``.
+Each request's ``scope["extensions"]`` carries its :class:`DoorRequest` under
+:data:`~slm_server.router.edge.fast_path.FAST_PATH`, the door's side of the router's
+fast path (:class:`~slm_server.router.edge.fast_path.FastPath`, the interface the rest
+of the router uses; it never names this module's types):
 
-A whole answer can be written straight to the connection too, status line, headers
-and body in one write, with no ASGI message at all (:class:`DirectAnswer`, under
-:data:`DIRECT_ANSWER`): the router's whole answers use it, and the cycle is left as
-uvicorn's ``send`` leaves it after the same two messages.
+* the client's presence: the door calls its listener the moment the connection is
+  lost, so the router hears of a client leaving without a task per request waiting on
+  ASGI's ``receive`` for the ``http.disconnect``;
+* a request body that has all arrived by the time the router reads it is taken from
+  the cycle in one piece, as ASGI's ``receive`` would have handed it over, without the
+  message;
+* a whole answer is written straight to the connection, status line, headers and body
+  in one write, with no ASGI message at all: the router's whole answers use it, and
+  the cycle is left as uvicorn's ``send`` leaves it after the same two messages;
+* a stream's body pieces are written straight to the connection, framed as uvicorn
+  frames them, without an ASGI message each: the router's stream relay uses it to
+  splice a backend's pieces to the client as they are parsed.
 
-A request body that has all arrived by the time the router reads it is taken from the
-cycle in one piece (:class:`ArrivedBody`, under :data:`ARRIVED_BODY`), as ASGI's
-``receive`` would have handed it over, without the message.
-
-A stream's body pieces can be written straight to the connection, framed as uvicorn
-frames them, without an ASGI message each (:class:`DirectBody`, in the request's
-``scope["extensions"]`` under :data:`DIRECT_BODY`): the router's stream relay uses it
-to splice a backend's pieces to the client as they are parsed.
-
-These four live in the scope of uvicorn's cycle and hold the cycle by a weak reference
-(it lives as long as its request's task, or its connection's next request): a strong
-one would make every finished request a loop of scope and cycle that only the cyclic
-collector frees.
+The object lives in the scope of uvicorn's cycle and holds the cycle by a weak
+reference (it lives as long as its request's task, or its connection's next request):
+a strong one would make every finished request a loop of scope and cycle that only the
+cyclic collector frees.
 
 We keep uvicorn's
 httptools protocol (the fast parser the router was measured with) and add the checks in
 its parser callbacks and ``data_received``, rather than switching to h11 (which has a
 head size limit but no count, line or time limit, and costs more CPU per request).
+
+What this module relies on in uvicorn, none of it public API (so ``pyproject.toml`` pins
+uvicorn to the minor release it was written against, 0.39, and
+``tests/unit/router/test_uvicorn_contract.py`` checks every item below on real
+instances, and that this list covers what the source touches):
+
+* imported: ``CLOSE_HEADER`` (``flow_control``), ``HEADER_VALUE_RE``, ``STATUS_LINE``,
+  ``HttpToolsProtocol``, ``RequestResponseCycle`` (``httptools_impl``);
+* ``HttpToolsProtocol``'s ``__init__`` (config, server_state, app_state, _loop),
+  ``connection_made``, ``connection_lost``, ``pause_writing``, ``resume_writing``,
+  ``on_response_complete`` and the parser callbacks ``on_message_begin``, ``on_url``,
+  ``on_header``, ``on_headers_complete``, ``on_body``, ``on_message_complete``, all
+  overridden and called through ``super()``; ``data_received``, replaced (what it does
+  is redone here); its fields ``loop``, ``transport``, ``parser``, ``cycle`` (the
+  newest request's: a pipelined request takes it from one still answering),
+  ``pipeline``, ``logger``, ``url``, ``headers`` (the scope's own list, rewritten for
+  an absolute-form target); its methods ``_should_upgrade``,
+  ``handle_websocket_upgrade``, ``_unsupported_upgrade_warning``,
+  ``send_400_response`` and ``_unset_keepalive_if_required``;
+* ``RequestResponseCycle``'s ``scope``, ``transport`` (replaced by the connection's
+  :class:`HeldTransport`), ``flow`` (its ``write_paused``, ``drain`` and
+  ``resume_reading``), ``default_headers``, ``message_event``, ``on_response``,
+  ``disconnected``, ``keep_alive``, ``waiting_for_100_continue``, ``body``,
+  ``more_body``, ``response_started``, ``response_complete``, ``chunked_encoding``
+  and ``expected_content_length``: :class:`DoorRequest` reads and writes them as
+  uvicorn's ``receive`` and ``send`` do, so that after the fast path the cycle is
+  what uvicorn's own messages would have left (keep-alive, the next pipelined
+  request, a lost connection's disconnect all depend on it).
 """
 
 from __future__ import annotations
@@ -79,6 +106,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from slm_server.errors import HttpStatusError
 from slm_server.router.edge.alarm import Alarm
+from slm_server.router.edge.fast_path import FAST_PATH
 from slm_server.settings import DoorLimits
 
 log = logging.getLogger("slm_server.router")
@@ -147,95 +175,72 @@ class HeldTransport:
 
 LENGTH_LINE = b"\r\ncontent-length: "
 
-DIRECT_BODY = "slm.direct_body"
 
+class DoorRequest:
+    """One request's :class:`~slm_server.router.edge.fast_path.FastPath`: it lives in
+    the scope of uvicorn's cycle and holds that cycle weakly (see the module
+    docstring). Each way leaves the cycle as uvicorn's ``receive`` or ``send`` leaves
+    it after the same messages."""
 
-class _OfCycle:
-    """One of a request's door objects: it lives in the scope of uvicorn's cycle and
-    holds that cycle weakly (see the module docstring)."""
-
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_raw", "on_gone")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = weakref.ref(cycle)
-
-
-class DirectBody(_OfCycle):
-    """Writes body pieces of a chunked response already started through ASGI, framed
-    as uvicorn frames them, and says when the connection's write buffer is full. The
-    response still ends with an ASGI ``http.response.body`` message (uvicorn writes the
-    last chunk and decides on keep-alive)."""
-
-    __slots__ = ("_raw",)
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        super().__init__(cycle)
         self._raw: asyncio.Transport | None = None  # the real transport, once written to
+        self.on_gone: Callable[[], None] | None = None
 
-    def write(self, body: bytes) -> bool:
-        """Send ``body`` as one chunk; False when it cannot go this way (the client
-        left, the response is not a started chunked one), and nothing was sent."""
-        cycle = self._cycle()
-        if cycle is None or cycle.disconnected or cycle.response_complete:
-            return False
-        transport = self._raw
-        if transport is None:
-            if not self.usable:
-                return False
-            transport = cycle.transport
-            if isinstance(transport, HeldTransport):
-                transport = transport.unheld()  # a stream's head is never held
-            self._raw = transport
-        transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-        return True
+    # -- the client's presence ------------------------------------------------------
 
     @property
-    def usable(self) -> bool:
-        """The response has started, chunked, and is not a HEAD's: its pieces can go
-        this way (asked once, before the first; after it only the client's leaving or
-        the response's end refuse a piece)."""
+    def gone(self) -> bool:
+        """The door calls :attr:`on_gone` (once, then forgets it) when the connection is
+        lost before the request's response ended; a response that ended has no client
+        left to lose."""
+        cycle = self._cycle()  # None once its request is over: no client left to lose
+        return cycle is not None and cycle.disconnected
+
+    def lost(self) -> None:
+        on_gone, self.on_gone = self.on_gone, None
+        if on_gone is not None:
+            on_gone()
+
+    # -- the request body -----------------------------------------------------------
+
+    def take_body(self) -> bytes | None:
+        """For the first read of the body: all of it, leaving the cycle as uvicorn's
+        ``receive`` leaves it after handing over a last ``http.request`` message
+        (reading resumed); None when it cannot be had this way (more is to come, the
+        client left or waits for ``100 Continue``): read it through ASGI then."""
         cycle = self._cycle()
-        return (
-            cycle is not None
-            and cycle.response_started
-            and bool(cycle.chunked_encoding)
-            and cycle.scope["method"] != "HEAD"
-            and not cycle.disconnected
-            and not cycle.response_complete
-        )
+        if (
+            cycle is None
+            or cycle.more_body
+            or not cycle.message_event.is_set()
+            or cycle.disconnected
+            or cycle.response_complete
+            or cycle.waiting_for_100_continue
+        ):
+            return None
+        body, cycle.body = cycle.body, b""
+        cycle.message_event.clear()
+        cycle.flow.resume_reading()
+        return body
 
-    @property
-    def full(self) -> bool:
-        """The client reads slower than it is written to: wait for :meth:`drain`."""
-        cycle = self._cycle()
-        return cycle is not None and cycle.flow.write_paused and not cycle.disconnected
+    # -- a whole answer -------------------------------------------------------------
 
-    async def drain(self) -> None:
-        """Until the connection's write buffer has room (or the client left)."""
-        cycle = self._cycle()
-        if cycle is not None and cycle.flow.write_paused and not cycle.disconnected:
-            await cycle.flow.drain()
-
-
-DIRECT_ANSWER = "slm.direct_answer"
-
-
-class DirectAnswer(_OfCycle):
-    """Writes one request's whole response, status line, headers and body, in one write,
-    and leaves its cycle as uvicorn's ``send`` leaves it after an
-    ``http.response.start`` and a last ``http.response.body``: the server's default
-    headers first, ``connection: close`` when the client asked for it (and the
-    connection closed after), flow control waited on, nothing written once the client
-    has left, the protocol told the response is complete."""
-
-    async def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Answer with ``status``, ``headers`` (lowercase names, written in their order
         after the server's own; a ``content-length`` among them must be the body's) and
-        ``body``; False, with nothing sent, when this answer cannot go this way (a
-        response already begun, a HEAD, a status with no body): send it through ASGI
-        then. A header value with a control character, or a length that is not the
-        body's, is a RuntimeError as in uvicorn's ``send``, raised before anything is
-        sent or marked sent (so an error answer can still go out)."""
+        ``body``, in one write, leaving the cycle as uvicorn's ``send`` leaves it after
+        an ``http.response.start`` and a last ``http.response.body``: the server's
+        default headers first, ``connection: close`` when the client asked for it (and
+        the connection closed after), flow control waited on, nothing written once the
+        client has left, the protocol told the response is complete. False, with
+        nothing sent, when this answer cannot go this way (a response already begun, a
+        HEAD, a status with no body): send it through ASGI then. A header value with a
+        control character, or a length that is not the body's, is a RuntimeError as in
+        uvicorn's ``send``, raised before anything is sent or marked sent (so an error
+        answer can still go out)."""
         cycle = self._cycle()
         if cycle is None:
             return True  # its connection and request are gone: nobody is left to answer
@@ -284,62 +289,59 @@ class DirectAnswer(_OfCycle):
         cycle.on_response()
         return True
 
+    # -- a stream's pieces ----------------------------------------------------------
 
-ARRIVED_BODY = "slm.arrived_body"
-
-
-class ArrivedBody(_OfCycle):
-    """A request's body, taken whole from its cycle when all of it is in."""
-
-    def take(self) -> bytes | None:
-        """For the first read of the body: all of it, leaving the cycle as uvicorn's
-        ``receive`` leaves it after handing over a last ``http.request`` message
-        (reading resumed); None when it cannot be had this way (more is to come, the
-        client left or waits for ``100 Continue``): read it through ASGI then."""
+    def write(self, body: bytes) -> bool:
+        """Send ``body`` as one chunk of a chunked response already started through
+        ASGI, framed as uvicorn frames it; False when it cannot go this way (the client
+        left, the response is not a started chunked one), and nothing was sent. The
+        response still ends with an ASGI ``http.response.body`` message (uvicorn writes
+        the last chunk and decides on keep-alive)."""
         cycle = self._cycle()
-        if (
-            cycle is None
-            or cycle.more_body
-            or not cycle.message_event.is_set()
-            or cycle.disconnected
-            or cycle.response_complete
-            or cycle.waiting_for_100_continue
-        ):
-            return None
-        body, cycle.body = cycle.body, b""
-        cycle.message_event.clear()
-        cycle.flow.resume_reading()
-        return body
-
-
-PRESENCE = "slm.presence"
-
-
-class Presence(_OfCycle):
-    """Whether one request's client is still connected. The door calls
-    :attr:`on_gone` (once, then forgets it) when the connection is lost before the
-    request's response ended; a response that ended has no client left to lose."""
-
-    __slots__ = ("on_gone",)
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        super().__init__(cycle)
-        self.on_gone: Callable[[], None] | None = None
+        if cycle is None or cycle.disconnected or cycle.response_complete:
+            return False
+        transport = self._raw
+        if transport is None:
+            if not self.writable:
+                return False
+            transport = cycle.transport
+            if isinstance(transport, HeldTransport):
+                transport = transport.unheld()  # a stream's head is never held
+            self._raw = transport
+        transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
 
     @property
-    def gone(self) -> bool:
-        cycle = self._cycle()  # None once its request is over: no client left to lose
-        return cycle is not None and cycle.disconnected
+    def writable(self) -> bool:
+        """The response has started, chunked, and is not a HEAD's: its pieces can go
+        this way (asked once, before the first; after it only the client's leaving or
+        the response's end refuse a piece)."""
+        cycle = self._cycle()
+        return (
+            cycle is not None
+            and cycle.response_started
+            and bool(cycle.chunked_encoding)
+            and cycle.scope["method"] != "HEAD"
+            and not cycle.disconnected
+            and not cycle.response_complete
+        )
 
-    def lost(self) -> None:
-        on_gone, self.on_gone = self.on_gone, None
-        if on_gone is not None:
-            on_gone()
+    @property
+    def full(self) -> bool:
+        """The client reads slower than it is written to: wait for :meth:`drain`."""
+        cycle = self._cycle()
+        return cycle is not None and cycle.flow.write_paused and not cycle.disconnected
+
+    async def drain(self) -> None:
+        """Until the connection's write buffer has room (or the client left)."""
+        cycle = self._cycle()
+        if cycle is not None and cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
 
 
-def presence_of(cycle: RequestResponseCycle) -> Presence | None:
-    presence = cycle.scope.get("extensions", {}).get(PRESENCE)
-    return presence if isinstance(presence, Presence) else None
+def door_request_of(cycle: RequestResponseCycle) -> DoorRequest | None:
+    door = cycle.scope.get("extensions", {}).get(FAST_PATH)
+    return door if isinstance(door, DoorRequest) else None
 
 
 # Bytes fed to the parser at a time outside a Content-Length body, so what a head (or a
@@ -472,9 +474,9 @@ class _Door(HttpToolsProtocol):
             lost.append(current)
         super().connection_lost(exc)
         for cycle in lost:
-            presence = presence_of(cycle)
-            if presence is not None:
-                presence.lost()
+            door = door_request_of(cycle)
+            if door is not None:
+                door.lost()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -617,10 +619,7 @@ class _Door(HttpToolsProtocol):
                 held = self._held = HeldTransport(self.transport, self.loop)
             cycle.transport = held  # type: ignore[assignment]
             extensions = cast(dict[str, Any], cycle.scope.setdefault("extensions", {}))
-            extensions[DIRECT_BODY] = DirectBody(cycle)
-            extensions[DIRECT_ANSWER] = DirectAnswer(cycle)
-            extensions[ARRIVED_BODY] = ArrivedBody(cycle)
-            extensions[PRESENCE] = Presence(cycle)
+            extensions[FAST_PATH] = DoorRequest(cycle)
             if before is not None and not before.response_complete:  # pipelined
                 superseded = self._superseded
                 superseded[:] = [c for c in superseded if not c.response_complete]

@@ -16,7 +16,7 @@ from slm_server.errors import BackendUnavailable, PayloadTooLarge
 from slm_server.registry import Registry
 from slm_server.router.dispatch.backend_state import StateSource, given_up
 from slm_server.router.dispatch.drain import Drain
-from slm_server.router.edge.http_protocol import ARRIVED_BODY, ArrivedBody
+from slm_server.router.edge.fast_path import fast_path_of
 from slm_server.router.intake.body_budget import Held
 from slm_server.router.intake.forms import FORM_ENDPOINTS, read_form_fields
 from slm_server.router.intake.payload import (
@@ -76,8 +76,8 @@ class Reception:
             raise _too_large(limit)
         if stated is not None:
             held.take(stated)
-        arrived = request.scope.get("extensions", {}).get(ARRIVED_BODY)
-        whole = arrived.take() if isinstance(arrived, ArrivedBody) else None
+        door = fast_path_of(request.scope)
+        whole = door.take_body() if door is not None else None
         if whole is not None:  # all in already: one piece, no ASGI message
             if len(whole) > limit:
                 raise _too_large(limit)

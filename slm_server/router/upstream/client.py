@@ -33,6 +33,7 @@ from slm_server.http1 import (
     ReadTimeout,
 )
 from slm_server.router.answer.sse import DONE, SseSplitter, data_object
+from slm_server.router.edge.fast_path import SpliceSource
 
 
 class ResponseHeaders(Protocol):
@@ -61,6 +62,12 @@ class UpstreamResponse(Protocol):
     async def receive(self) -> bytes:
         """The next piece of the body, ``b""`` once it is complete; raises
         :class:`slm_server.http1.HttpError` (or a gateway error) on a broken body."""
+        ...
+
+    def spliceable(self) -> SpliceSource | None:
+        """This response's body as a splice source (the fast path,
+        :mod:`slm_server.router.edge.fast_path`): the router's own HTTP client's
+        response is one; None when the body can only be read with :meth:`receive`."""
         ...
 
     def close(self) -> None: ...

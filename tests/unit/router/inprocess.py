@@ -1,6 +1,10 @@
 """The router in-process, with no process and no socket: ``create_app`` handed a
 scripted upstream transport, a settable source of backend states and an event sink
-that keeps what it hears, driven by a small ASGI client that can also leave halfway.
+that keeps what it hears, driven by a small client that can also leave halfway:
+through plain ASGI, or through the router's real door protocol on a fake connection
+(:mod:`tests.unit.router.door_client`), the path every real request takes. :data:`VIA`
+says which: ``"asgi"`` unless a test (or the ``via`` fixture, which runs a test both
+ways) says ``"door"``.
 
 A script is an async function of what the router sent (:class:`Sent`) returning a
 :class:`FakeResponse`: status, headers, and body steps — bytes, an exception to raise
@@ -12,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from starlette.applications import Starlette
 from starlette.types import Message
@@ -30,8 +35,12 @@ from slm_server.router.observe.metrics import Metrics
 from slm_server.router.observe.telemetry import Telemetry
 from slm_server.router.upstream.client import Probe, UpstreamResponse
 from slm_server.settings import Settings
+from tests.unit.router.door_client import through_door
 
 Step = bytes | BaseException | asyncio.Event
+Via = Literal["asgi", "door"]
+# How :func:`call` reaches the app: plain ASGI, or the door on a fake connection.
+VIA: ContextVar[Via] = ContextVar("slm_inprocess_via", default="asgi")
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,9 @@ class FakeResponse:
         self.headers = Headers({k.lower(): v for k, v in (headers or {}).items()})
         self.steps = list(steps)
         self.closed = asyncio.Event()
+        self.sink: Callable[[bytes], None] | None = None
+        self.paused = False
+        self.spliced = False  # its body was handed to a sink (the door's splice)
 
     @property
     def complete(self) -> bool:
@@ -75,6 +87,42 @@ class FakeResponse:
             elif step:
                 return step
         return b""
+
+    def spliceable(self) -> FakeResponse:
+        """Spliceable, as the router's own HTTP client's responses are: through the
+        door, a stream is spliced (its steps played by :meth:`settle`)."""
+        return self
+
+    def splice(self, sink: Callable[[bytes], None]) -> None:
+        self.sink = sink
+        self.spliced = True
+
+    def unsplice(self) -> None:
+        self.sink = None
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    async def settle(self) -> bool:
+        """Play the steps into the sink until they end (True, closed) or the sink
+        paused reading (False), as :meth:`slm_server.http1.Response.settle` does."""
+        while True:
+            if self.paused:
+                return False
+            if not self.steps:
+                self.close()
+                return True
+            step = self.steps.pop(0)
+            if isinstance(step, asyncio.Event):
+                await step.wait()
+            elif isinstance(step, BaseException):
+                self.close()
+                raise step
+            elif step and self.sink is not None:
+                self.sink(step)
 
     def close(self) -> None:
         self.closed.set()
@@ -372,11 +420,12 @@ async def call(
     method: str = "POST",
     leave: asyncio.Event | None = None,
     answer: Answer | None = None,
+    via: Via | None = None,
 ) -> Answer:
-    """One request through the ASGI app (``path`` may carry a query string). ``body``
-    is sent as JSON unless it is bytes; the client disconnects when ``leave`` is set
-    (else only after the answer); ``answer`` is filled as the response arrives, for a
-    test to watch."""
+    """One request to the app (``path`` may carry a query string), through plain ASGI
+    or through the door (``via``, else :data:`VIA`). ``body`` is sent as JSON unless it
+    is bytes; the client disconnects when ``leave`` is set (else only after the
+    answer); ``answer`` is filled as the response arrives, for a test to watch."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     path, _, query = path.partition("?")
     sent_headers = {
@@ -402,6 +451,11 @@ async def call(
     gone = leave or asyncio.Event()
     delivered = False
     got = answer or Answer()
+    if (via or VIA.get()) == "door":
+        head = f"{method} {path}{'?' + query if query else ''} HTTP/1.1\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in sent_headers.items())
+        await through_door(app, head.encode("latin-1") + b"\r\n" + raw, got, gone)
+        return got
 
     async def receive() -> Message:
         nonlocal delivered
@@ -431,6 +485,7 @@ async def call(
 
 
 __all__ = [
+    "VIA",
     "Answer",
     "FakeResponse",
     "FakeTransport",

@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slm_server.router.dashboard import endpoints as dashboard
 from slm_server.router.dashboard import recent
 from tests.unit.router.inprocess import Answer, Router, Sent, call, make_router, whole
@@ -98,6 +100,7 @@ class Stream:
 # -- the page -------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_the_page_and_its_assets_are_served_from_the_package_without_a_key(
     tmp_path: Path,
 ) -> None:
@@ -122,6 +125,7 @@ def test_the_page_and_its_assets_are_served_from_the_package_without_a_key(
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_every_dashboard_endpoint_needs_the_key_when_keys_are_set(tmp_path: Path) -> None:
     router = router_at(tmp_path, SLM_API_KEYS="secret")
 
@@ -142,6 +146,7 @@ def test_every_dashboard_endpoint_needs_the_key_when_keys_are_set(tmp_path: Path
 # -- the event stream -----------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_the_stream_sends_recent_lines_then_appended_ones(tmp_path: Path) -> None:
     router = router_at(tmp_path)
     log = router.settings.watchdog.log_path
@@ -165,6 +170,7 @@ def test_the_stream_sends_recent_lines_then_appended_ones(tmp_path: Path) -> Non
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_the_stream_follows_a_replaced_and_a_truncated_file(tmp_path: Path) -> None:
     router = router_at(tmp_path)
     log = router.settings.watchdog.log_path
@@ -189,6 +195,7 @@ def test_the_stream_follows_a_replaced_and_a_truncated_file(tmp_path: Path) -> N
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_hostile_ten_megabyte_line_is_cut_and_the_stream_goes_on(tmp_path: Path) -> None:
     router = router_at(tmp_path)
     log = router.settings.watchdog.log_path
@@ -213,6 +220,7 @@ def test_a_hostile_ten_megabyte_line_is_cut_and_the_stream_goes_on(tmp_path: Pat
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_client_leaving_ends_its_stream_and_streams_are_capped(tmp_path: Path) -> None:
     router = router_at(tmp_path)
     append(router.settings.watchdog.log_path, event_line(1))
@@ -233,6 +241,7 @@ def test_a_client_leaving_ends_its_stream_and_streams_are_capped(tmp_path: Path)
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_bad_count_is_refused(tmp_path: Path) -> None:
     router = router_at(tmp_path)
 
@@ -245,6 +254,7 @@ def test_a_bad_count_is_refused(tmp_path: Path) -> None:
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_missing_log_streams_nothing_until_it_appears(tmp_path: Path) -> None:
     router = router_at(tmp_path)
     log = router.settings.watchdog.log_path
@@ -263,6 +273,7 @@ def test_a_missing_log_streams_nothing_until_it_appears(tmp_path: Path) -> None:
 # -- recent requests ------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_recent_requests_are_kept_newest_first_and_bounded(tmp_path: Path) -> None:
     router = router_at(tmp_path)
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -324,6 +335,7 @@ def test_the_log_tail_is_bounded_and_only_for_known_roles(tmp_path: Path) -> Non
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_published_log_outside_the_log_directory_is_not_read(tmp_path: Path) -> None:
     router = router_at(tmp_path)
     outside = tmp_path / "secret.txt"

@@ -1,5 +1,5 @@
 """A request body all in by the time it is read is taken from the cycle whole
-(:class:`ArrivedBody`), leaving the cycle as ASGI's ``receive`` would; anything else is
+(:meth:`DoorRequest.take_body`), leaving the cycle as ASGI's ``receive`` would; anything else is
 left to ``receive``. Driven in-process on a recording transport."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from slm_server.router.edge.http_protocol import ARRIVED_BODY, door_protocol
+from slm_server.router.edge.fast_path import FAST_PATH
+from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
 from tests.unit.router.test_door_writes import Recording
 
@@ -48,10 +49,10 @@ def test_a_body_all_in_is_taken_whole_once() -> None:
     transports: list[Reading] = []
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        arrived = scope["extensions"][ARRIVED_BODY]
-        seen["body"] = arrived.take()
+        arrived = scope["extensions"][FAST_PATH]
+        seen["body"] = arrived.take_body()
         seen["resumed"] = transports[0].resumed  # before the answer resumes it anyway
-        seen["again"] = arrived.take()  # taken: the cycle holds nothing more
+        seen["again"] = arrived.take_body()  # taken: the cycle holds nothing more
         await answer(send)
 
     async def run() -> Reading:
@@ -74,7 +75,7 @@ def test_a_body_still_arriving_is_left_to_receive() -> None:
     started = asyncio.Event()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        seen["early"] = scope["extensions"][ARRIVED_BODY].take()
+        seen["early"] = scope["extensions"][FAST_PATH].take_body()
         started.set()
         parts = []
         while True:
@@ -100,7 +101,7 @@ def test_a_client_waiting_for_100_continue_is_left_to_receive() -> None:
     seen: dict[str, Any] = {}
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        seen["taken"] = scope["extensions"][ARRIVED_BODY].take()
+        seen["taken"] = scope["extensions"][FAST_PATH].take_body()
         seen["received"] = (await receive())["body"]
         await answer(send)
 
@@ -121,7 +122,7 @@ def test_a_client_that_left_is_left_to_receive() -> None:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await left.wait()
-        seen["taken"] = scope["extensions"][ARRIVED_BODY].take()
+        seen["taken"] = scope["extensions"][FAST_PATH].take_body()
         seen["received"] = (await receive())["type"]
 
     async def run() -> None:

@@ -1,4 +1,4 @@
-"""A whole answer written straight through the door (:class:`DirectAnswer`, as
+"""A whole answer written straight through the door (:meth:`DoorRequest.answer`, as
 :class:`WholeAnswer` uses it) is what uvicorn writes for the same answer sent as ASGI
 messages, in one write, and leaves the connection as uvicorn leaves it; driven
 in-process on a recording transport."""
@@ -15,7 +15,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from slm_server.router.answer.whole_answer import WholeAnswer
-from slm_server.router.edge.http_protocol import DIRECT_ANSWER, door_protocol
+from slm_server.router.edge.fast_path import FAST_PATH
+from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.router.observe.exchange import exchange_of
 from slm_server.settings import DoorLimits
 from tests.unit.router.test_door_writes import Recording
@@ -167,14 +168,14 @@ def test_an_answer_already_begun_or_to_a_head_is_left_to_asgi() -> None:
     results: list[bool] = []
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        direct = scope["extensions"][DIRECT_ANSWER]
+        direct = scope["extensions"][FAST_PATH]
         if scope["method"] == "HEAD":
-            results.append(await direct.send(200, [], b"x"))
+            results.append(await direct.answer(200, [], b"x"))
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
         await send({"type": "http.response.start", "status": 200, "headers": []})
-        results.append(await direct.send(200, [], b"x"))
+        results.append(await direct.answer(200, [], b"x"))
         await send({"type": "http.response.body", "body": b""})
 
     head = b"HEAD / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
@@ -194,9 +195,9 @@ def test_a_bad_header_is_refused_unwritten(headers: list[tuple[bytes, bytes]], e
     errors: list[str] = []
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        direct = scope["extensions"][DIRECT_ANSWER]
+        direct = scope["extensions"][FAST_PATH]
         try:
-            await direct.send(200, headers, b"{}")
+            await direct.answer(200, headers, b"{}")
         except RuntimeError as raised:
             errors.append(str(raised))
         await send({"type": "http.response.start", "status": 500, "headers": []})

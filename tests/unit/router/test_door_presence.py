@@ -1,4 +1,4 @@
-"""The door tells a request's :class:`Presence` the moment its connection is lost, and
+"""The door tells a request's :class:`DoorRequest` the moment its connection is lost, and
 the request's :class:`ClientWatch` hears it there with no watcher task; driven
 in-process on a recording transport."""
 
@@ -12,7 +12,8 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from slm_server.router.dispatch.waits import client_of
-from slm_server.router.edge.http_protocol import PRESENCE, Presence, door_protocol
+from slm_server.router.edge.fast_path import FAST_PATH
+from slm_server.router.edge.http_protocol import DoorRequest, door_protocol
 from slm_server.router.observe.exchange import exchange_of
 from slm_server.settings import DoorLimits
 from tests.unit.router.test_door_writes import Recording
@@ -64,11 +65,11 @@ def test_a_client_leaving_mid_answer_is_heard_without_a_task() -> None:
 
 
 def test_a_request_whose_answer_ended_is_not_told() -> None:
-    presences: list[Presence] = []
+    presences: list[DoorRequest] = []
     heard: list[str] = []
 
     async def answers(scope: Scope, receive: Receive, send: Send) -> None:
-        presence = scope["extensions"][PRESENCE]
+        presence = scope["extensions"][FAST_PATH]
         presence.on_gone = lambda: heard.append("gone")
         presences.append(presence)
         await send({"type": "http.response.start", "status": 200, "headers": []})

@@ -11,9 +11,9 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
+from slm_server.router.edge.fast_path import FAST_PATH
 from slm_server.router.edge.http_protocol import (
-    DIRECT_BODY,
-    DirectBody,
+    DoorRequest,
     HeldTransport,
     door_protocol,
 )
@@ -189,19 +189,19 @@ def test_a_streams_pieces_written_directly_are_framed_as_uvicorn_frames_them() -
     usable: list[bool] = []
 
     async def spliced(scope: Scope, receive: Receive, send: Send) -> None:
-        writer = scope["extensions"][DIRECT_BODY]
-        assert isinstance(writer, DirectBody)
+        writer = scope["extensions"][FAST_PATH]
+        assert isinstance(writer, DoorRequest)
         refused.append(writer.write(b"before the head"))
-        usable.append(writer.usable)
+        usable.append(writer.writable)
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        usable.append(writer.usable)
+        usable.append(writer.writable)
         assert writer.write(b"data: 1\n\n")
         full.append(writer.full)
         await writer.drain()  # room in the buffer: returns at once
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         refused.append(writer.write(b"after the end"))
-        usable.append(writer.usable)
+        usable.append(writer.writable)
 
     transport = asyncio.run(serve(spliced))
     head, *rest = transport.writes

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slm_server.config import ModelSpec
@@ -30,6 +31,10 @@ SECOND = """
     default_timeout: 5
     quantization: Q4_1
 """
+
+
+# Every test here runs twice: through plain ASGI and through the door (its fast path).
+pytestmark = pytest.mark.usefixtures("via")
 
 
 async def nothing(_sent: Sent) -> FakeResponse:

@@ -9,6 +9,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slm_server.contracts.commands import Command, Reply
 from slm_server.contracts.records import BackendState
 from tests.unit.router.inprocess import (
@@ -69,6 +71,7 @@ class LaggingStates(FakeStates):
         return self.real.alive
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_an_unload_while_a_sent_load_is_not_yet_seen_leaves_the_model_unloaded(
     tmp_path: Path,
 ) -> None:
@@ -111,6 +114,7 @@ def test_an_unload_while_a_sent_load_is_not_yet_seen_leaves_the_model_unloaded(
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_an_unload_during_the_launch_of_a_load_is_not_refused(tmp_path: Path) -> None:
     """The supervisor refuses an unload while a load has no process yet (its launch is
     published "loading"). ``/v1/models/unload`` asks again until it is taken, and only

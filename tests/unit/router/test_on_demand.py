@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slm_server.contracts.commands import Command, Reply
 from slm_server.router.ondemand.loader import Loader
 from tests.unit.router.inprocess import (
@@ -160,6 +162,7 @@ def unloads(router: Router) -> list[Command]:
     return [c for c in router.supervisor.commands if c.op == "unload"]
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_the_first_request_loads_the_model_and_is_answered(tmp_path: Path) -> None:
     router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
 
@@ -177,6 +180,7 @@ def test_the_first_request_loads_the_model_and_is_answered(tmp_path: Path) -> No
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_concurrent_first_requests_share_one_load_and_are_served_in_order(
     tmp_path: Path,
 ) -> None:
@@ -196,6 +200,7 @@ def test_concurrent_first_requests_share_one_load_and_are_served_in_order(
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_the_least_recently_used_idle_model_makes_room_never_a_streaming_one(
     tmp_path: Path,
 ) -> None:
@@ -239,6 +244,7 @@ def test_the_least_recently_used_idle_model_makes_room_never_a_streaming_one(
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_model_that_cannot_fit_waits_then_gets_503_insufficient_memory(
     tmp_path: Path,
 ) -> None:
@@ -277,6 +283,7 @@ def test_a_model_that_cannot_fit_waits_then_gets_503_insufficient_memory(
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_model_larger_than_the_budget_is_refused_at_once(tmp_path: Path) -> None:
     router = make_router(
         tmp_path, answer_whole, chat=ON_DEMAND, env={"SLM_MEMORY_BUDGET_MB": "100"}
@@ -295,6 +302,7 @@ def test_a_model_larger_than_the_budget_is_refused_at_once(tmp_path: Path) -> No
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_failed_load_is_503_with_the_reason(tmp_path: Path) -> None:
     router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
     router.supervisor.fail_load = "exited with status 1 while loading"
@@ -311,6 +319,7 @@ def test_a_failed_load_is_503_with_the_reason(tmp_path: Path) -> None:
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_load_waiting_on_a_restarting_model_ends_when_the_watchdog_abandons_it(
     tmp_path: Path,
 ) -> None:
@@ -342,6 +351,7 @@ def test_a_load_waiting_on_a_restarting_model_ends_when_the_watchdog_abandons_it
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_an_idle_model_is_unloaded_at_its_ttl(tmp_path: Path) -> None:
     router = make_router(tmp_path, answer_whole, chat=ON_DEMAND + "    idle_ttl: 0.2\n")
 
@@ -356,6 +366,7 @@ def test_an_idle_model_is_unloaded_at_its_ttl(tmp_path: Path) -> None:
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_waiting_client_that_leaves_gives_up_its_place(tmp_path: Path) -> None:
     router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
     router.supervisor.load_seconds = 0.3
@@ -378,6 +389,7 @@ def test_a_waiting_client_that_leaves_gives_up_its_place(tmp_path: Path) -> None
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_load_and_unload_api(tmp_path: Path) -> None:
     release = asyncio.Event()
     slow = held_until(release, ANSWER)
@@ -416,6 +428,7 @@ def test_load_and_unload_api(tmp_path: Path) -> None:
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_an_unload_never_lets_a_request_reach_a_stopping_process(tmp_path: Path) -> None:
     router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
     router.supervisor.unload_seconds = 0.2
@@ -437,6 +450,7 @@ def test_an_unload_never_lets_a_request_reach_a_stopping_process(tmp_path: Path)
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_load_nobody_waits_for_any_more_is_stopped_unless_near_done(tmp_path: Path) -> None:
     router = make_router(tmp_path, answer_whole, chat=ON_DEMAND)
     router.supervisor.load_seconds = 0.4
@@ -477,6 +491,7 @@ def test_a_model_whose_requests_give_up_before_aging_still_ages(tmp_path: Path) 
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_load_the_state_file_never_showed_is_asked_for_again(tmp_path: Path) -> None:
     """A load the state file never shows (it came and went between two looks, or was
     lost): the request still waiting is not left to its deadline."""
@@ -501,6 +516,7 @@ def test_a_load_the_state_file_never_showed_is_asked_for_again(tmp_path: Path) -
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_an_unload_is_answered_when_a_waiting_request_loads_the_model_again_at_once(
     tmp_path: Path,
 ) -> None:

@@ -28,6 +28,9 @@ from tests.unit.router.inprocess import (
     whole,
 )
 
+# Every test here runs twice: through plain ASGI and through the door (its fast path).
+pytestmark = pytest.mark.usefixtures("via")
+
 CHAT = "/v1/chat/completions"
 MODEL = "org/chat-model"
 ANSWER = {

@@ -8,6 +8,8 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.unit.router.inprocess import Router, call, make_router
 from tests.unit.router.test_replicas import CHAT, MODEL, answer
 
@@ -20,6 +22,10 @@ REMOTE = """  far:
     default_timeout: 5
 """
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+# Every test here runs twice: through plain ASGI and through the door (its fast path).
+pytestmark = pytest.mark.usefixtures("via")
 
 
 def mixed(tmp_path: Path) -> Router:

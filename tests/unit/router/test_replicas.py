@@ -42,6 +42,10 @@ ANSWER = {
 SYSTEM = "You are the assistant of conversation {0}. Answer briefly and politely. " * 8
 
 
+# Every test here runs twice: through plain ASGI and through the door (its fast path).
+pytestmark = pytest.mark.usefixtures("via")
+
+
 def chat(content: str = "hi", system: str | None = None) -> dict[str, Any]:
     messages = [{"role": "user", "content": content}]
     if system is not None:

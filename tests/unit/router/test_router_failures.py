@@ -279,6 +279,7 @@ def test_a_cancelled_request_is_counted_cancelled_not_a_router_error(
     assert not [r for r in errors(caplog) if r.name == "slm_server.router"]
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
 def test_a_router_bug_while_relaying_a_stream_is_in_band_and_counted_a_router_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,7 +1,7 @@
 """The stream splice: a backend's pieces written to the client from the upstream
 connection's own callbacks, with every duty of the piece-by-piece relay kept. Real
 backends on local ports (the router's HTTP client talks to them); the client's side is
-a recording writer standing in for the door's ``DirectBody``."""
+a recording writer standing in for the door's writer."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from slm_server.errors import AnswerTooLarge, BackendProtocolError, BackendTimeo
 from slm_server.http1 import Pool, Response
 from slm_server.router.answer.sse import SseTap
 from slm_server.router.answer.stream_splice import Splice
-from slm_server.router.edge.http_protocol import DirectBody
+from slm_server.router.edge.fast_path import PieceWriter
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 from tests.unit.test_http1 import Peer, Server, chunked, poll, spec_at
@@ -108,8 +108,8 @@ def splice_of(
     return splice, exchange, progress, watchdog, stalls
 
 
-def direct(writer: Writer) -> DirectBody:
-    return cast(DirectBody, writer)
+def direct(writer: Writer) -> PieceWriter:
+    return writer
 
 
 def test_pieces_reach_the_client_in_order_and_are_noted(run: Any) -> None:
