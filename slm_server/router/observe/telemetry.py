@@ -110,14 +110,6 @@ UNIQUE_ATTRIBUTES: Final = frozenset(
     {"slm.request_id", "gen_ai.response.id", "slm.client.trace_id"}
 )
 UNSET: Final = Status(StatusCode.UNSET)
-
-
-# The description of the SDK's default sampler, ``parentbased_always_on``.
-def _describe(sampler: Sampler) -> str:
-    return sampler.get_description()
-
-
-DEFAULT_DESCRIPTION: Final = _describe(ParentBased(ALWAYS_ON))
 FAILED: Final = Status(StatusCode.ERROR)
 
 # Span attribute names (OpenTelemetry GenAI semantic conventions, plus ``slm.*``).
@@ -467,6 +459,14 @@ class Telemetry:
     async def report(self, _request: Request) -> JSONResponse:
         """``GET /v1/telemetry/effective-config``."""
         return JSONResponse(self.effective_config())
+
+
+def _describe(sampler: Sampler) -> str:
+    return sampler.get_description()
+
+
+# The description of the SDK's default sampler, ``parentbased_always_on``.
+DEFAULT_DESCRIPTION: Final = _describe(ParentBased(ALWAYS_ON))
 
 
 def samples_every_root(sampler: Sampler) -> bool:
