@@ -15,7 +15,7 @@ import gzip
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -70,14 +70,24 @@ class Received:
     spans: list[ReceivedSpan] = field(default_factory=list)
     posts: int = 0
     content_types: list[str] = field(default_factory=list)
+    # Each POST's headers (names in lower case) and body, decompressed.
+    headers: list[dict[str, str]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
 
 
 class OtlpReceiver:
     """See the module docstring. ``status`` makes every export answer with that
-    HTTP status instead of 200 (to exercise the exporter's failure path)."""
+    HTTP status instead of 200 (to exercise the exporter's failure path); the
+    statuses in ``script`` are answered first, one per POST; ``retry_after`` is sent
+    as ``Retry-After`` with every answer that is not 200. Spans are kept only from
+    POSTs answered 200."""
 
-    def __init__(self, status: int = 200) -> None:
+    def __init__(
+        self, status: int = 200, script: Sequence[int] = (), retry_after: str | None = None
+    ) -> None:
         self.status = status
+        self.script = list(script)
+        self.retry_after = retry_after
         self.received = Received()
         self.changed = threading.Condition()
         receiver = self
@@ -91,9 +101,12 @@ class OtlpReceiver:
                     body = gzip.decompress(body)
                 elif encoding == "deflate":
                     body = zlib.decompress(body)
-                receiver.record(self.path, self.headers.get("content-type", ""), body)
+                headers = {name.lower(): value for name, value in self.headers.items()}
+                status = receiver.record(self.path, headers, body)
                 reply = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(receiver.status)
+                self.send_response(status)
+                if status != 200 and receiver.retry_after is not None:
+                    self.send_header("retry-after", receiver.retry_after)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", str(len(reply)))
                 self.end_headers()
@@ -115,7 +128,8 @@ class OtlpReceiver:
         """The base endpoint, as ``SLM_OTLP_ENDPOINT`` takes it."""
         return f"http://127.0.0.1:{self.port}"
 
-    def record(self, path: str, content_type: str, body: bytes) -> None:
+    def record(self, path: str, headers: dict[str, str], body: bytes) -> int:
+        """Keeps what a POST brought; the status to answer it with."""
         spans: list[ReceivedSpan] = []
         if path == "/v1/traces":
             request = ExportTraceServiceRequest()
@@ -141,11 +155,25 @@ class OtlpReceiver:
                             )
                         )
         with self.changed:
+            status = self.script.pop(0) if self.script else self.status
             self.received.posts += 1
-            self.received.content_types.append(content_type)
-            if self.status == 200:
+            self.received.content_types.append(headers.get("content-type", ""))
+            self.received.headers.append(headers)
+            self.received.bodies.append(body)
+            if status == 200:
                 self.received.spans.extend(spans)
             self.changed.notify_all()
+        return status
+
+    def wait_for_posts(self, count: int, timeout: float = 10.0) -> None:
+        """Block until ``count`` POSTs have arrived; AssertionError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while self.received.posts < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"{self.received.posts} of {count} POSTs in {timeout}s")
+                self.changed.wait(remaining)
 
     def spans(self) -> list[ReceivedSpan]:
         with self.changed:

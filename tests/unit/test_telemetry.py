@@ -9,10 +9,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,9 +19,9 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
 from slm_server.config import ModelEntry, ModelSpec
 from slm_server.router.observe.exchange import Exchange
+from slm_server.router.observe.otlp_export import OtlpHttpExporter
 from slm_server.router.observe.telemetry import (
     EMIT_SITES,
-    CompactExporter,
     ExportWarnings,
     Inbound,
     Telemetry,
@@ -363,10 +362,10 @@ def test_a_long_cause_is_cut() -> None:
 
 
 def test_an_exporter_that_cannot_be_built_leaves_traces_off(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER", "no-such-provider")
-    telemetry = Telemetry(settings(), environ={})
+    environ = {"OTEL_EXPORTER_OTLP_CERTIFICATE": "/no/such/ca.pem"}
+    telemetry = Telemetry(settings(otlp_endpoint="https://collector:4318"), environ=environ)
     with caplog.at_level(logging.WARNING, logger="slm_server.telemetry"):
         telemetry.start()
     assert telemetry.open_span(served(), Inbound()) is None
@@ -490,60 +489,22 @@ def test_span_limits_from_the_environment_apply(monkeypatch: pytest.MonkeyPatch)
     asyncio.run(telemetry.shutdown())
 
 
-class Sent(NamedTuple):
-    success: bool
-    error: Exception | None = None
-
-
-class Client:
-    """Stands in for the SDK exporter's HTTP client: keeps what it is given."""
-
-    def __init__(self, success: bool = True) -> None:
-        self.success = success
-        self.sent: list[bytes] = []
-
-    def export(self, data: bytes) -> Sent:
-        self.sent.append(data)
-        return Sent(self.success, None if self.success else ConnectionError("down"))
-
-    def shutdown(self) -> None:
-        pass
-
-
-@pytest.mark.parametrize("success", [True, False])
-def test_the_compact_exporter_sends_the_sdks_bytes(success: bool) -> None:
-    exporter = CompactExporter(endpoint="http://127.0.0.1:9/v1/traces")
-    assert exporter.compact
-    client = Client(success)
-    exporter._client = client  # type: ignore[assignment]
-    memory = InMemorySpanExporter()
-    telemetry = Telemetry(settings(), environ={}, exporter=memory)
+def test_a_telemetry_without_an_exporter_given_builds_the_routers_own() -> None:
+    telemetry = Telemetry(settings(), environ={"OTEL_EXPORTER_OTLP_HEADERS": "k=v"})
     telemetry.start()
-    exchange = served(max_tokens=3)
-    span = telemetry.open_span(exchange, Inbound(TRACEPARENT))
-    assert span is not None
-    exchange.status = 200
-    telemetry.close_span(span, exchange)
-    spans = [finished(telemetry, memory)]
-    expected = SpanExportResult.SUCCESS if success else SpanExportResult.FAILURE
-    assert exporter.export(spans) is expected
-    assert client.sent == [encode_spans(spans).SerializePartialToString()]
-    asyncio.run(telemetry.shutdown())
+    exporter = telemetry._exporter
+    assert isinstance(exporter, OtlpHttpExporter)
+    assert exporter.config.endpoint == "http://collector:4318/v1/traces"
+    assert exporter.config.timeout == 3.0
+    assert exporter.config.headers["k"] == "v"
+    asyncio.run(telemetry.shutdown(timeout=0.5))
 
 
-def test_the_compact_exporter_hands_what_it_cannot_encode_to_the_sdk() -> None:
-    exporter = CompactExporter(endpoint="http://127.0.0.1:9/v1/traces")
-    client = Client()
-    exporter._client = client  # type: ignore[assignment]
-    odd = ReadableSpan("odd", attributes={"m": b"bytes"}, context=TelemetrySpanContext)
-    assert exporter.export([odd]) is SpanExportResult.SUCCESS
-    assert client.sent == [encode_spans([odd]).SerializePartialToString()]
-
-
-def test_a_telemetry_without_an_exporter_given_builds_the_compact_one() -> None:
-    telemetry = Telemetry(settings(), environ={})
+def test_the_exporters_timeout_comes_from_the_environment_when_set() -> None:
+    telemetry = Telemetry(settings(), environ={"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "7.5"})
     telemetry.start()
-    assert isinstance(telemetry._exporter, CompactExporter)
+    assert isinstance(telemetry._exporter, OtlpHttpExporter)
+    assert telemetry._exporter.config.timeout == 7.5
     asyncio.run(telemetry.shutdown(timeout=0.5))
 
 

@@ -19,8 +19,10 @@ change) are not used on the request path: :meth:`Telemetry.open_span` decides wi
 provider's sampler and id generator just as the SDK's tracer does and keeps an
 :class:`OpenSpan`; :meth:`Telemetry.close_span` builds the finished ``ReadableSpan``
 once, with every attribute, and hands it to the BatchSpanProcessor (so its bounded
-queue, drop counting and ``OTEL_BSP_*`` settings apply as before). The exporter
-encodes batches with :mod:`slm_server.router.observe.otlp_wire` (:class:`CompactExporter`).
+queue, drop counting and ``OTEL_BSP_*`` settings apply as before). The exporter is the
+router's own (:class:`~slm_server.router.observe.otlp_export.OtlpHttpExporter`): batches
+encoded by :mod:`slm_server.router.observe.otlp_wire`, sent as the SDK's exporter sends
+them.
 
 The caller's W3C ``traceparent`` makes the span its child; without one the span starts
 a trace, and a legacy ``X-Trace-Id`` is kept as ``slm.client.trace_id``. The span's own
@@ -31,8 +33,9 @@ what they name, so ``OTEL_EXPORTER_OTLP_*ENDPOINT``, ``OTEL_SERVICE_NAME`` and t
 ``service.name`` of ``OTEL_RESOURCE_ATTRIBUTES`` are overridden. The rest of the
 standard variables apply as the SDK reads them: ``OTEL_SDK_DISABLED`` and
 ``OTEL_TRACES_EXPORTER=none`` (both turn export off), ``OTEL_BSP_*``,
-``OTEL_TRACES_SAMPLER[_ARG]``, ``OTEL_RESOURCE_ATTRIBUTES``,
-``OTEL_EXPORTER_OTLP[_TRACES]_{HEADERS,TIMEOUT,COMPRESSION,CERTIFICATE,...}``.
+``OTEL_TRACES_SAMPLER[_ARG]``, ``OTEL_RESOURCE_ATTRIBUTES``, and the exporter reads
+``OTEL_EXPORTER_OTLP[_TRACES]_{HEADERS,TIMEOUT,COMPRESSION,CERTIFICATE,CLIENT_KEY,
+CLIENT_CERTIFICATE}`` as the SDK's would.
 
 Export is fail-soft: with no collector, requests are unaffected, the exporter gives up
 on a batch after a few seconds (``EXPORT_TIMEOUT_SECONDS`` unless
@@ -50,13 +53,12 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, NamedTuple
 
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import (
     Event,
@@ -64,7 +66,7 @@ from opentelemetry.sdk.trace import (
     SpanLimits,
     TracerProvider,
 )
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -82,7 +84,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from slm_server.router.observe.exchange import EMIT_PATHS, Exchange
-from slm_server.router.observe.otlp_wire import PairCache, Unsupported, encode_request
+from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.settings import TelemetrySettings
 
 log = logging.getLogger("slm_server.telemetry")
@@ -94,10 +96,9 @@ SHUTDOWN_SECONDS: Final = 2.0
 WARNING_INTERVAL_SECONDS: Final = 60.0
 # Every distinct value of ``slm.emit_path``: one per emit site.
 EMIT_SITES: Final = (*dict.fromkeys(EMIT_PATHS.values()), "streaming")
-# The loggers through which the SDK and the exporter complain about failed exports.
+# The loggers through which the exporter and the SDK complain about failed exports.
 EXPORT_LOGGERS: Final = (
-    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    "opentelemetry.exporter.otlp.common.http",
+    "slm_server.telemetry.export",
     "opentelemetry.sdk._shared_internal",
     "opentelemetry.sdk.trace.export",
 )
@@ -213,38 +214,6 @@ class OpenSpan:
     attributes: dict[str, Any]
 
 
-class CompactExporter(OTLPSpanExporter):
-    """The SDK's OTLP/HTTP exporter (endpoint, headers, compression, TLS, timeout and
-    retries as it resolves them) with batches encoded by :mod:`slm_server.router.observe.otlp_wire`;
-    a batch that encoder cannot write, or an SDK whose exporter is not laid out as
-    expected, goes through the SDK's own ``export``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pairs = PairCache(unique_keys=UNIQUE_ATTRIBUTES)
-        self.compact = all(
-            hasattr(self, name)
-            for name in ("_shutdown", "_client", "_metrics", "_max_request_size")
-        )
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not self.compact or self._shutdown:
-            return super().export(spans)
-        try:
-            data = encode_request(spans, self.pairs)
-        except Unsupported:
-            return super().export(spans)
-        limit = self._max_request_size
-        if limit > 0 and len(data) > limit:
-            return super().export(spans)  # it drops the batch and says why
-        with self._metrics.export_operation(len(spans)) as result:
-            sent = self._client.export(data)
-            if not sent.success:
-                result.error = sent.error
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-
 class Telemetry:
     """The tracer provider of one router app, from start to shutdown."""
 
@@ -256,6 +225,7 @@ class Telemetry:
     ) -> None:
         self.settings = settings
         env = os.environ if environ is None else environ
+        self.environ = env
         self.sdk_disabled = _truthy(env.get("OTEL_SDK_DISABLED")) or (
             env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none"
         )
@@ -295,9 +265,10 @@ class Telemetry:
             return
         if self._exporter is None:
             try:
-                self._exporter = CompactExporter(
-                    endpoint=self.traces_endpoint, timeout=self.export_timeout
+                config = ExportConfig.from_environ(
+                    self.traces_endpoint, self.environ, self.export_timeout
                 )
+                self._exporter = OtlpHttpExporter(config, UNIQUE_ATTRIBUTES)
             except Exception as exc:  # a bad OTEL_* setting must not stop the router
                 log.warning("traces are off: the OTLP exporter cannot be set up: %s", exc)
                 return
@@ -490,14 +461,22 @@ class Telemetry:
         return JSONResponse(self.effective_config())
 
 
+def _describe(sampler: Sampler) -> str:
+    return sampler.get_description()
+
+
+# The description of the SDK's default sampler, ``parentbased_always_on``.
+DEFAULT_DESCRIPTION: Final = _describe(ParentBased(ALWAYS_ON))
+
+
 def samples_every_root(sampler: Sampler) -> bool:
     """Whether ``sampler`` records and samples every span that has no parent, adding
     no attribute and no trace state: ``always_on``, or ``parentbased_always_on`` (the
     SDK's default), whose root is ``always_on``."""
     if sampler is ALWAYS_ON:
         return True
-    root = getattr(sampler, "_root", None) if type(sampler) is ParentBased else None
-    return root is ALWAYS_ON
+    # ParentBased keeps its root to itself; its description names every delegate.
+    return type(sampler) is ParentBased and _describe(sampler) == DEFAULT_DESCRIPTION
 
 
 def error_type(exchange: Exchange, error: BaseException | None = None) -> str | None:
