@@ -52,12 +52,8 @@ from slm_server.supervise.control import Child, ProcessControl, RealControl
 from slm_server.supervise.evidence import Target
 from slm_server.supervise.phases import (
     Confirming,
-    Done,
-    Launching,
-    Phase,
     Ready,
     Starting,
-    Unloaded,
 )
 from slm_server.supervise.remotes import Remotes
 from slm_server.supervise.restart_budget import RestartBudget
@@ -172,6 +168,8 @@ class Supervisor:
             startup_grace_seconds=self.watchdog.startup_grace_seconds,
             ready_timeout_seconds=settings.ready_timeout_seconds,
             confirm=self.watchdog.confirm_seconds > 0,
+            probe_interval_seconds=STARTING_PROBE_SECONDS,
+            remeasure_growth=REMEASURE_GROWTH,
         )
         self.stopping = threading.Event()
         self.backends: dict[str, Backend] = {}
@@ -179,8 +177,6 @@ class Supervisor:
         self.dirty = True
         self.inbox: list[core.Observation] = []
         self.tasks: set[asyncio.Task[None]] = set()
-        self.probing: set[str] = set()
-        self.next_probe: dict[str, float] = {}
         self._wake: asyncio.Event | None = None
         self.create_time = process_create_time(os.getpid())
         self.chore_errors: dict[str, str] = {}  # path -> the last error reported for it
@@ -271,8 +267,9 @@ class Supervisor:
     def lives(self) -> dict[str, core.Lifecycle]:
         return {role: b.life for role, b in self.backends.items()}
 
-    def apply(self, observation: core.Observation) -> None:
-        """Decide on one observation and carry out what it calls for.
+    def apply(self, observation: core.Observation) -> list[core.Action]:
+        """Decide on one observation and carry out what it calls for; the actions (an
+        :class:`~slm_server.supervise.decide.Answer` among them goes to the caller).
 
         A change of state is published before the events that report it, so whoever
         reads an event in ``watchdog.jsonl`` finds the state file already agreeing."""
@@ -284,6 +281,7 @@ class Supervisor:
             self.publish()
         for action in actions:
             self.act(action)
+        return actions
 
     def act(self, action: core.Action) -> None:
         if isinstance(action, core.Emit):
@@ -297,12 +295,10 @@ class Supervisor:
             if backend.child is not None and backend.child.pid == action.pid:
                 self.spawn_task(self.stop_task(backend, backend.child, action.kill))
         elif isinstance(action, core.Probe):
-            # One probe at a time per backend, at most one per tick.
-            now = self.clock()
-            if action.role not in self.probing and now >= self.next_probe.get(action.role, 0):
-                self.probing.add(action.role)
-                self.next_probe[action.role] = now + STARTING_PROBE_SECONDS
-                self.spawn_task(self.probe(self.backends[action.role]))
+            self.spawn_task(self.probe(self.backends[action.role]))
+        elif isinstance(action, core.Remember):
+            self.remember_footprint(self.backends[action.role], action.resident_mb)
+            self.dirty = True
         elif isinstance(action, core.Confirm):
             self.spawn_task(self.confirm(self.backends[action.role], action.reason))
 
@@ -459,33 +455,30 @@ class Supervisor:
         status, survived = await self.stop_child(child, kill)
         self.report(core.Stopped(backend.role, child.pid, status, survived))
 
-    def estimate(self, backend: Backend) -> None:
-        """The backend's expected footprint, and the one measured at an earlier load of
-        the same files and settings (remembered across runs)."""
-        entry = backend.spec.entry
-        backend.footprint_key = footprint_key(entry)
-        if backend.footprint_key is not None:
-            backend.life.measured_mb = self.footprints.get(backend.footprint_key)
+    def estimate(self, spec: ModelSpec) -> tuple[FootprintKey | None, int | None, int | None]:
+        """Where the entry's footprint is kept, its expected footprint, and the one
+        measured at an earlier load of the same files and settings (remembered across
+        runs)."""
+        entry = spec.entry
+        key = footprint_key(entry)
+        remembered = self.footprints.get(key) if key is not None else None
+        estimate = None
         try:
-            backend.estimate_mb = estimate_entry(entry).mb
+            estimate = estimate_entry(entry).mb
         except NoEstimate as exc:
-            log.info("no memory estimate for %s (%s): %s", backend.role, entry.id, exc)
+            log.info("no memory estimate for %s (%s): %s", spec.role, entry.id, exc)
+        return key, estimate, remembered
 
     def remeasure(self) -> None:
         """Serving grows a backend (buffers on its first requests, the prompt cache):
-        a ready one measured more than ``REMEASURE_GROWTH`` above its footprint is
-        remembered at its new size."""
+        each ready one is measured again, and :func:`decide` keeps what grew enough."""
         for backend in self.backends.values():
             life, child = backend.life, backend.child
             if life.state is not State.READY or child is None or not life.alive:
                 continue
             resident = self.control.resident_mb(child.pid)
-            known = life.measured_mb
-            if resident is None or (known is not None and resident <= known * REMEASURE_GROWTH):
-                continue
-            life.measured_mb = resident
-            self.remember_footprint(backend, resident)
-            self.dirty = True
+            if resident is not None:
+                self.apply(core.Measured(backend.role, resident))
 
     def remember_footprint(self, backend: Backend, resident_mb: int) -> None:
         key = backend.footprint_key
@@ -498,6 +491,9 @@ class Supervisor:
             self.housekeeping_failed("state_write_failed", str(self.footprints.path), error)
 
     async def probe(self, backend: Backend) -> None:
+        """Probe ``/health``; reports :class:`HealthProbed`, or :class:`ProbeLost` when
+        the probe itself failed (so that another may go out)."""
+        answered = False
         try:
             if backend.plan is None:
                 return
@@ -505,11 +501,11 @@ class Supervisor:
             ok = await self.control.probe(backend.plan.base_url, backend.plan.health_path, timeout)
             child = backend.child
             resident = self.control.resident_mb(child.pid) if ok and child is not None else None
-            if resident is not None:
-                self.remember_footprint(backend, resident)
             self.report(core.HealthProbed(backend.role, ok, resident))
+            answered = True
         finally:
-            self.probing.discard(backend.role)
+            if not answered:
+                self.report(core.ProbeLost(backend.role))
 
     async def confirm(self, backend: Backend, reason: str) -> None:
         """Gather the evidence on a trip and judge it; reports :class:`Judged`."""
@@ -590,27 +586,20 @@ class Supervisor:
                 self.watchdog.restart_cooldown_seconds,
             )
             entry = spec.entry
-            on_demand = entry.load == "on_demand"
-            phase: Phase = Launching()
-            if not entry.enabled:
-                phase = Done(State.DISABLED)
-            elif on_demand:
-                phase = Unloaded()
+            key, estimate, remembered = self.estimate(spec) if entry.enabled else (None,) * 3
             life = core.Lifecycle(
                 role=spec.role,
                 model_id=entry.id,
                 port=entry.port,
                 budget=budget,
-                phase=phase,
-                since=self.wall(),
-                on_demand=on_demand,
+                measured_mb=remembered,
+                enabled=entry.enabled,
+                on_demand=entry.load == "on_demand",
             )
             backend = Backend(spec, life)
+            backend.footprint_key, backend.estimate_mb = key, estimate
             self.backends[spec.role] = backend
-            if entry.enabled:
-                self.estimate(backend)
-            if entry.enabled and not on_demand:
-                self.spawn_task(self.launch(backend))
+        self.apply(core.Begin())  # the first phases, and the first launches
 
     def sweep(self) -> None:
         """Take the router's requests and trim oversized logs. A failing chore is
@@ -715,41 +704,26 @@ class Supervisor:
                 if b.child is not None and b.child.poll() is None
             )
         )
-        for backend in self.backends.values():
-            backend.life.alive = False
-            if backend.life.state in SUPERVISED:
-                backend.life.phase = Done(State.STOPPED)
-                backend.life.since = self.wall()
         self.remotes.stop()
         self.dirty = True
+        self.apply(core.Shutdown())  # every supervised backend STOPPED, and published
         self.publish()
 
     def command(self, command: commands.Command) -> commands.Reply:
         """The router's load or unload, decided at once (and published, so the router
         sees ``loading`` or ``unloading`` without waiting for the next turn)."""
-        backend = self.backends.get(command.role)
-        if backend is None:
-            return commands.Reply(False, error=f"no model with role {command.role!r}")
-        life = backend.life
-        if not life.on_demand:
-            return commands.Reply(
-                False, life.state.value, "load: always models are loaded at launch and kept"
-            )
+        observation: core.LoadRequested | core.UnloadRequested
         if command.op == "load":
-            self.apply(core.Load(command.role))
-            taken = life.state in (State.LOADING, State.READY)
+            observation = core.LoadRequested(command.role)
         else:
             reason = command.reason or "api"
-            self.apply(core.Unload(command.role, reason, command.for_model))
-            taken = life.state in (State.UNLOADING, State.UNLOADED)
+            observation = core.UnloadRequested(command.role, reason, command.for_model)
+        actions = self.apply(observation)
+        [answer] = [a for a in actions if isinstance(a, core.Answer)]
         self.publish()
         if self._wake is not None:
             self._wake.set()
-        if taken:
-            return commands.Reply(True, life.state.value)
-        return commands.Reply(
-            False, life.state.value, f"cannot {command.op} while {life.state.value}"
-        )
+        return commands.Reply(answer.accepted, answer.state, answer.error)
 
     async def main(self) -> int:
         status = 1
