@@ -25,7 +25,14 @@ A ``load: on_demand`` model begins Unloaded; the router's commands move it::
 
 A load that fails (no process, or one that exits before /health answers) is a failed
 start: ``load_failed``, then the restart flow and its budget. Loads and unloads spend
-nothing.
+nothing. The router's commands (:class:`LoadRequested`, :class:`UnloadRequested`) are
+answered (:class:`Answer`): refused for an unknown role or a ``load: always`` model,
+else taken or not by the state the row leaves.
+
+:func:`decide` is the only writer of a :class:`Lifecycle` (a test scans the shell for
+any other): the first phase (:class:`Begin`), shutdown (:class:`Shutdown`), the pacing
+of health probes (one out at a time, ``Policy.probe_interval_seconds`` apart) and the
+footprint worth remembering (:class:`Measured`, :class:`Remember`) are rows here too.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slm_server.contracts.restart_requests import RestartRequest, is_stale
-from slm_server.contracts.states import RUNNING, State, check_transition
+from slm_server.contracts.states import RUNNING, SUPERVISED, State, check_transition
 from slm_server.contracts.verdicts import FailureClass
 from slm_server.supervise.phases import (
     Attempt,
@@ -70,6 +77,11 @@ class Policy:
     # A request stamped further than this ahead of the supervisor's wall clock is forged
     # or from a skewed clock: it cannot be checked against the grace, so it is discarded.
     future_tolerance_seconds: float = 1.0
+    # A starting backend's /health is probed at most this often, one probe at a time.
+    probe_interval_seconds: float = 0.0
+    # A ready backend measured above its footprint by more than this factor is
+    # remembered at its new size.
+    remeasure_growth: float = 1.05
 
 
 @dataclass
@@ -81,7 +93,7 @@ class Lifecycle:
     model_id: str
     port: int
     budget: RestartBudget
-    phase: Phase
+    phase: Phase = field(default_factory=Launching)  # until :class:`Begin` chooses
     reason: str | None = None
     since: float = 0.0  # wall clock of the last state change
     pid: int | None = None  # the last process spawned (kept after it ends, for events)
@@ -94,6 +106,10 @@ class Lifecycle:
     on_demand: bool = False  # ``load: on_demand``: may be loaded and unloaded
     measured_mb: int | None = None  # resident footprint measured when it became ready
     loaded_wall: float | None = None  # wall clock of the last time it became ready
+    enabled: bool = True  # the registry's ``enabled``: DISABLED from the start if not
+    begun: bool = False  # :class:`Begin` chose its first phase
+    probing: bool = False  # a health probe is out
+    probe_due: float = 0.0  # monotonic: no probe goes out before
 
     @property
     def state(self) -> State:
@@ -141,6 +157,31 @@ class HealthProbed:
 
 
 @dataclass(frozen=True)
+class ProbeLost:
+    """A health probe ended with no answer at all (its task failed): another may go out."""
+
+    role: str
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A ready backend's process tree was measured again: ``resident_mb``."""
+
+    role: str
+    resident_mb: int
+
+
+@dataclass(frozen=True)
+class Begin:
+    """The supervisor starts: each backend not yet begun takes its first phase."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """The supervisor stopped every process it had, to exit: none is alive any more."""
+
+
+@dataclass(frozen=True)
 class Load:
     """The router asks for an on-demand model to be loaded."""
 
@@ -152,6 +193,22 @@ class Unload:
     """The router asks for an on-demand model's process to go: ``reason`` is
     ``idle_ttl``, ``evicted`` (to make room for ``for_model``), ``api`` or
     ``no_waiter`` (a load every request for it left)."""
+
+    role: str
+    reason: str
+    for_model: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadRequested:
+    """The router's ``load`` command, to be answered (:class:`Answer`)."""
+
+    role: str
+
+
+@dataclass(frozen=True)
+class UnloadRequested:
+    """The router's ``unload`` command (see :class:`Unload`), to be answered."""
 
     role: str
     reason: str
@@ -192,7 +249,23 @@ class Stopped:
     survived: bool = False
 
 
-Observation = Launched | Exited | HealthProbed | Tick | Requested | Judged | Stopped | Load | Unload
+Observation = (
+    Launched
+    | Exited
+    | HealthProbed
+    | ProbeLost
+    | Measured
+    | Tick
+    | Requested
+    | Judged
+    | Stopped
+    | Load
+    | Unload
+    | LoadRequested
+    | UnloadRequested
+    | Begin
+    | Shutdown
+)
 
 
 # -- actions ----------------------------------------------------------------------------
@@ -235,7 +308,24 @@ class Confirm:
     reason: str
 
 
-Action = Emit | Log | Launch | Stop | Probe | Confirm
+@dataclass(frozen=True)
+class Remember:
+    """Keep ``resident_mb`` as the backend's footprint (across runs)."""
+
+    role: str
+    resident_mb: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The reply to a router's command: taken or not, the state right after, why not."""
+
+    accepted: bool
+    state: str | None = None
+    error: str | None = None
+
+
+Action = Emit | Log | Launch | Stop | Probe | Confirm | Remember | Answer
 
 
 # -- the decision -------------------------------------------------------------------------
@@ -254,8 +344,16 @@ def decide(
     if isinstance(observation, Tick):
         for life in lives.values():
             decision.tick(life)
+    elif isinstance(observation, Begin):
+        for life in lives.values():
+            decision.begin(life)
+    elif isinstance(observation, Shutdown):
+        for life in lives.values():
+            decision.shutdown(life)
     elif isinstance(observation, Requested):
         decision.requested(lives, observation.request)
+    elif isinstance(observation, LoadRequested | UnloadRequested):
+        decision.commanded(lives, observation)
     else:
         target = lives.get(observation.role)
         if target is not None:
@@ -297,8 +395,14 @@ class _Decision:
             serving = isinstance(phase, Starting | Ready | Confirming)
             if serving and observation.pid == life.pid and life.alive:
                 self.exited(life, observation)
-        elif isinstance(observation, HealthProbed) and isinstance(phase, Starting):
-            self.probed(life, phase, observation)
+        elif isinstance(observation, HealthProbed):
+            life.probing = False
+            if isinstance(phase, Starting):
+                self.probed(life, phase, observation)
+        elif isinstance(observation, ProbeLost):
+            life.probing = False
+        elif isinstance(observation, Measured):
+            self.measured(life, observation)
         elif isinstance(observation, Stopped) and observation.pid == life.pid:
             self.stopped(life, observation)
         elif isinstance(observation, Judged) and isinstance(phase, Confirming):
@@ -306,7 +410,29 @@ class _Decision:
         elif isinstance(observation, Load) and life.on_demand:
             self.load(life)
         elif isinstance(observation, Unload) and life.on_demand:
-            self.unload(life, observation)
+            self.unload(life, observation.reason, observation.for_model)
+
+    # (not begun) -> Launching and its first launch; -> Unloaded (``load: on_demand``);
+    # -> DISABLED. The first phase is no transition: nothing was published before it.
+    def begin(self, life: Lifecycle) -> None:
+        if life.begun:
+            return
+        life.begun = True
+        life.since = self.wall
+        if not life.enabled:
+            life.phase = Done(State.DISABLED)
+        elif life.on_demand:
+            life.phase = Unloaded()
+        else:
+            life.phase = Launching()
+            self.actions.append(Launch(life.role))
+
+    # any supervised phase -> STOPPED (keeping its reason) once shutdown stopped the
+    # processes; a final one stays.
+    def shutdown(self, life: Lifecycle) -> None:
+        life.alive = False
+        if life.state in SUPERVISED:
+            self.move(life, Done(State.STOPPED), life.reason)
 
     # Launching -> Starting when a process was spawned;
     # Launching -> Restarting when it failed for a reason time can fix (watchdog on);
@@ -379,6 +505,8 @@ class _Decision:
     def probed(self, life: Lifecycle, phase: Starting, probe: HealthProbed) -> None:
         elapsed = self.now - phase.since
         if probe.ok:
+            if probe.resident_mb is not None:
+                self.actions.append(Remember(life.role, probe.resident_mb))
             self.move(life, Ready())
             life.loaded_wall = self.wall
             if probe.resident_mb is not None:
@@ -448,12 +576,50 @@ class _Decision:
 
     # Starting/Ready/Confirming -> Unloading: stop the process, spending no budget.
     # Launching (no process yet), restarting or final: nothing to unload.
-    def unload(self, life: Lifecycle, command: Unload) -> None:
+    def unload(self, life: Lifecycle, reason: str, for_model: str | None) -> None:
         phase = life.phase
         loaded = life.state in (State.LOADING, State.READY)
         if isinstance(phase, Starting | Ready | Confirming) and loaded and life.pid and life.alive:
-            self.move(life, Unloading(command.reason, command.for_model), command.reason)
+            self.move(life, Unloading(reason, for_model), reason)
             self.actions.append(Stop(life.role, life.pid))
+
+    # The router's command: refused for an unknown role or a ``load: always`` model;
+    # else the Load or Unload row, taken when it leaves the backend loading or ready
+    # (a load), unloading or unloaded (an unload).
+    def commanded(
+        self, lives: Mapping[str, Lifecycle], command: LoadRequested | UnloadRequested
+    ) -> None:
+        life = lives.get(command.role)
+        if life is None:
+            self.actions.append(Answer(False, error=f"no model with role {command.role!r}"))
+            return
+        if not life.on_demand:
+            why = "load: always models are loaded at launch and kept"
+            self.actions.append(Answer(False, life.state.value, why))
+            return
+        if isinstance(command, LoadRequested):
+            op = "load"
+            self.load(life)
+            taken = life.state in (State.LOADING, State.READY)
+        else:
+            op = "unload"
+            self.unload(life, command.reason, command.for_model)
+            taken = life.state in (State.UNLOADING, State.UNLOADED)
+        state = life.state.value
+        if taken:
+            self.actions.append(Answer(True, state))
+        else:
+            self.actions.append(Answer(False, state, f"cannot {op} while {state}"))
+
+    # Ready: a footprint grown past ``remeasure_growth`` of the known one is kept.
+    def measured(self, life: Lifecycle, measure: Measured) -> None:
+        if life.state is not State.READY or not life.alive:
+            return
+        known, resident = life.measured_mb, measure.resident_mb
+        if known is not None and resident <= known * self.policy.remeasure_growth:
+            return
+        life.measured_mb = resident
+        self.actions.append(Remember(life.role, resident))
 
     # Confirming -> Restarting when the evidence says the backend cannot serve;
     # Confirming -> Ready otherwise (the trip is logged as not confirmed).
@@ -479,12 +645,19 @@ class _Decision:
             evidence=dict(verdict.evidence),
         )
 
+    # Restarting: retry; Starting: probe /health, one probe out at a time and at most
+    # one per ``probe_interval_seconds``.
     def tick(self, life: Lifecycle) -> None:
         phase = life.phase
         if isinstance(phase, Restarting) and phase.stopping is None:
             self.try_restart(life, phase)
-        elif isinstance(phase, Starting) and life.alive:
+        elif isinstance(phase, Starting) and life.alive and self.may_probe(life):
+            life.probing = True
+            life.probe_due = self.now + self.policy.probe_interval_seconds
             self.actions.append(Probe(life.role))
+
+    def may_probe(self, life: Lifecycle) -> bool:
+        return not life.probing and self.now >= life.probe_due
 
     # any running phase -> Restarting(reason), then at once a restart if it may.
     def restart(self, life: Lifecycle, reason: str) -> None:

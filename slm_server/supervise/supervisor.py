@@ -10,6 +10,14 @@ router's restart requests each sweep, the clock), lets :func:`decide` *decide*, 
 own with a bound, so no backend's trouble delays another's exit detection: every
 process is polled each ``TICK_SECONDS``. A backend is ready when its ``/health``
 answers 200 *and* its process is alive.
+
+Only :func:`decide` writes a backend's lifecycle (its first phase, shutdown and the
+router's commands included). The chores live beside this loop, each on the same
+process control: :mod:`.publish` (the state file and pidfile), :mod:`.footprints`
+(estimates, measurements, the store), :mod:`.housekeeping` (leftovers, request files,
+log trimming, failed chores reported once) and :mod:`.command_socket` (the router's
+load and unload). This module keeps the loop, launching, stopping, probing,
+confirming, and the wiring.
 """
 
 from __future__ import annotations
@@ -22,43 +30,35 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slm_server.config import ModelSpec, RegistryFile
+from slm_server.config import RegistryFile
 from slm_server.contracts import commands
 from slm_server.contracts.events import EventLog
 from slm_server.contracts.records import (
-    BackendState,
     PidRecord,
-    process_create_time,
-    read_pidfile,
-    write_pidfile,
-    write_state,
 )
-from slm_server.contracts.restart_requests import RestartRequest, take_requests
-from slm_server.contracts.states import SUPERVISED, State
+from slm_server.contracts.restart_requests import RestartRequest
+from slm_server.contracts.states import SUPERVISED
 from slm_server.launch import process
-from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
-from slm_server.memory import measure
-from slm_server.memory.store import FootprintKey, FootprintStore
 from slm_server.settings import Settings
+from slm_server.supervise import command_socket, launcher_lock
 from slm_server.supervise import decide as core
-from slm_server.supervise import launcher_lock
+from slm_server.supervise.backend import Backend
+from slm_server.supervise.command_socket import CommandSocket
 from slm_server.supervise.confirm import judge
 from slm_server.supervise.control import Child, ProcessControl, RealControl
 from slm_server.supervise.evidence import Target
+from slm_server.supervise.footprints import Expected, Footprints
+from slm_server.supervise.housekeeping import ChoreErrors, Housekeeping
 from slm_server.supervise.phases import (
     Confirming,
-    Done,
-    Launching,
-    Phase,
     Ready,
     Starting,
-    Unloaded,
 )
+from slm_server.supervise.publish import Publisher
 from slm_server.supervise.remotes import Remotes
 from slm_server.supervise.restart_budget import RestartBudget
 from slm_server.supervise.strays import verifiably_ours
@@ -74,71 +74,6 @@ REMEASURE_GROWTH = 1.05
 # How long to wait for a process to end after SIGKILL before reporting it and moving on.
 KILL_WAIT_SECONDS = 5.0
 _REAP_INTERVAL = 0.05
-
-
-class Backend:
-    """One registry entry: its lifecycle (decided), its plan and process (acted on)."""
-
-    def __init__(self, spec: ModelSpec, life: core.Lifecycle) -> None:
-        self.spec = spec
-        self.life = life
-        self.plan: LaunchPlan | None = None
-        self.child: Child | None = None
-        self.estimate_mb: int | None = None  # the footprint expected before a load
-        self.footprint_key: FootprintKey | None = None  # where its measurement is kept
-
-    @property
-    def footprint_mb(self) -> int | None:
-        """What the router admits this backend by: the registry's ``memory_mb``, else
-        the footprint measured at its last load, else the estimate. Where resident
-        memory misses GPU memory (macOS: Metal's wired memory), the larger of the
-        measured and the estimate."""
-        entry = self.spec.entry
-        measured, estimate = self.life.measured_mb, self.estimate_mb
-        if entry.memory_mb is not None:
-            return entry.memory_mb
-        if measured is None or estimate is None:
-            return measured if measured is not None else estimate
-        return measured if measure.RSS_COUNTS_GPU_MEMORY else max(measured, estimate)
-
-    @property
-    def role(self) -> str:
-        return self.spec.role
-
-    def snapshot(self, log_dir_path: str, now: float, wall: float) -> BackendState:
-        """What the state file publishes for this backend (``now`` monotonic and
-        ``wall`` clock of the same moment, to show when the budget frees up)."""
-        life, child = self.life, self.child
-        alive = child is not None and life.alive
-        budget = life.budget
-        return BackendState(
-            role=self.spec.role,
-            model_id=self.spec.entry.id,
-            backend=self.spec.entry.backend,
-            port=self.spec.entry.port,
-            state=life.state.value,
-            pid=child.pid if alive and child is not None else None,
-            since=life.since,
-            started_at=life.started_wall if alive else None,
-            exit_status=child.exit_status if child is not None else None,
-            restarts=life.restarts,
-            reason=life.reason,
-            log_path=str(self.plan.log_path) if self.plan is not None else log_dir_path,
-            last_exit=life.last_exit,
-            last_restart_reason=life.last_restart_reason,
-            restarts_by_reason=dict(life.restarts_by_reason),
-            kind=self.plan.kind if self.plan is not None else None,
-            health_path=self.plan.health_path if self.plan is not None else "/health",
-            request_defaults=dict(self.plan.request_defaults) if self.plan is not None else {},
-            budget_max=budget.max_restarts,
-            budget_window_seconds=budget.window,
-            budget_spent_at=[round(wall - (now - t), 3) for t in budget.spent_at(now)],
-            load=self.spec.entry.load,
-            memory_estimate_mb=self.estimate_mb,
-            memory_measured_mb=life.measured_mb,
-            footprint_mb=self.footprint_mb,
-            loaded_at=life.loaded_wall if life.state is State.READY else None,
-        )
 
 
 class Supervisor:
@@ -172,19 +107,20 @@ class Supervisor:
             startup_grace_seconds=self.watchdog.startup_grace_seconds,
             ready_timeout_seconds=settings.ready_timeout_seconds,
             confirm=self.watchdog.confirm_seconds > 0,
+            probe_interval_seconds=STARTING_PROBE_SECONDS,
+            remeasure_growth=REMEASURE_GROWTH,
         )
         self.stopping = threading.Event()
         self.backends: dict[str, Backend] = {}
         self.previous_records: list[PidRecord] = []
-        self.dirty = True
         self.inbox: list[core.Observation] = []
         self.tasks: set[asyncio.Task[None]] = set()
-        self.probing: set[str] = set()
-        self.next_probe: dict[str, float] = {}
         self._wake: asyncio.Event | None = None
-        self.create_time = process_create_time(os.getpid())
-        self.chore_errors: dict[str, str] = {}  # path -> the last error reported for it
-        self.footprints = FootprintStore(settings.footprints_path)
+        chores = ChoreErrors(self.events)
+        self.publisher = Publisher(settings, chores, clock, wall)
+        self.footprints = Footprints(settings.footprints_path, self.control, chores)
+        self.housekeeping = Housekeeping(settings, self.control, self.events, chores)
+        self.commands = CommandSocket(settings.log_dir)
         remotes = [s for s in registry.enabled if s.entry.remote]
         self.remotes = Remotes(
             remotes, self.watchdog, self.control, self.events, clock, wall, self.spawn_task
@@ -201,78 +137,29 @@ class Supervisor:
             signal.signal(sig, self.request_stop)
 
     def sweep_leftovers(self) -> None:
-        """Stop processes an earlier launcher started and could not stop (it was
-        SIGKILLed where there is no parent-death signal): only those whose pid *and*
-        create time still match the pidfile."""
-        self.previous_records = read_pidfile(self.settings.pidfile_path)
-        for record in self.previous_records:
-            timeout = self.settings.stop_timeout_seconds
-            if self.control.stop_leftover(record.pid, record.create_time, timeout):
-                log.warning(
-                    "stopped leftover backend %s (pid %d, port %d) from a previous run",
-                    record.model_id,
-                    record.pid,
-                    record.port,
-                )
+        self.previous_records = self.housekeeping.sweep_leftovers()
 
-    def housekeeping_failed(self, event: str, key: str, error: OSError, **fields: Any) -> None:
-        """Report a failed file chore once per distinct error (a full disk would
-        otherwise repeat it every sweep); supervision goes on."""
-        message = f"{type(error).__name__}: {error}"
-        if self.chore_errors.get(key) == message:
-            return
-        self.chore_errors[key] = message
-        self.events.emit(event, **fields, path=key, error=message)
+    @property
+    def dirty(self) -> bool:
+        """Whether the state file is behind (see :class:`.publish.Publisher`)."""
+        return self.publisher.dirty
 
-    def chore_done(self, key: str) -> None:
-        self.chore_errors.pop(key, None)
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self.publisher.dirty = value
 
     def publish(self) -> None:
-        """Write the state file and pidfile when anything changed; a failed write is
-        reported and retried on the next turn."""
-        if not self.dirty:
-            return
-        pid = os.getpid()
-        log_dir = str(self.settings.log_dir)
-        backends = list(self.backends.values())
-        now, wall = self.clock(), self.wall()
-        snapshots = [b.snapshot(log_dir, now, wall) for b in backends]
-        snapshots += self.remotes.snapshots(now, wall)
-        self.remotes.dirty = False
-        records = [
-            PidRecord(
-                pid=b.child.pid,
-                create_time=b.child.create_time,
-                port=b.spec.entry.port,
-                role=b.role,
-                model_id=b.spec.entry.id,
-                argv=list(b.plan.argv),
-            )
-            for b in backends
-            if b.child is not None and b.plan is not None and b.child.poll() is None
-        ]
-        writes: list[tuple[Path, Callable[[Path], None]]] = [
-            (self.settings.state_path, lambda p: write_state(p, pid, snapshots, self.create_time)),
-            (self.settings.pidfile_path, lambda p: write_pidfile(p, pid, records)),
-        ]
-        written = True
-        for path, write in writes:
-            try:
-                write(path)
-            except OSError as exc:
-                written = False
-                self.housekeeping_failed("state_write_failed", str(path), exc)
-            else:
-                self.chore_done(str(path))
-        self.dirty = not written
+        """Write the state file and pidfile when anything changed."""
+        self.publisher.publish(self.backends.values(), self.remotes)
 
     # -- observe -> decide -> act ---------------------------------------------------
 
     def lives(self) -> dict[str, core.Lifecycle]:
         return {role: b.life for role, b in self.backends.items()}
 
-    def apply(self, observation: core.Observation) -> None:
-        """Decide on one observation and carry out what it calls for.
+    def apply(self, observation: core.Observation) -> list[core.Action]:
+        """Decide on one observation and carry out what it calls for; the actions (an
+        :class:`~slm_server.supervise.decide.Answer` among them goes to the caller).
 
         A change of state is published before the events that report it, so whoever
         reads an event in ``watchdog.jsonl`` finds the state file already agreeing."""
@@ -284,6 +171,7 @@ class Supervisor:
             self.publish()
         for action in actions:
             self.act(action)
+        return actions
 
     def act(self, action: core.Action) -> None:
         if isinstance(action, core.Emit):
@@ -297,12 +185,10 @@ class Supervisor:
             if backend.child is not None and backend.child.pid == action.pid:
                 self.spawn_task(self.stop_task(backend, backend.child, action.kill))
         elif isinstance(action, core.Probe):
-            # One probe at a time per backend, at most one per tick.
-            now = self.clock()
-            if action.role not in self.probing and now >= self.next_probe.get(action.role, 0):
-                self.probing.add(action.role)
-                self.next_probe[action.role] = now + STARTING_PROBE_SECONDS
-                self.spawn_task(self.probe(self.backends[action.role]))
+            self.spawn_task(self.probe(self.backends[action.role]))
+        elif isinstance(action, core.Remember):
+            self.footprints.remember(self.backends[action.role], action.resident_mb)
+            self.dirty = True
         elif isinstance(action, core.Confirm):
             self.spawn_task(self.confirm(self.backends[action.role], action.reason))
 
@@ -459,45 +345,10 @@ class Supervisor:
         status, survived = await self.stop_child(child, kill)
         self.report(core.Stopped(backend.role, child.pid, status, survived))
 
-    def estimate(self, backend: Backend) -> None:
-        """The backend's expected footprint, and the one measured at an earlier load of
-        the same files and settings (remembered across runs)."""
-        entry = backend.spec.entry
-        backend.footprint_key = footprint_key(entry)
-        if backend.footprint_key is not None:
-            backend.life.measured_mb = self.footprints.get(backend.footprint_key)
-        try:
-            backend.estimate_mb = estimate_entry(entry).mb
-        except NoEstimate as exc:
-            log.info("no memory estimate for %s (%s): %s", backend.role, entry.id, exc)
-
-    def remeasure(self) -> None:
-        """Serving grows a backend (buffers on its first requests, the prompt cache):
-        a ready one measured more than ``REMEASURE_GROWTH`` above its footprint is
-        remembered at its new size."""
-        for backend in self.backends.values():
-            life, child = backend.life, backend.child
-            if life.state is not State.READY or child is None or not life.alive:
-                continue
-            resident = self.control.resident_mb(child.pid)
-            known = life.measured_mb
-            if resident is None or (known is not None and resident <= known * REMEASURE_GROWTH):
-                continue
-            life.measured_mb = resident
-            self.remember_footprint(backend, resident)
-            self.dirty = True
-
-    def remember_footprint(self, backend: Backend, resident_mb: int) -> None:
-        key = backend.footprint_key
-        if key is None or self.footprints.get(key) == resident_mb:
-            return
-        if self.footprints.put(key, resident_mb):
-            self.chore_done(str(self.footprints.path))
-        else:
-            error = OSError(self.footprints.last_error or "cannot write")
-            self.housekeeping_failed("state_write_failed", str(self.footprints.path), error)
-
     async def probe(self, backend: Backend) -> None:
+        """Probe ``/health``; reports :class:`HealthProbed`, or :class:`ProbeLost` when
+        the probe itself failed (so that another may go out)."""
+        answered = False
         try:
             if backend.plan is None:
                 return
@@ -505,11 +356,11 @@ class Supervisor:
             ok = await self.control.probe(backend.plan.base_url, backend.plan.health_path, timeout)
             child = backend.child
             resident = self.control.resident_mb(child.pid) if ok and child is not None else None
-            if resident is not None:
-                self.remember_footprint(backend, resident)
             self.report(core.HealthProbed(backend.role, ok, resident))
+            answered = True
         finally:
-            self.probing.discard(backend.role)
+            if not answered:
+                self.report(core.ProbeLost(backend.role))
 
     async def confirm(self, backend: Backend, reason: str) -> None:
         """Gather the evidence on a trip and judge it; reports :class:`Judged`."""
@@ -590,62 +441,33 @@ class Supervisor:
                 self.watchdog.restart_cooldown_seconds,
             )
             entry = spec.entry
-            on_demand = entry.load == "on_demand"
-            phase: Phase = Launching()
-            if not entry.enabled:
-                phase = Done(State.DISABLED)
-            elif on_demand:
-                phase = Unloaded()
+            expected = self.footprints.expect(spec) if entry.enabled else Expected()
             life = core.Lifecycle(
                 role=spec.role,
                 model_id=entry.id,
                 port=entry.port,
                 budget=budget,
-                phase=phase,
-                since=self.wall(),
-                on_demand=on_demand,
+                measured_mb=expected.remembered_mb,
+                enabled=entry.enabled,
+                on_demand=entry.load == "on_demand",
             )
             backend = Backend(spec, life)
+            backend.footprint_key, backend.estimate_mb = expected.key, expected.estimate_mb
             self.backends[spec.role] = backend
-            if entry.enabled:
-                self.estimate(backend)
-            if entry.enabled and not on_demand:
-                self.spawn_task(self.launch(backend))
+        self.apply(core.Begin())  # the first phases, and the first launches
 
     def sweep(self) -> None:
-        """Take the router's requests and trim oversized logs. A failing chore is
-        reported (``request_sweep_failed``, ``backend_log_trim_failed``) and skipped."""
-        directory = self.watchdog.request_dir
-        try:
-            requests = take_requests(directory)
-        except OSError as exc:
-            self.housekeeping_failed("request_sweep_failed", str(directory), exc)
-            requests = []
-        else:
-            self.chore_done(str(directory))
-        for request in requests:
+        """Take the router's requests, measure the ready backends again and trim
+        oversized logs. A failing chore is reported (``request_sweep_failed``,
+        ``backend_log_trim_failed``) and skipped."""
+        for request in self.housekeeping.take_requests():
             if isinstance(request, RestartRequest) and request.role in self.remotes:
                 self.remotes.trip(request)  # ejected, never restarted
             else:
                 self.apply(core.Requested(request))
-        self.remeasure()
-        max_bytes = int(self.watchdog.backend_log_max_mb * 1024 * 1024)
-        if max_bytes <= 0:
-            return
-        self.trim(self.watchdog.log_path, max_bytes, {})
-        for backend in self.backends.values():
-            if backend.plan is not None:
-                self.trim(backend.plan.log_path, max_bytes, backend.life.ids())
-
-    def trim(self, path: Path, max_bytes: int, ids: Mapping[str, object]) -> None:
-        try:
-            size = self.control.trim_log(path, max_bytes)
-        except OSError as exc:
-            self.housekeeping_failed("backend_log_trim_failed", str(path), exc, **ids)
-            return
-        self.chore_done(str(path))
-        if size is not None:
-            self.events.emit("backend_log_trimmed", **ids, path=str(path), bytes=size)
+        for measured in self.footprints.measure(self.backends.values()):
+            self.apply(measured)
+        self.housekeeping.trim_logs(self.backends.values())
 
     def running(self) -> bool:
         """Whether any backend is starting, serving, restarting, or unloaded (an
@@ -715,58 +537,28 @@ class Supervisor:
                 if b.child is not None and b.child.poll() is None
             )
         )
-        for backend in self.backends.values():
-            backend.life.alive = False
-            if backend.life.state in SUPERVISED:
-                backend.life.phase = Done(State.STOPPED)
-                backend.life.since = self.wall()
         self.remotes.stop()
         self.dirty = True
+        self.apply(core.Shutdown())  # every supervised backend STOPPED, and published
         self.publish()
 
     def command(self, command: commands.Command) -> commands.Reply:
         """The router's load or unload, decided at once (and published, so the router
         sees ``loading`` or ``unloading`` without waiting for the next turn)."""
-        backend = self.backends.get(command.role)
-        if backend is None:
-            return commands.Reply(False, error=f"no model with role {command.role!r}")
-        life = backend.life
-        if not life.on_demand:
-            return commands.Reply(
-                False, life.state.value, "load: always models are loaded at launch and kept"
-            )
-        if command.op == "load":
-            self.apply(core.Load(command.role))
-            taken = life.state in (State.LOADING, State.READY)
-        else:
-            reason = command.reason or "api"
-            self.apply(core.Unload(command.role, reason, command.for_model))
-            taken = life.state in (State.UNLOADING, State.UNLOADED)
+        actions = self.apply(command_socket.observation(command))
         self.publish()
         if self._wake is not None:
             self._wake.set()
-        if taken:
-            return commands.Reply(True, life.state.value)
-        return commands.Reply(
-            False, life.state.value, f"cannot {command.op} while {life.state.value}"
-        )
+        return command_socket.reply(actions)
 
     async def main(self) -> int:
         status = 1
-        path = commands.socket_path(self.settings.log_dir)
-        server = None
         try:
-            try:
-                server = await commands.serve(path, self.command)
-            except OSError as exc:
-                log.error("cannot listen for the router's commands on %s: %s", path, exc)
+            await self.commands.open(self.command)
             status = await self.watch()
             return status
         finally:
-            if server is not None:
-                server.close()
-                with contextlib.suppress(OSError):
-                    path.unlink()
+            self.commands.close()
             await self.stop_all()
             await self.control.aclose()
             self.events.emit("supervisor_stopped", pid=os.getpid(), exit_status=status)

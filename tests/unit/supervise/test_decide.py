@@ -19,6 +19,8 @@ from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.contracts.states import State, check_transition
 from slm_server.supervise.decide import (
     Action,
+    Answer,
+    Begin,
     Confirm,
     Emit,
     Exited,
@@ -28,15 +30,21 @@ from slm_server.supervise.decide import (
     Launched,
     Lifecycle,
     Load,
+    LoadRequested,
     Log,
+    Measured,
     Observation,
     Policy,
     Probe,
+    ProbeLost,
+    Remember,
     Requested,
+    Shutdown,
     Stop,
     Stopped,
     Tick,
     Unload,
+    UnloadRequested,
     decide,
 )
 from slm_server.supervise.phases import (
@@ -126,7 +134,8 @@ class Run:
         before = {role: life.state for role, life in self.lives.items()}
         actions = decide(self.lives, observation, self.now, self.wall, self.policy)
         for role, life in self.lives.items():
-            if life.state is not before[role]:
+            # The first phase (Begin) is no transition: nothing was published before it.
+            if life.state is not before[role] and not isinstance(observation, Begin):
                 check_transition(before[role], life.state)
                 self.seen.append((before[role], life.state))
         return actions
@@ -1143,3 +1152,213 @@ def test_a_restart_request_for_an_unloaded_model_is_not_acted_on() -> None:
     actions = r.step(r.request("5xx"))
     assert events(actions) == ["backend_not_running"]
     assert state(r.life) is State.UNLOADED
+
+
+# -- the first phase (Begin) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "first", "actions"),
+    [
+        ({}, Launching(), [Launch(ROLE)]),
+        ({"on_demand": True}, Unloaded(), []),
+        ({"enabled": False}, Done(State.DISABLED), []),
+        ({"enabled": False, "on_demand": True}, Done(State.DISABLED), []),
+    ],
+    ids=["always", "on demand", "disabled", "disabled on demand"],
+)
+def test_begin_chooses_the_first_phase(
+    fields: dict[str, Any], first: Phase, actions: list[Action]
+) -> None:
+    r = run(lifecycle(**fields))
+    assert r.step(Begin(), 5.0) == actions
+    assert phase(r.life) == first
+    assert (r.life.since, r.life.reason, r.life.begun) == (W0 + 5.0, None, True)
+    assert r.step(Begin(), 1.0) == []  # once only: no second first launch
+    assert r.life.since == W0 + 5.0
+
+
+def test_begin_begins_every_backend_in_order() -> None:
+    r = run(lifecycle(), lifecycle(OTHER))
+    assert r.step(Begin()) == [Launch(ROLE), Launch(OTHER)]
+
+
+# -- shutdown --------------------------------------------------------------------------
+
+
+def _unloaded(r: Run) -> None:
+    r.lives[ROLE] = on_demand()
+
+
+SHUTDOWNS: list[tuple[str, Callable[[Run], None], State]] = [
+    ("launching", _launching, State.STOPPED),
+    ("ready", _at_ready, State.STOPPED),
+    ("restarting", _restarting_dead, State.STOPPED),
+    ("stopping for a restart", _at_restarting_stop, State.STOPPED),
+    ("unloaded", _unloaded, State.STOPPED),
+    ("failed", _failed, State.FAILED),
+    ("abandoned", _abandoned, State.ABANDONED),
+]
+
+
+@pytest.mark.parametrize(
+    ("setup", "final"), [row[1:] for row in SHUTDOWNS], ids=[row[0] for row in SHUTDOWNS]
+)
+def test_shutdown_stops_every_supervised_backend_keeping_its_reason(
+    setup: Callable[[Run], None], final: State
+) -> None:
+    r = run(lifecycle(), lifecycle(OTHER))
+    setup(r)
+    life = r.life
+    reason, since = life.reason, life.since
+    assert r.step(Shutdown(), 2.0) == []  # the shell stopped the processes already
+    assert (life.state, life.reason, life.alive) == (final, reason, False)
+    assert life.since == (r.wall if final is State.STOPPED else since)
+    assert r.lives[OTHER].state is State.STOPPED
+
+
+def test_nothing_moves_a_backend_after_shutdown() -> None:
+    r = run().serving()
+    r.step(Shutdown())
+    for observation in (exited(), Tick(), r.request("5xx"), HealthProbed(ROLE, True)):
+        r.step(observation, 1.0)
+        assert r.life.state is State.STOPPED
+
+
+# -- pacing the health probes ------------------------------------------------------------
+
+PACED = replace(POLICY, probe_interval_seconds=0.05)
+
+
+def test_one_probe_is_out_at_a_time() -> None:
+    r = run(policy=PACED).starting()
+    assert r.step(Tick()) == [Probe(ROLE)]
+    assert r.step(Tick(), 1.0) == []  # still out, however long it takes
+    r.step(HealthProbed(ROLE, False))
+    assert r.step(Tick()) == [Probe(ROLE)]
+
+
+def test_probes_go_out_at_most_once_per_interval() -> None:
+    r = run(policy=PACED).starting()
+    assert r.step(Tick()) == [Probe(ROLE)]
+    r.step(HealthProbed(ROLE, False), 0.01)
+    assert r.step(Tick(), 0.03) == []  # 0.04 s after the last one went out
+    assert r.step(Tick(), 0.01) == [Probe(ROLE)]
+
+
+def test_a_lost_probe_lets_the_next_one_go_out() -> None:
+    r = run(policy=PACED).starting()
+    r.step(Tick())
+    assert r.step(ProbeLost(ROLE), 1.0) == []
+    assert r.life.state is State.STARTING  # no answer is no failed probe
+    assert r.step(Tick()) == [Probe(ROLE)]
+
+
+def test_a_probe_still_out_across_a_restart_holds_the_next_one() -> None:
+    r = run(policy=PACED).starting(OLD)
+    r.step(Tick())  # a probe of OLD goes out, and hangs
+    r.step(exited(OLD))
+    r.step(Launched(ROLE, NEW), 1.0)
+    assert r.life.state is State.STARTING
+    assert r.step(Tick()) == []
+    r.step(HealthProbed(ROLE, False))
+    assert r.step(Tick()) == [Probe(ROLE)]
+
+
+# -- the router's commands, answered -----------------------------------------------------
+
+
+def test_a_command_for_an_unknown_role_is_refused() -> None:
+    r = run(on_demand())
+    refused = Answer(False, None, "no model with role 'zzz'")
+    assert r.step(LoadRequested("zzz")) == [refused]
+    assert r.step(UnloadRequested("zzz", "api")) == [refused]
+    assert r.life.state is State.UNLOADED
+
+
+def test_a_command_for_an_always_model_is_refused_whatever_its_state() -> None:
+    r = run().serving()
+    why = "load: always models are loaded at launch and kept"
+    assert r.step(UnloadRequested(ROLE, "api")) == [Answer(False, "ready", why)]
+    assert r.step(LoadRequested(ROLE)) == [Answer(False, "ready", why)]
+    assert r.life.state is State.READY
+
+
+def test_a_load_is_taken_then_answered() -> None:
+    r = run(on_demand())
+    assert r.step(LoadRequested(ROLE)) == [
+        emit("backend_loading", **IDS),
+        Launch(ROLE),
+        Answer(True, "loading"),
+    ]
+    assert r.step(LoadRequested(ROLE)) == [Answer(True, "loading")]  # already
+    r.step(Launched(ROLE, OLD))
+    r.step(HealthProbed(ROLE, True))
+    assert r.step(LoadRequested(ROLE)) == [Answer(True, "ready")]
+
+
+def test_an_unload_is_taken_then_answered() -> None:
+    r = run(on_demand())
+    r.step(LoadRequested(ROLE))
+    r.step(Launched(ROLE, OLD))
+    r.step(HealthProbed(ROLE, True))
+    actions = r.step(UnloadRequested(ROLE, "evicted", "m2"))
+    assert actions == [Stop(ROLE, OLD), Answer(True, "unloading")]
+    assert (r.life.state, r.life.reason) == (State.UNLOADING, "evicted")
+    assert r.step(LoadRequested(ROLE)) == [
+        Answer(False, "unloading", "cannot load while unloading")
+    ]
+    r.step(Stopped(ROLE, OLD, -15))
+    assert r.step(UnloadRequested(ROLE, "api")) == [Answer(True, "unloaded")]
+
+
+def test_an_unload_before_any_process_is_refused() -> None:
+    r = run(on_demand())
+    r.step(LoadRequested(ROLE))
+    assert r.step(UnloadRequested(ROLE, "no_waiter")) == [
+        Answer(False, "loading", "cannot unload while loading")
+    ]
+    assert r.life.state is State.LOADING
+
+
+def test_a_load_of_a_restarting_model_is_refused() -> None:
+    r = run(on_demand())
+    r.step(LoadRequested(ROLE))
+    r.step(Launched(ROLE, None, "port 8501 is taken"))
+    assert r.step(LoadRequested(ROLE)) == [
+        Answer(False, "restarting", "cannot load while restarting")
+    ]
+
+
+# -- footprints ----------------------------------------------------------------------------
+
+
+def test_the_footprint_measured_when_ready_is_remembered() -> None:
+    r = run().starting()
+    actions = r.step(HealthProbed(ROLE, True, resident_mb=700))
+    assert actions[0] == Remember(ROLE, 700)
+    assert r.life.measured_mb == 700
+    r2 = run().starting()
+    assert not any(isinstance(a, Remember) for a in r2.step(HealthProbed(ROLE, True)))
+
+
+@pytest.mark.parametrize(
+    ("known", "resident", "kept"),
+    [(None, 300, True), (200, 260, True), (200, 210, False), (200, 211, True), (200, 150, False)],
+)
+def test_a_ready_backend_that_grew_is_remembered_at_its_new_size(
+    known: int | None, resident: int, kept: bool
+) -> None:
+    r = run(lifecycle(measured_mb=known)).serving()
+    actions = r.step(Measured(ROLE, resident))
+    assert actions == ([Remember(ROLE, resident)] if kept else [])
+    assert r.life.measured_mb == (resident if kept else known)
+
+
+@pytest.mark.parametrize("setup", [_launching, _restarting_dead, _at_restarting_stop, _failed])
+def test_a_measure_of_a_backend_not_serving_is_ignored(setup: Callable[[Run], None]) -> None:
+    r = run()
+    setup(r)
+    known = r.life.measured_mb
+    assert r.step(Measured(ROLE, 999)) == []
+    assert r.life.measured_mb == known

@@ -1,0 +1,42 @@
+"""One registry entry under supervision: its lifecycle (decided by
+:mod:`~slm_server.supervise.decide`) beside what the shell acts on (its plan, its
+process, its expected footprint)."""
+
+from __future__ import annotations
+
+from slm_server.config import ModelSpec
+from slm_server.launch.plan import LaunchPlan
+from slm_server.memory import measure
+from slm_server.memory.store import FootprintKey
+from slm_server.supervise.control import Child
+from slm_server.supervise.decide import Lifecycle
+
+
+class Backend:
+    """One registry entry: its lifecycle (decided), its plan and process (acted on)."""
+
+    def __init__(self, spec: ModelSpec, life: Lifecycle) -> None:
+        self.spec = spec
+        self.life = life
+        self.plan: LaunchPlan | None = None
+        self.child: Child | None = None
+        self.estimate_mb: int | None = None  # the footprint expected before a load
+        self.footprint_key: FootprintKey | None = None  # where its measurement is kept
+
+    @property
+    def footprint_mb(self) -> int | None:
+        """What the router admits this backend by: the registry's ``memory_mb``, else
+        the footprint measured at its last load, else the estimate. Where resident
+        memory misses GPU memory (macOS: Metal's wired memory), the larger of the
+        measured and the estimate."""
+        entry = self.spec.entry
+        measured, estimate = self.life.measured_mb, self.estimate_mb
+        if entry.memory_mb is not None:
+            return entry.memory_mb
+        if measured is None or estimate is None:
+            return measured if measured is not None else estimate
+        return measured if measure.RSS_COUNTS_GPU_MEMORY else max(measured, estimate)
+
+    @property
+    def role(self) -> str:
+        return self.spec.role

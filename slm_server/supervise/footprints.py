@@ -1,0 +1,77 @@
+"""What each backend weighs: the estimate from its files and settings, the resident
+memory measured when it became ready or grew while serving (decided by
+:mod:`~slm_server.supervise.decide`: :class:`Measured`, :class:`Remember`), and the
+store that remembers a measurement across runs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slm_server.config import ModelSpec
+from slm_server.contracts.states import State
+from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key
+from slm_server.memory.store import FootprintKey, FootprintStore
+from slm_server.supervise.backend import Backend
+from slm_server.supervise.control import ProcessControl
+from slm_server.supervise.decide import Measured
+from slm_server.supervise.housekeeping import ChoreErrors
+
+log = logging.getLogger("slm_server.supervisor")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """Where an entry's footprint is kept, its estimate, and the one remembered from an
+    earlier load of the same files and settings."""
+
+    key: FootprintKey | None = None
+    estimate_mb: int | None = None
+    remembered_mb: int | None = None
+
+
+class Footprints:
+    """Estimates, measurements and the store, through the process control."""
+
+    def __init__(self, path: Path, control: ProcessControl, chores: ChoreErrors) -> None:
+        self.store = FootprintStore(path)
+        self.control = control
+        self.chores = chores
+
+    def expect(self, spec: ModelSpec) -> Expected:
+        entry = spec.entry
+        key = footprint_key(entry)
+        remembered = self.store.get(key) if key is not None else None
+        estimate = None
+        try:
+            estimate = estimate_entry(entry).mb
+        except NoEstimate as exc:
+            log.info("no memory estimate for %s (%s): %s", spec.role, entry.id, exc)
+        return Expected(key, estimate, remembered)
+
+    def measure(self, backends: Iterable[Backend]) -> list[Measured]:
+        """Serving grows a backend (buffers on its first requests, the prompt cache):
+        each ready one, measured again."""
+        found: list[Measured] = []
+        for backend in backends:
+            life, child = backend.life, backend.child
+            if life.state is not State.READY or child is None or not life.alive:
+                continue
+            resident = self.control.resident_mb(child.pid)
+            if resident is not None:
+                found.append(Measured(backend.role, resident))
+        return found
+
+    def remember(self, backend: Backend, resident_mb: int) -> None:
+        """Keep ``resident_mb`` for the backend's files and settings (a failed write is
+        ``state_write_failed``, reported once)."""
+        key = backend.footprint_key
+        if key is None or self.store.get(key) == resident_mb:
+            return
+        if self.store.put(key, resident_mb):
+            self.chores.done(str(self.store.path))
+        else:
+            error = OSError(self.store.last_error or "cannot write")
+            self.chores.failed("state_write_failed", str(self.store.path), error)
