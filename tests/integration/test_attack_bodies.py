@@ -17,6 +17,7 @@ import pytest
 from tests.fakes.control import FakeBackend
 from tests.integration.attack_wire import Wire, request
 from tests.processes import poll, registry_env, running_router
+from tests.registry_entries import registry_entry
 
 MODEL = "bodies-attack"
 MIB = 1024 * 1024
@@ -36,16 +37,7 @@ def fake() -> Iterator[FakeBackend]:
 @pytest.fixture(scope="module")
 def router(fake: FakeBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir: Path = tmp_path_factory.mktemp("bodies-attack")
-    entry = {
-        "id": MODEL,
-        "backend": "llamacpp",
-        "port": fake.port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 30,
-        "quantization": "Q4_0",
-        "max_concurrency": 4,
-        "max_queue": 16,
-    }
+    entry = registry_entry(MODEL, fake.port, default_timeout=30, max_concurrency=4, max_queue=16)
     env = registry_env(
         workdir,
         {MODEL: entry},

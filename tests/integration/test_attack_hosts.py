@@ -10,19 +10,13 @@ import pytest
 
 from tests.integration.attack_wire import Wire
 from tests.processes import free_port, registry_env, running_router
+from tests.registry_entries import registry_entry
 
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir: Path = tmp_path_factory.mktemp("hosts-attack")
-    entry = {
-        "id": "hosts",
-        "backend": "llamacpp",
-        "port": free_port(),
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-    }
+    entry = registry_entry("hosts", free_port())
     env = registry_env(workdir, {"hosts": entry}, SLM_ALLOWED_HOSTS="gpu-box.lan")
     with running_router(env, workdir) as (_, url):
         yield url

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from slm_server.router.intake.strict_json import MAX_DEPTH
 from tests.fakes.control import FakeBackend
 from tests.processes import running_router
+from tests.registry_entries import registry_entry
 
 ROUTES = [
     ("POST", "/v1/chat/completions"),
@@ -143,16 +144,9 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             ("embed", embed, "embeddings"),
             ("rerank", rerank, "rerank"),
         ):
-            entries[role] = {
-                "id": role,
-                "backend": "llamacpp",
-                "port": fake.port,
-                "model_path": "x.gguf",
-                "default_timeout": 10,
-                "quantization": "Q4_0",
-                "model_type": kind,
-                "max_concurrency": 4,
-            }
+            entries[role] = registry_entry(
+                role, fake.port, model_path="x.gguf", model_type=kind, max_concurrency=4
+            )
         config = workdir / "models.yaml"
         config.write_text(yaml.safe_dump({"models": entries}))
         env = {

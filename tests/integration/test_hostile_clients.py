@@ -17,6 +17,7 @@ import pytest
 
 from tests.fakes.control import FakeBackend
 from tests.processes import poll, registry_env, running_router
+from tests.registry_entries import registry_entry
 
 BODY_MB = 5
 BUDGET_MB = 8
@@ -33,16 +34,7 @@ def router(
     fake: FakeBackend, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, int]]:
     workdir: Path = tmp_path_factory.mktemp("clients")
-    entry = {
-        "id": "big",
-        "backend": "llamacpp",
-        "port": fake.port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 30,
-        "quantization": "Q4_0",
-        "max_concurrency": 1,
-        "max_queue": 64,
-    }
+    entry = registry_entry("big", fake.port, default_timeout=30, max_concurrency=1, max_queue=64)
     env = registry_env(
         workdir,
         {"big": entry},

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.control import FakeBackend
 from tests.processes import poll, registry_env, running_router
+from tests.registry_entries import registry_entry
 
 GENERATIONS = "/v1/images/generations"
 EDITS = "/v1/images/edits"
@@ -37,16 +38,10 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def entry(model_id: str, port: int) -> dict[str, Any]:
+    """The chat model on llama.cpp, the media models on MLX."""
     model_type = TYPES[model_id]
-    return {
-        "id": model_id,
-        "backend": "llamacpp" if model_type == "lm" else "mlx",
-        "port": port,
-        "model_path": "models/none",
-        "default_timeout": 10,
-        "quantization": "Q4_0" if model_type == "lm" else "4bit",
-        "model_type": model_type,
-    }
+    mlx = {} if model_type == "lm" else {"backend": "mlx", "quantization": "4bit"}
+    return registry_entry(model_id, port, model_path="models/none", model_type=model_type, **mlx)
 
 
 @pytest.fixture(scope="module")

@@ -18,23 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from slm_server.contracts.records import BackendState, write_state
 from tests.fakes.control import FakeBackend
 from tests.processes import poll, running_router
+from tests.registry_entries import registry_entry
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "count my words"}]
 ROLES = ("alpha", "embed", "sick")
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def entry(model_id: str, port: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-        **extra,
-    }
 
 
 def published(role: str, port: int, state: str, **extra: Any) -> BackendState:
@@ -67,10 +56,10 @@ def router(
 ) -> Iterator[str]:
     workdir: Path = tmp_path_factory.mktemp("metrics")
     models = {
-        "alpha": entry("alpha", fakes["alpha"].port),
-        "embed": entry("embed", fakes["embed"].port, model_type="embeddings"),
-        "sick": entry("sick", fakes["sick"].port),
-        "off": entry("off", fakes["sick"].port + 1, enabled=False),
+        "alpha": registry_entry("alpha", fakes["alpha"].port),
+        "embed": registry_entry("embed", fakes["embed"].port, model_type="embeddings"),
+        "sick": registry_entry("sick", fakes["sick"].port),
+        "off": registry_entry("off", fakes["sick"].port + 1, enabled=False),
     }
     config = workdir / "models.yaml"
     config.write_text(yaml.safe_dump({"models": models}))

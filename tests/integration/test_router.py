@@ -18,22 +18,11 @@ import pytest
 from tests.fakes.control import FakeBackend
 from tests.openai_shapes import strict_events, strict_response
 from tests.processes import free_port, registry_env, running_router
+from tests.registry_entries import registry_entry
 
 FAKE_ROLES = ("alpha", "beta", "slow", "embed", "rerank", "sick", "stuck", "mlxish")
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
-
-
-def entry(model_id: str, port: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-        **extra,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +37,23 @@ def router(
 ) -> Iterator[str]:
     workdir: Path = tmp_path_factory.mktemp("router")
     models = {
-        "alpha": entry(
+        "alpha": registry_entry(
             "alpha", fakes["alpha"].port, chat_template_kwargs={"enable_thinking": False}
         ),
-        "beta": entry("beta", fakes["beta"].port),
-        "slow": entry("slow", fakes["slow"].port, default_timeout=1),
-        "embed": entry("embed", fakes["embed"].port, model_type="embeddings"),
-        "rerank": entry("rerank", fakes["rerank"].port, model_type="rerank"),
-        "sick": entry("sick", fakes["sick"].port),
-        "stuck": entry("stuck", fakes["stuck"].port),
-        "ghost": entry("ghost", free_port()),
-        "off": entry("off", free_port(), enabled=False),
-        "slashed": entry("org/slashed-model", free_port()),
-        "mlxish": entry("mlxish", fakes["mlxish"].port, backend="mlx", model_path="org/model"),
-        "twin_a": entry("twin", free_port()),
-        "twin_b": entry("twin", free_port()),
+        "beta": registry_entry("beta", fakes["beta"].port),
+        "slow": registry_entry("slow", fakes["slow"].port, default_timeout=1),
+        "embed": registry_entry("embed", fakes["embed"].port, model_type="embeddings"),
+        "rerank": registry_entry("rerank", fakes["rerank"].port, model_type="rerank"),
+        "sick": registry_entry("sick", fakes["sick"].port),
+        "stuck": registry_entry("stuck", fakes["stuck"].port),
+        "ghost": registry_entry("ghost", free_port()),
+        "off": registry_entry("off", free_port(), enabled=False),
+        "slashed": registry_entry("org/slashed-model", free_port()),
+        "mlxish": registry_entry(
+            "mlxish", fakes["mlxish"].port, backend="mlx", model_path="org/model"
+        ),
+        "twin_a": registry_entry("twin", free_port()),
+        "twin_b": registry_entry("twin", free_port()),
     }
     env = registry_env(workdir, models, SLM_HEALTH_PROBE_TIMEOUT_SECONDS="0.5")
     with running_router(env, workdir) as (_process, url):

@@ -27,31 +27,22 @@ from tests.integration.otlp_receiver import (
     ReceivedSpan,
 )
 from tests.processes import free_port, poll, running_router
+from tests.registry_entries import registry_entry
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello there"}]
 ROLES = ("alpha", "native", "embed", "rerank")
 
 
-def entry(model_id: str, port: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-        **extra,
-    }
-
-
 def write_registry(workdir: Path, fakes: dict[str, FakeBackend]) -> Path:
     models = {
-        "alpha": entry("alpha", fakes["alpha"].port),
+        "alpha": registry_entry("alpha", fakes["alpha"].port),
         # An MLX backend: its own /v1/responses is asked first (llama.cpp's never is).
-        "native": entry("native", fakes["native"].port, backend="mlx", model_path="org/native"),
-        "embed": entry("embed", fakes["embed"].port, model_type="embeddings"),
-        "rerank": entry("rerank", fakes["rerank"].port, model_type="rerank"),
+        "native": registry_entry(
+            "native", fakes["native"].port, backend="mlx", model_path="org/native"
+        ),
+        "embed": registry_entry("embed", fakes["embed"].port, model_type="embeddings"),
+        "rerank": registry_entry("rerank", fakes["rerank"].port, model_type="rerank"),
     }
     config = workdir / "models.yaml"
     config.write_text(yaml.safe_dump({"models": models}))
