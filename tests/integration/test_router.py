@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,7 +14,7 @@ import pytest
 
 from tests.fakes.control import FakeBackend
 from tests.openai_shapes import strict_events, strict_response
-from tests.processes import free_port, registry_env, running_router
+from tests.processes import RunningRouter, StartRouter, free_port
 from tests.registry_entries import registry_entry
 
 FAKE_ROLES = ("alpha", "beta", "slow", "embed", "rerank", "sick", "stuck", "mlxish")
@@ -26,16 +23,7 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
-def fakes() -> Iterator[dict[str, FakeBackend]]:
-    with ExitStack() as stack:
-        yield {role: stack.enter_context(FakeBackend.start(model_id=role)) for role in FAKE_ROLES}
-
-
-@pytest.fixture(scope="module")
-def router(
-    fakes: dict[str, FakeBackend], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    workdir: Path = tmp_path_factory.mktemp("router")
+def router_process(fakes: dict[str, FakeBackend], start_router: StartRouter) -> RunningRouter:
     models = {
         "alpha": registry_entry(
             "alpha", fakes["alpha"].port, chat_template_kwargs={"enable_thinking": False}
@@ -55,21 +43,7 @@ def router(
         "twin_a": registry_entry("twin", free_port()),
         "twin_b": registry_entry("twin", free_port()),
     }
-    env = registry_env(workdir, models, SLM_HEALTH_PROBE_TIMEOUT_SECONDS="0.5")
-    with running_router(env, workdir) as (_process, url):
-        yield url
-
-
-@pytest.fixture(autouse=True)
-def _reset(fakes: dict[str, FakeBackend]) -> None:
-    for fake in fakes.values():
-        fake.reset()
-
-
-@pytest.fixture
-def http(router: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=router, timeout=10.0, trust_env=False) as client:
-        yield client
+    return start_router(models, SLM_HEALTH_PROBE_TIMEOUT_SECONDS="0.5")
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:
