@@ -1,5 +1,5 @@
-"""Attacks on the budget for request bodies in flight (router/intake/body_budget.py) and on the
-JSON content-type check, on a real router in front of a real fake backend: bodies
+"""The budget for request bodies in flight (router/intake/body_budget.py) and the JSON
+content-type check under attack, on a real router in front of a real fake backend: bodies
 declared and never sent, clients that leave mid-body, chunked bodies past the budget
 or the size limit, refused bodies; every holding must come back."""
 

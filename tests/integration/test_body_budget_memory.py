@@ -1,6 +1,7 @@
-"""Clients that try to exhaust the router's memory, on a real router process: large
-bodies at once are held to one budget (503 before their bodies are read), and the
-router's memory comes back down after the burst."""
+"""The body budget (router/intake/body_budget.py) against clients that try to exhaust the
+router's memory, on a real router process: large bodies at once are held to one budget
+(503 before their bodies are read), and the router's memory comes back down after the
+burst."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Attacks on the Host allow-list (router/edge/hosts.py) on a real router, from raw sockets:
+"""The Host allow-list (router/edge/hosts.py) under attack on a real router, from raw sockets:
 name variants, two Host headers, absolute-form request targets."""
 
 from __future__ import annotations
