@@ -33,6 +33,7 @@ import psutil
 import yaml
 
 from tests.processes import ROOT, Command, free_port, pid_alive, poll, running_router, start_command
+from tests.registry_entries import registry_entry
 
 CACHE: Final = Path.home() / ".cache" / "slm_server" / "bench"
 LITELLM_VENV: Final = CACHE / "litellm-venv"
@@ -139,16 +140,14 @@ def bare_relay(workdir: Path, backends: Sequence[Server]) -> Iterator[Server]:
 
 def bench_entry(model: str, port: int) -> dict[str, Any]:
     """A registry entry for a backend that is already running on ``port``."""
-    return {
-        "id": model,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "unused.gguf",
-        "default_timeout": 120,
-        "quantization": "Q4_0",
-        "max_concurrency": WIDE_OPEN,
-        "max_queue": WIDE_OPEN,
-    }
+    return registry_entry(
+        model,
+        port,
+        model_path="unused.gguf",
+        default_timeout=120,
+        max_concurrency=WIDE_OPEN,
+        max_queue=WIDE_OPEN,
+    )
 
 
 def router_env(workdir: Path, telemetry: bool, collector: str | None = None) -> dict[str, str]:

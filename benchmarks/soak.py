@@ -29,6 +29,7 @@ import yaml
 
 from tests.fakes.control import FakeBackend
 from tests.processes import ROOT, running_router
+from tests.registry_entries import registry_entry
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -108,16 +109,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, FakeBackend.start(model_id="soak") as fake:
         fake.script(chunks=args.chunks, chunk_interval_seconds=args.chunk_interval)
         workdir = Path(tmp)
-        entry = {
-            "id": "soak",
-            "backend": "llamacpp",
-            "port": fake.port,
-            "model_path": "x.gguf",
-            "default_timeout": 60,
-            "quantization": "Q4_0",
-            "max_concurrency": args.clients,
-            "max_queue": args.clients,
-        }
+        entry = registry_entry(
+            "soak",
+            fake.port,
+            model_path="x.gguf",
+            default_timeout=60,
+            max_concurrency=args.clients,
+            max_queue=args.clients,
+        )
         (workdir / "models.yaml").write_text(yaml.safe_dump({"models": {"soak": entry}}))
         env = {
             "SLM_CONFIG": str(workdir / "models.yaml"),

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import yaml
@@ -141,3 +142,30 @@ def running_router(
         yield router, url
     finally:
         router.stop()
+
+
+@dataclass
+class RunningRouter:
+    """A router started by the ``start_router`` fixture (tests/integration/conftest.py)."""
+
+    command: Command
+    url: str
+    workdir: Path
+
+    @property
+    def pid(self) -> int:
+        return self.command.pid
+
+    @property
+    def output(self) -> Path:
+        """The router's stdout and stderr."""
+        return self.command.output
+
+
+class StartRouter(Protocol):
+    """The ``start_router`` fixture: a router serving ``models`` with these ``SLM_*``
+    ``settings``, from ``workdir`` (a fresh directory by default)."""
+
+    def __call__(
+        self, models: Mapping[str, object], *, workdir: Path | None = None, **settings: str
+    ) -> RunningRouter: ...

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from tests.processes import ROOT, free_port, http_ok, poll, registry_env, running_router
+from tests.registry_entries import registry_entry
 
 # The head of a chunked event stream, as a backend sends it.
 SSE_HEAD = (
@@ -95,17 +96,9 @@ def raw_stack(
     )
     try:
         poll(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 15, "the raw backend")
-        entry = {
-            "id": model,
-            "backend": "llamacpp",
-            "port": port,
-            "model_path": "models/none.gguf",
-            "default_timeout": 10,
-            "quantization": "Q4_0",
-        }
         env = registry_env(
             tmp,
-            {"raw": entry},
+            {"raw": registry_entry(model, port)},
             SLM_MAX_ANSWER_MB=str(answer_limit_mb),
             SLM_MAX_SSE_EVENT_MB=str(event_limit_mb),
             **(settings or {}),

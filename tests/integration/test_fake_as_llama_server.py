@@ -24,6 +24,7 @@ import yaml
 from slm_server.config import ModelEntry
 from slm_server.launch.llama_argv import ModelFiles, native_argv
 from tests.processes import ROOT, free_port, pid_alive, poll, start_command
+from tests.registry_entries import registry_entry
 
 FAKE_LLAMA_SERVER = ROOT / "tests" / "fakes" / "fake-llama-server"
 HOST = "127.0.0.1"
@@ -288,14 +289,7 @@ def test_the_launcher_runs_the_fake_as_its_llama_server(tmp_path: Path) -> None:
     model = model_file(tmp_path, name="a.gguf")
     registry = {
         "models": {
-            "standard": {
-                "id": "fake-a",
-                "backend": "llamacpp",
-                "port": port,
-                "model_path": str(model),
-                "default_timeout": 5,
-                "quantization": "Q4_0",
-            }
+            "standard": registry_entry("fake-a", port, model_path=str(model), default_timeout=5)
         }
     }
     config = tmp_path / "models.yaml"

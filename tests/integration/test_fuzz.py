@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slm_server.router.intake.strict_json import MAX_DEPTH
 from tests.fakes.control import FakeBackend
-from tests.processes import running_router
+from tests.processes import RunningRouter, StartRouter
+from tests.registry_entries import registry_entry
 
 ROUTES = [
     ("POST", "/v1/chat/completions"),
@@ -129,40 +128,20 @@ headers = st.fixed_dictionaries(
 )
 
 
+# The model type of each fake backend (the role is also the model id).
+KINDS = {"chat": "lm", "embed": "embeddings", "rerank": "rerank"}
+FAKE_ROLES = tuple(KINDS)
+
+
 @pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir: Path = tmp_path_factory.mktemp("fuzz")
-    with (
-        FakeBackend.start(model_id="chat") as chat,
-        FakeBackend.start(model_id="embed") as embed,
-        FakeBackend.start(model_id="rerank") as rerank,
-    ):
-        entries: dict[str, Any] = {}
-        for role, fake, kind in (
-            ("chat", chat, "lm"),
-            ("embed", embed, "embeddings"),
-            ("rerank", rerank, "rerank"),
-        ):
-            entries[role] = {
-                "id": role,
-                "backend": "llamacpp",
-                "port": fake.port,
-                "model_path": "x.gguf",
-                "default_timeout": 10,
-                "quantization": "Q4_0",
-                "model_type": kind,
-                "max_concurrency": 4,
-            }
-        config = workdir / "models.yaml"
-        config.write_text(yaml.safe_dump({"models": entries}))
-        env = {
-            "SLM_CONFIG": str(config),
-            "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
-            "SLM_OTEL_ENABLED": "false",
-            "SLM_LLAMA_SERVER_BIN": "",
-        }
-        with running_router(env, workdir) as (_process, url):
-            yield url
+def router_process(fakes: dict[str, FakeBackend], start_router: StartRouter) -> RunningRouter:
+    entries = {
+        role: registry_entry(
+            role, fake.port, model_path="x.gguf", model_type=KINDS[role], max_concurrency=4
+        )
+        for role, fake in fakes.items()
+    }
+    return start_router(entries, SLM_OTEL_ENABLED="false")
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.processes import free_port, pid_alive, poll, start_command
+from tests.registry_entries import registry_entry
 
 
 @pytest.fixture
@@ -49,14 +50,9 @@ def write_pidfile(log_dir: Path, pid: int, create_time: float) -> None:
 def run_launcher(tmp_path: Path) -> tuple[int, str]:
     """Run ``backends`` on a registry whose only model file is missing."""
     config = tmp_path / "models.yaml"
-    entry = {
-        "id": "absent",
-        "backend": "llamacpp",
-        "port": free_port(),
-        "model_path": str(tmp_path / "absent.gguf"),
-        "default_timeout": 5,
-        "quantization": "Q4_0",
-    }
+    entry = registry_entry(
+        "absent", free_port(), model_path=str(tmp_path / "absent.gguf"), default_timeout=5
+    )
     config.write_text(yaml.safe_dump({"models": {"standard": entry}}))
     env = {
         "SLM_CONFIG": str(config),

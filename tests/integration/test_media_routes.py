@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,7 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.control import FakeBackend
-from tests.processes import poll, registry_env, running_router
+from tests.processes import RunningRouter, StartRouter, poll
+from tests.registry_entries import registry_entry
 
 GENERATIONS = "/v1/images/generations"
 EDITS = "/v1/images/edits"
@@ -26,6 +25,7 @@ CHAT = "/v1/chat/completions"
 KEY = "sk-media-test-key"
 # model_type of each fake-backed entry; the role is also the model id.
 TYPES = {"alpha": "lm", "painter": "image-generation", "editor": "image-edit", "scribe": "whisper"}
+FAKE_ROLES = tuple(TYPES)
 BOUNDARY = "media-test-boundary"
 # Binary bytes that look like line ends, near-boundaries and part headers.
 TRICKY = (
@@ -37,47 +37,21 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def entry(model_id: str, port: int) -> dict[str, Any]:
+    """The chat model on llama.cpp, the media models on MLX."""
     model_type = TYPES[model_id]
-    return {
-        "id": model_id,
-        "backend": "llamacpp" if model_type == "lm" else "mlx",
-        "port": port,
-        "model_path": "models/none",
-        "default_timeout": 10,
-        "quantization": "Q4_0" if model_type == "lm" else "4bit",
-        "model_type": model_type,
-    }
+    mlx = {} if model_type == "lm" else {"backend": "mlx", "quantization": "4bit"}
+    return registry_entry(model_id, port, model_path="models/none", model_type=model_type, **mlx)
 
 
 @pytest.fixture(scope="module")
-def fakes() -> Iterator[dict[str, FakeBackend]]:
-    with ExitStack() as stack:
-        yield {role: stack.enter_context(FakeBackend.start(model_id=role)) for role in TYPES}
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("media")
-
-
-@pytest.fixture(scope="module")
-def router(fakes: dict[str, FakeBackend], workdir: Path) -> Iterator[str]:
+def router_process(fakes: dict[str, FakeBackend], start_router: StartRouter) -> RunningRouter:
     models = {role: entry(role, fake.port) for role, fake in fakes.items()}
-    env = registry_env(
-        workdir, models, SLM_OTEL_ENABLED="false", SLM_MAX_BODY_MB="0.5", SLM_API_KEYS=KEY
-    )
-    with running_router(env, workdir) as (_process, url):
-        yield url
-
-
-@pytest.fixture(autouse=True)
-def _reset(fakes: dict[str, FakeBackend]) -> None:
-    for fake in fakes.values():
-        fake.reset()
+    return start_router(models, SLM_OTEL_ENABLED="false", SLM_MAX_BODY_MB="0.5", SLM_API_KEYS=KEY)
 
 
 @pytest.fixture
 def http(router: str) -> Iterator[httpx.Client]:
+    """A client with the API key."""
     headers = {"authorization": f"Bearer {KEY}"}
     with httpx.Client(base_url=router, timeout=10.0, headers=headers, trust_env=False) as client:
         yield client
@@ -350,9 +324,9 @@ def test_the_new_routes_need_the_api_key(router: str) -> None:
 
 
 def test_a_backend_5xx_is_judged_by_the_watchdog(
-    http: httpx.Client, fakes: dict[str, FakeBackend], workdir: Path
+    http: httpx.Client, fakes: dict[str, FakeBackend], router_process: RunningRouter
 ) -> None:
-    events = workdir / "logs" / "watchdog.jsonl"
+    events = router_process.workdir / "logs" / "watchdog.jsonl"
 
     def failures() -> list[dict[str, Any]]:
         if not events.exists():

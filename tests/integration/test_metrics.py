@@ -5,36 +5,22 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from slm_server.contracts.records import BackendState, write_state
 from tests.fakes.control import FakeBackend
-from tests.processes import poll, running_router
+from tests.processes import RunningRouter, StartRouter, poll
+from tests.registry_entries import registry_entry
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "count my words"}]
-ROLES = ("alpha", "embed", "sick")
+FAKE_ROLES = ("alpha", "embed", "sick")
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def entry(model_id: str, port: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-        **extra,
-    }
 
 
 def published(role: str, port: int, state: str, **extra: Any) -> BackendState:
@@ -56,24 +42,18 @@ def published(role: str, port: int, state: str, **extra: Any) -> BackendState:
 
 
 @pytest.fixture(scope="module")
-def fakes() -> Iterator[dict[str, FakeBackend]]:
-    with ExitStack() as stack:
-        yield {role: stack.enter_context(FakeBackend.start(model_id=role)) for role in ROLES}
-
-
-@pytest.fixture(scope="module")
-def router(
-    fakes: dict[str, FakeBackend], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def router_process(
+    fakes: dict[str, FakeBackend],
+    start_router: StartRouter,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> RunningRouter:
     workdir: Path = tmp_path_factory.mktemp("metrics")
     models = {
-        "alpha": entry("alpha", fakes["alpha"].port),
-        "embed": entry("embed", fakes["embed"].port, model_type="embeddings"),
-        "sick": entry("sick", fakes["sick"].port),
-        "off": entry("off", fakes["sick"].port + 1, enabled=False),
+        "alpha": registry_entry("alpha", fakes["alpha"].port),
+        "embed": registry_entry("embed", fakes["embed"].port, model_type="embeddings"),
+        "sick": registry_entry("sick", fakes["sick"].port),
+        "off": registry_entry("off", fakes["sick"].port + 1, enabled=False),
     }
-    config = workdir / "models.yaml"
-    config.write_text(yaml.safe_dump({"models": models}))
     # The state a live launcher (this test process) published for the backends.
     write_state(
         workdir / "logs" / "backends.state.json",
@@ -85,20 +65,7 @@ def router(
             ),
         ],
     )
-    env = {
-        "SLM_CONFIG": str(config),
-        "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
-        "SLM_LLAMA_SERVER_BIN": "",
-        "SLM_OTEL_ENABLED": "false",
-    }
-    with running_router(env, workdir) as (_process, url):
-        yield url
-
-
-@pytest.fixture
-def http(router: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=router, timeout=10.0, trust_env=False) as client:
-        yield client
+    return start_router(models, workdir=workdir, SLM_OTEL_ENABLED="false")
 
 
 def scrape(http: httpx.Client) -> Samples:

@@ -24,6 +24,7 @@ import pytest
 from tests.integration.real_stack import Stack, running_registry
 from tests.models.tiny_rerank_gguf import N_CTX_TRAIN, Reference, build
 from tests.processes import free_port, running_router
+from tests.registry_entries import registry_entry
 
 pytestmark = pytest.mark.real_model
 
@@ -71,8 +72,7 @@ class Gateway:
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     workdir: Path = tmp_path_factory.mktemp("rerank")
     model = build(workdir / "tiny-rerank.gguf")
-    common = {
-        "backend": "llamacpp",
+    common: dict[str, Any] = {
         "model_path": str(model),
         "default_timeout": 60,
         "quantization": "F32",
@@ -80,8 +80,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     }
     registry = {
         "models": {
-            "rerank": {"id": MODEL, "port": free_port(), **common, "flash_attn": False},
-            "rerank_fa": {"id": MODEL_FA, "port": free_port(), **common},
+            "rerank": registry_entry(MODEL, free_port(), **common, flash_attn=False),
+            "rerank_fa": registry_entry(MODEL_FA, free_port(), **common),
         }
     }
     with (

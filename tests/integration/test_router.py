@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,68 +14,36 @@ import pytest
 
 from tests.fakes.control import FakeBackend
 from tests.openai_shapes import strict_events, strict_response
-from tests.processes import free_port, registry_env, running_router
+from tests.processes import RunningRouter, StartRouter, free_port
+from tests.registry_entries import registry_entry
 
 FAKE_ROLES = ("alpha", "beta", "slow", "embed", "rerank", "sick", "stuck", "mlxish")
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
 
 
-def entry(model_id: str, port: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-        **extra,
-    }
-
-
 @pytest.fixture(scope="module")
-def fakes() -> Iterator[dict[str, FakeBackend]]:
-    with ExitStack() as stack:
-        yield {role: stack.enter_context(FakeBackend.start(model_id=role)) for role in FAKE_ROLES}
-
-
-@pytest.fixture(scope="module")
-def router(
-    fakes: dict[str, FakeBackend], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    workdir: Path = tmp_path_factory.mktemp("router")
+def router_process(fakes: dict[str, FakeBackend], start_router: StartRouter) -> RunningRouter:
     models = {
-        "alpha": entry(
+        "alpha": registry_entry(
             "alpha", fakes["alpha"].port, chat_template_kwargs={"enable_thinking": False}
         ),
-        "beta": entry("beta", fakes["beta"].port),
-        "slow": entry("slow", fakes["slow"].port, default_timeout=1),
-        "embed": entry("embed", fakes["embed"].port, model_type="embeddings"),
-        "rerank": entry("rerank", fakes["rerank"].port, model_type="rerank"),
-        "sick": entry("sick", fakes["sick"].port),
-        "stuck": entry("stuck", fakes["stuck"].port),
-        "ghost": entry("ghost", free_port()),
-        "off": entry("off", free_port(), enabled=False),
-        "slashed": entry("org/slashed-model", free_port()),
-        "mlxish": entry("mlxish", fakes["mlxish"].port, backend="mlx", model_path="org/model"),
-        "twin_a": entry("twin", free_port()),
-        "twin_b": entry("twin", free_port()),
+        "beta": registry_entry("beta", fakes["beta"].port),
+        "slow": registry_entry("slow", fakes["slow"].port, default_timeout=1),
+        "embed": registry_entry("embed", fakes["embed"].port, model_type="embeddings"),
+        "rerank": registry_entry("rerank", fakes["rerank"].port, model_type="rerank"),
+        "sick": registry_entry("sick", fakes["sick"].port),
+        "stuck": registry_entry("stuck", fakes["stuck"].port),
+        "ghost": registry_entry("ghost", free_port()),
+        "off": registry_entry("off", free_port(), enabled=False),
+        "slashed": registry_entry("org/slashed-model", free_port()),
+        "mlxish": registry_entry(
+            "mlxish", fakes["mlxish"].port, backend="mlx", model_path="org/model"
+        ),
+        "twin_a": registry_entry("twin", free_port()),
+        "twin_b": registry_entry("twin", free_port()),
     }
-    env = registry_env(workdir, models, SLM_HEALTH_PROBE_TIMEOUT_SECONDS="0.5")
-    with running_router(env, workdir) as (_process, url):
-        yield url
-
-
-@pytest.fixture(autouse=True)
-def _reset(fakes: dict[str, FakeBackend]) -> None:
-    for fake in fakes.values():
-        fake.reset()
-
-
-@pytest.fixture
-def http(router: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=router, timeout=10.0, trust_env=False) as client:
-        yield client
+    return start_router(models, SLM_HEALTH_PROBE_TIMEOUT_SECONDS="0.5")
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import yaml
 
 from tests.fakes.control import FakeBackend
 from tests.processes import Command, poll, running_router
+from tests.registry_entries import registry_entry
 
 CHAT = "/v1/chat/completions"
 
@@ -30,16 +31,7 @@ def say(text: str) -> list[dict[str, str]]:
 
 @contextmanager
 def gateway(tmp: Path, fake: FakeBackend, **entry: Any) -> Iterator[tuple[Command, httpx.Client]]:
-    fields = {
-        "id": "m",
-        "backend": "llamacpp",
-        "port": fake.port,
-        "model_path": "x.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-        "max_concurrency": 1,
-        "max_queue": 2,
-    }
+    fields = registry_entry("m", fake.port, model_path="x.gguf", max_concurrency=1, max_queue=2)
     env_overrides = {k[4:].upper(): str(v) for k, v in entry.items() if k.startswith("env_")}
     fields.update({k: v for k, v in entry.items() if not k.startswith("env_")})
     config = tmp / "models.yaml"

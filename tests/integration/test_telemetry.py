@@ -11,13 +11,11 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.fakes.control import FakeBackend
 from tests.integration.otlp_receiver import (
@@ -26,45 +24,32 @@ from tests.integration.otlp_receiver import (
     OtlpReceiver,
     ReceivedSpan,
 )
-from tests.processes import free_port, poll, running_router
+from tests.processes import (
+    RunningRouter,
+    StartRouter,
+    free_port,
+    poll,
+    registry_env,
+    running_router,
+)
+from tests.registry_entries import registry_entry
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello there"}]
-ROLES = ("alpha", "native", "embed", "rerank")
+FAKE_ROLES = ("alpha", "native", "embed", "rerank")
+# OTEL_BSP_SCHEDULE_DELAY: spans leave the router 20 ms after they end (not 5 s).
+EXPORT_DELAY_MS = "20"
 
 
-def entry(model_id: str, port: int, **extra: Any) -> dict[str, Any]:
+def registry(fakes: dict[str, FakeBackend]) -> dict[str, Any]:
     return {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-        **extra,
-    }
-
-
-def write_registry(workdir: Path, fakes: dict[str, FakeBackend]) -> Path:
-    models = {
-        "alpha": entry("alpha", fakes["alpha"].port),
+        "alpha": registry_entry("alpha", fakes["alpha"].port),
         # An MLX backend: its own /v1/responses is asked first (llama.cpp's never is).
-        "native": entry("native", fakes["native"].port, backend="mlx", model_path="org/native"),
-        "embed": entry("embed", fakes["embed"].port, model_type="embeddings"),
-        "rerank": entry("rerank", fakes["rerank"].port, model_type="rerank"),
-    }
-    config = workdir / "models.yaml"
-    config.write_text(yaml.safe_dump({"models": models}))
-    return config
-
-
-def router_env(workdir: Path, config: Path, **extra: str) -> dict[str, str]:
-    return {
-        "SLM_CONFIG": str(config),
-        "SLM_BACKEND_LOG_DIR": str(workdir / "logs"),
-        "SLM_LLAMA_SERVER_BIN": "",
-        "OTEL_BSP_SCHEDULE_DELAY": "20",
-        **extra,
+        "native": registry_entry(
+            "native", fakes["native"].port, backend="mlx", model_path="org/native"
+        ),
+        "embed": registry_entry("embed", fakes["embed"].port, model_type="embeddings"),
+        "rerank": registry_entry("rerank", fakes["rerank"].port, model_type="rerank"),
     }
 
 
@@ -75,39 +60,18 @@ def traceparent() -> tuple[str, str, str]:
 
 
 @pytest.fixture(scope="module")
-def fakes() -> Iterator[dict[str, FakeBackend]]:
-    with ExitStack() as stack:
-        yield {role: stack.enter_context(FakeBackend.start(model_id=role)) for role in ROLES}
-
-
-@pytest.fixture(scope="module")
 def receiver() -> Iterator[OtlpReceiver]:
     with OtlpReceiver() as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def router(
-    fakes: dict[str, FakeBackend],
-    receiver: OtlpReceiver,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[str, Path]]:
-    workdir = tmp_path_factory.mktemp("traced")
-    env = router_env(workdir, write_registry(workdir, fakes), SLM_OTLP_ENDPOINT=receiver.url)
-    with running_router(env, workdir) as (process, url):
-        yield url, process.output
-
-
-@pytest.fixture(autouse=True)
-def _reset(fakes: dict[str, FakeBackend]) -> None:
-    for fake in fakes.values():
-        fake.reset()
-
-
-@pytest.fixture
-def http(router: tuple[str, Path]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=router[0], timeout=10.0, trust_env=False) as client:
-        yield client
+def router_process(
+    fakes: dict[str, FakeBackend], receiver: OtlpReceiver, start_router: StartRouter
+) -> RunningRouter:
+    return start_router(
+        registry(fakes), OTEL_BSP_SCHEDULE_DELAY=EXPORT_DELAY_MS, SLM_OTLP_ENDPOINT=receiver.url
+    )
 
 
 def traced_post(
@@ -310,7 +274,7 @@ def test_rerank_span(
     ],
 )
 def test_requests_refused_before_routing_get_a_span(
-    router: tuple[str, Path],
+    router: str,
     receiver: OtlpReceiver,
     content: bytes,
     status: int,
@@ -320,7 +284,7 @@ def test_requests_refused_before_routing_get_a_span(
     header, trace_id, _ = traceparent()
     request_id = f"bad-{uuid.uuid4().hex[:8]}"
     response = httpx.post(
-        f"{router[0]}{CHAT}",
+        f"{router}{CHAT}",
         content=content,
         headers={
             "traceparent": header,
@@ -423,13 +387,13 @@ def test_request_ids_are_taken_validated_or_made_and_echoed(
 
 
 def test_one_access_line_per_request_with_its_id(
-    http: httpx.Client, router: tuple[str, Path]
+    http: httpx.Client, router_process: RunningRouter
 ) -> None:
     request_id = f"access-{uuid.uuid4().hex[:8]}"
     http.post(
         CHAT, json={"model": "alpha", "messages": HELLO}, headers={"x-request-id": request_id}
     )
-    output = router[1]
+    output = router_process.output
 
     def lines() -> list[str]:
         return [line for line in output.read_text().splitlines() if request_id in line]
@@ -472,9 +436,10 @@ def test_effective_config_reports_the_live_exporter(
 def test_disabled_telemetry_exports_nothing_and_says_so(
     fakes: dict[str, FakeBackend], receiver: OtlpReceiver, tmp_path: Path
 ) -> None:
-    env = router_env(
+    env = registry_env(
         tmp_path,
-        write_registry(tmp_path, fakes),
+        registry(fakes),
+        OTEL_BSP_SCHEDULE_DELAY=EXPORT_DELAY_MS,
         SLM_OTLP_ENDPOINT=receiver.url,
         SLM_OTEL_ENABLED="false",
         SLM_OTEL_SERVICE_NAME="quiet",
@@ -492,8 +457,12 @@ def test_disabled_telemetry_exports_nothing_and_says_so(
 
 
 def test_json_logs_are_one_object_per_line(fakes: dict[str, FakeBackend], tmp_path: Path) -> None:
-    env = router_env(
-        tmp_path, write_registry(tmp_path, fakes), SLM_LOG_JSON="true", SLM_OTEL_ENABLED="false"
+    env = registry_env(
+        tmp_path,
+        registry(fakes),
+        OTEL_BSP_SCHEDULE_DELAY=EXPORT_DELAY_MS,
+        SLM_LOG_JSON="true",
+        SLM_OTEL_ENABLED="false",
     )
     with running_router(env, tmp_path) as (process, url):
         body = {"model": "alpha", "messages": HELLO}
@@ -520,7 +489,9 @@ def test_without_a_collector_requests_succeed_and_shutdown_is_prompt(
     fakes: dict[str, FakeBackend], tmp_path: Path
 ) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
-    env = router_env(tmp_path, write_registry(tmp_path, fakes), SLM_OTLP_ENDPOINT=nobody)
+    env = registry_env(
+        tmp_path, registry(fakes), OTEL_BSP_SCHEDULE_DELAY=EXPORT_DELAY_MS, SLM_OTLP_ENDPOINT=nobody
+    )
     with running_router(env, tmp_path) as (process, url):
 
         def export_warnings() -> list[str]:

@@ -17,6 +17,7 @@ import httpx
 import yaml
 
 from tests.processes import ROOT, Command, free_port, pid_alive, poll, running_router, start_command
+from tests.registry_entries import registry_entry
 
 FAKE_LLAMA_SERVER = ROOT / "tests" / "fakes" / "fake-llama-server"
 
@@ -33,18 +34,12 @@ FAST_WATCHDOG = {
 def fake_entry(
     tmp: Path, role: str, behaviour: dict[str, Any] | None = None, **fields: Any
 ) -> dict[str, Any]:
-    """A registry entry whose model file tells the fake llama-server how to behave."""
+    """A registry entry whose model file tells the fake llama-server how to behave;
+    ``fields`` add to it or override it (even ``port``)."""
     model = tmp / f"{role}.gguf"
     model.write_text(json.dumps(behaviour) if behaviour else "")
-    return {
-        "id": f"fake-{role}",
-        "backend": "llamacpp",
-        "port": free_port(),
-        "model_path": str(model),
-        "default_timeout": 5,
-        "quantization": "Q4_0",
-        **fields,
-    }
+    own = registry_entry(f"fake-{role}", free_port(), model_path=str(model), default_timeout=5)
+    return {**own, **fields}
 
 
 @dataclass

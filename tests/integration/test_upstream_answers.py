@@ -1,4 +1,5 @@
-"""Backends that misbehave at the byte level, in front of a real router process: odd
+"""Reading and relaying backends' answers (router/upstream/client.py, router/answer/) when
+backends misbehave at the byte level, in front of a real router process: odd
 statuses, SSE framed with CRLF or CR, endless events and bodies, absurdly deep JSON.
 Each becomes a clean, OpenAI-shaped error (or is relayed as it arrives), the router's
 memory stays bounded, and it answers ``/health`` throughout."""

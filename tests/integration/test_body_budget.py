@@ -1,5 +1,5 @@
-"""Attacks on the budget for request bodies in flight (router/intake/body_budget.py) and on the
-JSON content-type check, on a real router in front of a real fake backend: bodies
+"""The budget for request bodies in flight (router/intake/body_budget.py) and the JSON
+content-type check under attack, on a real router in front of a real fake backend: bodies
 declared and never sent, clients that leave mid-body, chunked bodies past the budget
 or the size limit, refused bodies; every holding must come back."""
 
@@ -9,16 +9,17 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.fakes.control import FakeBackend
 from tests.integration.attack_wire import Wire, request
-from tests.processes import poll, registry_env, running_router
+from tests.processes import RunningRouter, StartRouter, poll
+from tests.registry_entries import registry_entry
 
 MODEL = "bodies-attack"
+FAKE_ROLES = (MODEL,)
 MIB = 1024 * 1024
 MAX_BODY_MB = 6
 BUDGET_MB = 8
@@ -28,26 +29,9 @@ BODY_STALL = 2.0  # the door's timer that frees a body declared and never sent
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeBackend]:
-    with FakeBackend.start(model_id=MODEL) as backend:
-        yield backend
-
-
-@pytest.fixture(scope="module")
-def router(fake: FakeBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir: Path = tmp_path_factory.mktemp("bodies-attack")
-    entry = {
-        "id": MODEL,
-        "backend": "llamacpp",
-        "port": fake.port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 30,
-        "quantization": "Q4_0",
-        "max_concurrency": 4,
-        "max_queue": 16,
-    }
-    env = registry_env(
-        workdir,
+def router_process(fake: FakeBackend, start_router: StartRouter) -> RunningRouter:
+    entry = registry_entry(MODEL, fake.port, default_timeout=30, max_concurrency=4, max_queue=16)
+    return start_router(
         {MODEL: entry},
         SLM_MAX_BODY_MB=str(MAX_BODY_MB),
         SLM_MAX_BODIES_IN_FLIGHT_MB=str(BUDGET_MB),
@@ -55,13 +39,6 @@ def router(fake: FakeBackend, tmp_path_factory: pytest.TempPathFactory) -> Itera
         SLM_IDLE_TIMEOUT_SECONDS=str(IDLE_TIMEOUT),
         SLM_BODY_STALL_SECONDS=str(BODY_STALL),
     )
-    with running_router(env, workdir) as (_, url):
-        yield url
-
-
-@pytest.fixture(autouse=True)
-def _reset(fake: FakeBackend) -> None:
-    fake.reset()
 
 
 def body_of(mib: float) -> bytes:

@@ -1,6 +1,7 @@
-"""Attacks on the body budget at unit level: Reception.body against chunked bodies, bodies
-that stop halfway, declared lengths and the budget's exact edge; holdings that must
-all come back whatever ends the request."""
+"""The budget for request bodies in flight (router/intake/body_budget.py) and
+Reception.body charging it, with the attacks on it: chunked bodies, bodies that stop
+halfway, declared lengths and the budget's exact edge; holdings that must all come back
+whatever ends the request."""
 
 from __future__ import annotations
 
@@ -18,6 +19,34 @@ from slm_server.router.intake.body_budget import BodyBudget, Held
 from slm_server.router.intake.reception import Reception
 
 MIB = 1024 * 1024
+
+
+def test_holdings_add_up_and_are_given_back() -> None:
+    budget = BodyBudget(100)
+    first, second = budget.hold(), budget.hold()
+    first.take(60)
+    second.take(30)
+    second.take(10)
+    assert budget.used == 100
+    with pytest.raises(BodiesOverBudget) as refused:
+        budget.hold().take(1)
+    assert refused.value.status == 503
+    assert refused.value.code == "bodies_over_budget"
+    assert refused.value.headers() == {"Retry-After": "1"}
+    first.release()
+    assert budget.used == 40
+    first.release()  # twice is harmless
+    assert budget.used == 40
+    second.release()
+    assert budget.used == 0
+
+
+def test_a_refused_take_holds_nothing() -> None:
+    budget = BodyBudget(10)
+    held = budget.hold()
+    with pytest.raises(BodiesOverBudget):
+        held.take(11)
+    assert (budget.used, held.size) == (0, 0)
 
 
 def make_request(parts: list[bytes], declared: int | None, disconnect: bool = False) -> Request:

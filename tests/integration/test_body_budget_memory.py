@@ -1,61 +1,34 @@
-"""Clients that try to exhaust the router's memory, on a real router process: large
-bodies at once are held to one budget (503 before their bodies are read), and the
-router's memory comes back down after the burst."""
+"""The body budget (router/intake/body_budget.py) against clients that try to exhaust the
+router's memory, on a real router process: large bodies at once are held to one budget
+(503 before their bodies are read), and the router's memory comes back down after the
+burst."""
 
 from __future__ import annotations
 
 import json
 import socket
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from tests.fakes.control import FakeBackend
-from tests.processes import poll, registry_env, running_router
+from tests.processes import RunningRouter, StartRouter, poll
+from tests.registry_entries import registry_entry
 
+FAKE_ROLES = ("big",)
 BODY_MB = 5
 BUDGET_MB = 8
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeBackend]:
-    with FakeBackend.start(model_id="big") as backend:
-        yield backend
-
-
-@pytest.fixture(scope="module")
-def router(
-    fake: FakeBackend, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, int]]:
-    workdir: Path = tmp_path_factory.mktemp("clients")
-    entry = {
-        "id": "big",
-        "backend": "llamacpp",
-        "port": fake.port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 30,
-        "quantization": "Q4_0",
-        "max_concurrency": 1,
-        "max_queue": 64,
-    }
-    env = registry_env(
-        workdir,
-        {"big": entry},
-        SLM_MAX_BODY_MB="6",
-        SLM_MAX_BODIES_IN_FLIGHT_MB=str(BUDGET_MB),
+def router_process(fake: FakeBackend, start_router: StartRouter) -> RunningRouter:
+    entry = registry_entry("big", fake.port, default_timeout=30, max_concurrency=1, max_queue=64)
+    return start_router(
+        {"big": entry}, SLM_MAX_BODY_MB="6", SLM_MAX_BODIES_IN_FLIGHT_MB=str(BUDGET_MB)
     )
-    with running_router(env, workdir) as (process, url):
-        yield url, process.pid
-
-
-@pytest.fixture(autouse=True)
-def _reset(fake: FakeBackend) -> None:
-    fake.reset()
 
 
 def big_body() -> bytes:
@@ -68,18 +41,15 @@ def post(url: str, body: bytes) -> httpx.Response:
     return httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers, timeout=60)
 
 
-def test_a_body_past_the_budget_is_503_before_it_is_read(
-    router: tuple[str, int], fake: FakeBackend
-) -> None:
-    url, _ = router
+def test_a_body_past_the_budget_is_503_before_it_is_read(router: str, fake: FakeBackend) -> None:
     fake.script(delay_seconds=3)
     first: list[httpx.Response] = []
-    sender = threading.Thread(target=lambda: first.append(post(url, big_body())))
+    sender = threading.Thread(target=lambda: first.append(post(router, big_body())))
     sender.start()
     try:
         fake.wait_for(lambda requests: len(requests) == 1, timeout=20)
         # The first body is held while its request runs: a second one does not fit.
-        host, port = url.removeprefix("http://").split(":")
+        host, port = router.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             head = (
                 "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -96,14 +66,14 @@ def test_a_body_past_the_budget_is_503_before_it_is_read(
     finally:
         sender.join(30)
     assert first[0].status_code == 200
-    assert post(url, big_body()).status_code == 200, "the budget was given back"
+    assert post(router, big_body()).status_code == 200, "the budget was given back"
 
 
 def test_a_burst_of_large_bodies_leaves_memory_where_it_was(
-    router: tuple[str, int], fake: FakeBackend
+    router_process: RunningRouter, fake: FakeBackend
 ) -> None:
-    url, pid = router
-    process = psutil.Process(pid)
+    url = router_process.url
+    process = psutil.Process(router_process.pid)
     assert post(url, big_body()).status_code == 200  # warm: allocator arenas exist
     before = process.memory_info().rss
     fake.script(delay_seconds=0.5)

@@ -1,4 +1,5 @@
-"""Attacks from the backend side, on a real router in front of the raw-socket backend
+"""The limits on what a backend sends (router/upstream/client.py, router/answer/sse.py),
+under attack from the backend side, on a real router in front of the raw-socket backend
 (tests/fakes/raw_backend.py): an oversized SSE event right behind a good one in the
 same read, floods of interim (1xx) responses, many headers spread over interim heads,
 an answer over the cap without Content-Length."""

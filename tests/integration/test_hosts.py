@@ -1,31 +1,19 @@
-"""Attacks on the Host allow-list (router/edge/hosts.py) on a real router, from raw sockets:
+"""The Host allow-list (router/edge/hosts.py) under attack on a real router, from raw sockets:
 name variants, two Host headers, absolute-form request targets."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.integration.attack_wire import Wire
-from tests.processes import free_port, registry_env, running_router
+from tests.processes import RunningRouter, StartRouter, free_port
+from tests.registry_entries import registry_entry
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir: Path = tmp_path_factory.mktemp("hosts-attack")
-    entry = {
-        "id": "hosts",
-        "backend": "llamacpp",
-        "port": free_port(),
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-    }
-    env = registry_env(workdir, {"hosts": entry}, SLM_ALLOWED_HOSTS="gpu-box.lan")
-    with running_router(env, workdir) as (_, url):
-        yield url
+def router_process(start_router: StartRouter) -> RunningRouter:
+    entry = registry_entry("hosts", free_port())  # no backend: only the door is tested
+    return start_router({"hosts": entry}, SLM_ALLOWED_HOSTS="gpu-box.lan")
 
 
 def status(url: str, raw: bytes) -> int:

@@ -1,4 +1,4 @@
-"""Attacks on the SSE splitter (router/answer/sse.py): every way of cutting a stream into
+"""The SSE splitter (router/answer/sse.py) under attack: every way of cutting a stream into
 reads, empty reads included, must give the same events; CRs at read ends; events at,
 just over and just under the size limit; complete events ahead of an oversized one."""
 
