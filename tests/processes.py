@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,14 @@ from typing import Protocol
 import httpx
 import yaml
 
+from tests.fakes import control as fake_control
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port on 127.0.0.1, never one handed out before in this process."""
+    return fake_control.free_port()
 
 
 def poll(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:

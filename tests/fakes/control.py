@@ -28,12 +28,21 @@ HOST = "127.0.0.1"
 POLL_INTERVAL = 0.02
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that was free a moment ago, and that no earlier call in
+    this process returned: the kernel may hand out the same ephemeral port to two binds
+    in a row, and a registry of two entries built from two calls must not share one."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no port that was not handed out already")
 
 
 class FakeBackendError(RuntimeError):
