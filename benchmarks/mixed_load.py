@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import subprocess
@@ -24,8 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.machine import ROOT, describe_machine
+from benchmarks.report import write_measurements
 
-RESULTS = ROOT / "benchmarks" / "results"
 TEST = "tests/integration/test_mixed_load.py"
 
 
@@ -117,9 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine,
         **findings(output),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"mixed-load-{date}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / f"mixed-load-{date}.md").write_text(markdown(result))
+    write_measurements("mixed-load", result, markdown(result))
     print(markdown(result))
     if status != 0:
         print(output[-4000:])

@@ -21,8 +21,6 @@ encoding alone is measured the same way.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import tempfile
 import time
@@ -37,7 +35,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from benchmarks.machine import describe_machine
-from benchmarks.report import DASH, TIMES
+from benchmarks.report import DASH, TIMES, write_measurements
 from benchmarks.servers import otlp_sink
 from slm_server.config import ModelEntry, ModelSpec
 from slm_server.router.observe.exchange import Exchange
@@ -46,7 +44,6 @@ from slm_server.router.observe.otlp_wire import PairCache, encode_request
 from slm_server.router.observe.telemetry import UNIQUE_ATTRIBUTES, Inbound, Telemetry
 from slm_server.settings import TelemetrySettings
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 9
 SPANS_PER_ROUND = 8192
 BATCHES = (512, 8)
@@ -233,12 +230,8 @@ def main() -> None:
     results["machine"] = describe_machine()
     text = report(results)
     print(text)
-    if args.quick:
-        return
-    day = datetime.date.today().isoformat()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"otlp-encoding-{day}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / f"otlp-encoding-{day}.md").write_text(text)
+    if not args.quick:
+        write_measurements("otlp-encoding", results, text)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,16 @@ def result_paths(scenario: str, day: datetime.date | None = None) -> tuple[Path,
     return RESULTS / f"{stem}.json", RESULTS / f"{stem}.md", RESULTS / f"{stem}.csv"
 
 
+def write_measurements(name: str, data: dict[str, Any], markdown: str) -> list[Path]:
+    """``benchmarks/results/<name>-<date>.{json,md}`` for a tool that runs on its own
+    (no rounds of targets, no CSV): ``data`` as JSON, ``markdown`` as it is."""
+    json_path, md_path, _ = result_paths(name)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    md_path.write_text(markdown)
+    return [json_path, md_path]
+
+
 def write_results(
     scenario: str, report: dict[str, Any], markdown: str, rows: list[dict[str, Any]]
 ) -> list[Path]:

@@ -15,17 +15,15 @@ system prompt, a new user turn every time), so the index sees hits and new block
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
 import statistics
 import time
 import tracemalloc
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import describe_machine
+from benchmarks.report import write_measurements
 from slm_server.router.dispatch.affinity import (
     INDEX_BLOCKS,
     PrefixIndex,
@@ -34,7 +32,6 @@ from slm_server.router.dispatch.affinity import (
 )
 from slm_server.router.dispatch.balance import Balancer, Routing
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 15
 PER_ROUND = 2000
 CONVERSATIONS = 8
@@ -151,12 +148,8 @@ def main() -> None:
     results["machine"] = describe_machine()
     text = report(results)
     print(text)
-    if args.quick:
-        return
-    day = datetime.date.today().isoformat()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"routing-{day}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / f"routing-{day}.md").write_text(text)
+    if not args.quick:
+        write_measurements("routing", results, text)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,16 @@ def test_the_mixed_load_run_is_read_from_what_the_test_prints() -> None:
     assert "passed in 612 s" in text
     assert "| one_deadline_cut:cut | 9 |" in text
     assert "70.5 MB and 16 at the end" in text
+
+
+def test_a_tool_s_measurements_are_written_beside_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results")
+    json_path, md_path = report.write_measurements("tool", {"a": 1}, "# Tool\n")
+    assert json_path.parent == md_path.parent == tmp_path / "results"
+    assert json_path.name.startswith("tool-") and json_path.suffix == ".json"
+    assert json_path.read_text() == '{\n  "a": 1\n}\n'
+    assert md_path.read_text() == "# Tool\n"
