@@ -32,6 +32,7 @@ from uvicorn.server import ServerState
 from slm_server.router.edge import http_protocol
 from slm_server.router.edge.http_protocol import DoorRequest, door_protocol
 from slm_server.settings import DoorLimits
+from tests.unit.router.test_door_arrived_body import Reading
 from tests.unit.router.test_door_writes import Recording
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -129,17 +130,6 @@ POST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
     b"content-type: application/json\r\ncontent-length: 4\r\n\r\n"
 )
-
-
-class Reading(Recording):
-    """Also counts how often reading was resumed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.resumed = 0
-
-    def resume_reading(self) -> None:
-        self.resumed += 1
 
 
 async def never_called(scope: Any, receive: Any, send: Any) -> None:
