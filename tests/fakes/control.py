@@ -9,6 +9,7 @@ with FakeBackend.start(model_id="m1") as fake:
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,20 +30,47 @@ POLL_INTERVAL = 0.02
 
 
 _HANDED_OUT: set[int] = set()
+_RANDOM = random.Random()
+
+
+def _worker_share() -> tuple[int, int]:
+    """(this pytest-xdist worker's index, how many workers); (0, 1) outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 0:
+        return int(worker[2:]), int(count)
+    return 0, 1
+
+
+def _listening_pool() -> range:
+    """The ports tests hand out: below the kernel's ephemeral range, so no outgoing
+    connection of any process is given one of them between the handing out and the bind."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(10000, max(low, 12000))
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, and that no earlier call in
-    this process returned: the kernel may hand out the same ephemeral port to two binds
-    in a row, and a registry of two entries built from two calls must not share one."""
-    for _ in range(100):
+    """A TCP port on 127.0.0.1 that was free a moment ago and that no earlier call in
+    this process returned (a registry of two entries built from two calls must not share
+    one). Under pytest-xdist each worker draws only from its own share of the numbers
+    (port modulo the worker count), so two workers never hand out the same port."""
+    index, count = _worker_share()
+    pool = _listening_pool()
+    for _ in range(1000):
+        port = _RANDOM.randrange(pool.start, pool.stop)
+        if port % count != index or port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((HOST, 0))
-            port: int = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise RuntimeError("no port that was not handed out already")
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port in this worker's share")
 
 
 class FakeBackendError(RuntimeError):

@@ -1,6 +1,7 @@
 """The tests' free ports: two calls never give the same port (two registry entries
 built from two calls once shared one, when the kernel gave the same ephemeral port to
-two binds in a row)."""
+two binds in a row), a port someone holds is never handed out, and two pytest-xdist
+workers never hand out the same one."""
 
 from __future__ import annotations
 
@@ -17,16 +18,25 @@ def test_many_calls_give_distinct_ports() -> None:
     assert len(set(ports)) == len(ports)
 
 
-def test_a_port_the_kernel_repeats_is_not_handed_out_twice(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    first = free_port()
-    answers = iter([first, first, 0])
-    real_bind = socket.socket.bind
+def test_a_port_someone_holds_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", free_port()))
+        held.listen()
+        taken = held.getsockname()[1]
+        control._HANDED_OUT.discard(taken)
+        draws = iter(
+            [taken, taken, taken + 1 if taken + 1 not in control._HANDED_OUT else taken + 2]
+        )
+        monkeypatch.setattr(control._RANDOM, "randrange", lambda start, stop: next(draws))
+        assert control.free_port() != taken
 
-    def bind(self: socket.socket, address: tuple[str, int]) -> None:
-        real_bind(self, (address[0], next(answers)))
 
-    # The kernel "returns" the port already handed out, twice; then any free one.
-    monkeypatch.setattr(socket.socket, "bind", bind)
-    assert control.free_port() != first
+def test_ports_come_from_below_the_ephemeral_range() -> None:
+    pool = control._listening_pool()
+    assert all(pool.start <= port < pool.stop for port in (free_port() for _ in range(50)))
+
+
+def test_each_xdist_worker_draws_only_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    assert {free_port() % 3 for _ in range(50)} == {1}
