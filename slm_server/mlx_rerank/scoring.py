@@ -74,8 +74,9 @@ class Reranker:
 
     def __init__(self, model: Any, tokenizer: Any, mx: Any, limits: Limits) -> None:
         self._model = model
-        # mlx-lm wraps the Hugging Face tokenizer; batch encoding wants the original.
-        self._tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
+        # mlx-lm's TokenizerWrapper hands every public member it lacks (encode,
+        # convert_tokens_to_ids, pad_token_id) to the Hugging Face tokenizer it wraps.
+        self._tokenizer = tokenizer
         self._mx = mx
         self._limits = limits
         self._lock = threading.Lock()
@@ -103,8 +104,7 @@ class Reranker:
         return cls(model, tokenizer, mx, limits)
 
     def _encode(self, texts: Sequence[str]) -> list[list[int]]:
-        encoded = self._tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        return [list(ids) for ids in encoded]
+        return [list(self._tokenizer.encode(text, add_special_tokens=False)) for text in texts]
 
     def prompts(self, query: str, documents: Sequence[str], instruction: str) -> list[list[int]]:
         """The token ids of each document's prompt, truncated to the maximum length."""

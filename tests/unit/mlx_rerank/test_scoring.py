@@ -3,8 +3,8 @@ a stand-in for the Hugging Face one (no MLX: nothing here runs the model)."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
@@ -23,9 +23,10 @@ class HfLike:
         self.unk_token_id = None
         self.pad_token_id = tokenizer.token_to_id("<|endoftext|>")
 
-    def __call__(self, texts: list[str], add_special_tokens: bool) -> dict[str, Any]:
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         assert add_special_tokens is False
-        return {"input_ids": [e.ids for e in self._inner.encode_batch(texts)]}
+        ids: list[int] = self._inner.encode(text, add_special_tokens=False).ids
+        return ids
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
         return None if token == self._drop else self._inner.token_to_id(token)
@@ -66,11 +67,13 @@ def test_a_vocabulary_without_yes_is_not_a_reranker(tokenizer: Tokenizer) -> Non
         Reranker(None, HfLike(tokenizer, drop="yes"), None, Limits())
 
 
-def test_the_wrapped_tokenizer_is_unwrapped(tokenizer: Tokenizer) -> None:
-    class Wrapper:  # like mlx-lm's TokenizerWrapper
-        def __init__(self, inner: HfLike) -> None:
-            self._tokenizer = inner
-
-    reranker = Reranker(None, Wrapper(HfLike(tokenizer)), None, Limits())
-    expected = tokenizer.encode(format_prompt("q", "d", "i")).ids
+def test_mlx_lms_tokenizer_wrapper_serves_the_reranker(tmp_path: Path) -> None:
+    """The reranker uses mlx-lm's TokenizerWrapper through its public members only;
+    this fails if the wrapper stops handing them to the Hugging Face tokenizer it wraps."""
+    mlx_lm_utils = importlib.import_module("mlx_lm.utils")
+    path = Path(tiny_qwen3.build(tmp_path / "model"))
+    wrapped = mlx_lm_utils.load_tokenizer(path)
+    reranker = Reranker(None, wrapped, None, Limits())
+    plain = Tokenizer.from_file(str(path / "tokenizer.json"))
+    expected = plain.encode(format_prompt("q", "d", "i"), add_special_tokens=False).ids
     assert reranker.prompts("q", ["d"], "i")[0] == expected
