@@ -38,5 +38,16 @@ echo "[test] mypy (strict)"
 run mypy
 echo "[test] shellcheck"
 run shellcheck start.sh scripts/*.sh .ci/run
-echo "[test] pytest"
-run pytest "$@"
+# Most tests wait on real processes rather than compute, so twice as many workers as
+# CPUs (at most 8) keeps the machine busy; SLM_TEST_WORKERS overrides. Tests marked
+# `serial` (their outcome depends on timing under a busy CPU) run alone afterwards.
+cpus=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+workers=$((cpus * 2 > 8 ? 8 : cpus * 2))
+workers=${SLM_TEST_WORKERS:-$((workers < 2 ? 2 : workers))}
+echo "[test] pytest ($workers workers)"
+run pytest -n "$workers" --dist loadgroup -m "not serial" "$@"
+echo "[test] pytest (serial tests, alone)"
+status=0
+run pytest -m serial "$@" || status=$?
+# 5: no test was collected (a selection with no serial test in it)
+[ "$status" -eq 0 ] || [ "$status" -eq 5 ] || exit "$status"

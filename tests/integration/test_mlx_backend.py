@@ -24,7 +24,8 @@ from tests.integration.watched import Watched, watched
 from tests.models.tiny_qwen3 import build
 from tests.processes import free_port, pid_alive, poll
 
-pytestmark = pytest.mark.real_model
+# One worker runs the whole module: its module-scoped stack starts once, not per worker.
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("test_mlx_backend")]
 
 MODEL_ID = "tiny-qwen3-mlx"
 EMBED_ID = "tiny-qwen3-mlx-embed"

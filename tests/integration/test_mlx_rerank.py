@@ -32,6 +32,9 @@ from tests.processes import Command, free_port, poll, start_command
 # extra, on Linux too); a missing one fails here rather than skipping.
 mx = importlib.import_module("mlx.core")  # used untyped, as the server does
 
+# One worker runs the whole module: its module-scoped server starts once, not per worker.
+pytestmark = pytest.mark.xdist_group("test_mlx_rerank")
+
 MODEL_ID = "tiny-qwen3-rerank"
 # Importing mlx-lm and transformers takes seconds before the model even loads.
 START_TIMEOUT = 120.0

@@ -19,7 +19,8 @@ from tests.integration.real_stack import Stack, running_gateway
 from tests.openai_shapes import strict_events, strict_response
 from tests.processes import poll
 
-pytestmark = pytest.mark.real_model
+# One worker runs the whole module: its module-scoped stack starts once, not per worker.
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("test_real_llama")]
 
 CHAT_MODEL = "smollm2-135m-instruct"
 GEMMA_MODEL = "gemma-3-270m"

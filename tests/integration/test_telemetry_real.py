@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.otlp_receiver import SPAN_KIND_CLIENT, OtlpReceiver
 from tests.integration.real_stack import Stack, running_gateway
 
-pytestmark = pytest.mark.real_model
+# One worker runs the whole module: its module-scoped stack starts once, not per worker.
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("test_telemetry_real")]
 
 CHAT_MODEL = "smollm2-135m-instruct"
 EMBED_MODEL = "gemma-3-270m-embed"

@@ -16,7 +16,9 @@ from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, seconds_between, watched
 from tests.processes import free_port, pid_alive, poll
 
-pytestmark = pytest.mark.real_model
+# Timing under a busy CPU decides these (a canary answered in time, a restart within its
+# deadline): they run alone, after the parallel part of the suite (scripts/test.sh).
+pytestmark = [pytest.mark.real_model, pytest.mark.serial]
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 
