@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from slm_server import gc_tuning
+from tests.unit.router.edge.test_http_protocol_presence import protocol_for
 from tests.unit.router.inprocess import Sent, call, make_router, sse, whole
-from tests.unit.router.test_door_presence import protocol_for
 from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta
 
 

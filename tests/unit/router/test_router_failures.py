@@ -29,6 +29,8 @@ from slm_server.router.observe.metrics import Metrics, outcome_of
 from slm_server.router.observe.observer import RequestObserver
 from slm_server.router.observe.telemetry import Telemetry
 from slm_server.settings import TelemetrySettings
+from tests.unit.router.edge.test_http_protocol_direct_answer import protocol_for
+from tests.unit.router.edge.test_http_protocol_writes import Recording
 from tests.unit.router.inprocess import (
     FakeStates,
     Router,
@@ -38,8 +40,6 @@ from tests.unit.router.inprocess import (
     sse,
     whole,
 )
-from tests.unit.router.test_door_direct_answer import protocol_for
-from tests.unit.router.test_door_writes import Recording
 
 ANSWER = {"id": "chatcmpl-1", "object": "chat.completion", "choices": []}
 

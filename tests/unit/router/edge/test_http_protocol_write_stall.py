@@ -15,7 +15,7 @@ from uvicorn.server import ServerState
 
 from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Unread
+from tests.unit.router.edge.test_http_protocol_writes import Unread
 
 STALL = 0.05
 REQUEST = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"

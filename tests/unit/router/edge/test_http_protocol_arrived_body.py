@@ -14,7 +14,7 @@ from uvicorn.server import ServerState
 from slm_server.router.edge.fast_path import FAST_PATH
 from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Recording
+from tests.unit.router.edge.test_http_protocol_writes import Recording
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: %d\r\n%b\r\n"
 

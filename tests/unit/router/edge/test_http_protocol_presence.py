@@ -16,7 +16,7 @@ from slm_server.router.edge.fast_path import FAST_PATH
 from slm_server.router.edge.http_protocol import DoorRequest, door_protocol
 from slm_server.router.observe.exchange import exchange_of
 from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Recording
+from tests.unit.router.edge.test_http_protocol_writes import Recording
 
 GET = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
 

@@ -1,5 +1,5 @@
 """The door's write-stall cut under a hostile review, driven in-process through the
-real door protocol on fake transports (as tests/unit/router/test_door_write_stall.py
+real door protocol on fake transports (as tests/unit/router/edge/test_http_protocol_write_stall.py
 does): a slow reader that keeps reading is never cut, and a non-reader is cut however
 the connection otherwise ends (a refusal's close, a pipelined request behind a stream).
 The first four failed before their fixes."""
@@ -19,7 +19,7 @@ from slm_server.errors import GatewayError
 from slm_server.router.answer.stream_relay import StreamRelay
 from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Unread
+from tests.unit.router.edge.test_http_protocol_writes import Unread
 
 REQUEST = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
 PIECE = b"x" * 16 * 1024
