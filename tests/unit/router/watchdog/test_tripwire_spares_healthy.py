@@ -35,9 +35,9 @@ from slm_server.supervise.decide import (
 from slm_server.supervise.evidence import Target, gather
 from slm_server.supervise.phases import Ready
 from slm_server.supervise.restart_budget import RestartBudget
+from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, chat, delta, serving
 from tests.unit.router.edge.test_http_protocol_writes import Unread
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
-from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta, serving
 from tests.unit.supervise.test_evidence import FakeClock, FakeHttp, FakeProcs
 
 EMBED_MODEL = "org/embed-model"
