@@ -32,8 +32,7 @@ from uvicorn.server import ServerState
 from slm_server.router.edge import http_protocol
 from slm_server.router.edge.http_protocol import DoorRequest, door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.edge.test_http_protocol_arrived_body import Reading
-from tests.unit.router.edge.test_http_protocol_writes import Recording
+from tests.unit.router.door_client import Reading, Recording
 
 ROOT = Path(__file__).resolve().parents[4]
 

@@ -9,36 +9,19 @@ import asyncio
 import time
 from typing import Any
 
-import uvicorn
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
-from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.edge.test_http_protocol_writes import Unread
+from tests.unit.router.door_client import Unread, door_for
 
 STALL = 0.05
 REQUEST = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
 PIECE = b"x" * 16 * 1024
 
 
-def door(transport: Unread, stall: float = STALL) -> Any:
-    async def unused(scope: Scope, receive: Receive, send: Send) -> None:
-        raise AssertionError("replaced by each test")
-
-    config = uvicorn.Config(unused, log_config=None, lifespan="off")
-    config.load()
-    limits = DoorLimits(write_stall_seconds=stall)
-    protocol = door_protocol(limits)(config=config, server_state=ServerState(), app_state={})
-    transport.protocol = protocol
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    return protocol
-
-
 async def run_app(app: Any, transport: Unread, stall: float = STALL) -> float:
     """Serve one request with ``app``; the seconds it took to end."""
-    protocol = door(transport, stall)
-    protocol.app = app
+    protocol = door_for(app, transport, DoorLimits(write_stall_seconds=stall))
     started = time.monotonic()
     protocol.data_received(REQUEST)
     await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5.0)

@@ -11,15 +11,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import uvicorn
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from slm_server.errors import GatewayError
 from slm_server.router.answer.stream_relay import StreamRelay
-from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.edge.test_http_protocol_writes import Unread
+from tests.unit.router.door_client import Unread, door_for
 
 REQUEST = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
 PIECE = b"x" * 16 * 1024
@@ -53,17 +50,6 @@ class Draining(Unread):
         if self.aborted_at is None and not self.lost:
             self.lost = True
             super().abort()
-
-
-def make_door(transport: Unread, app: Any, **limits: float) -> Any:
-    config = uvicorn.Config(app, log_config=None, lifespan="off")
-    config.load()
-    protocol = door_protocol(DoorLimits(**limits))(  # type: ignore[arg-type]
-        config=config, server_state=ServerState(), app_state={}
-    )
-    transport.protocol = protocol
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    return protocol
 
 
 async def until(condition: Callable[[], bool], seconds: float) -> bool:
@@ -123,7 +109,7 @@ def test_a_steady_slow_reader_of_a_large_whole_answer_is_not_cut() -> None:
     transport = Draining()
 
     async def run() -> None:
-        make_door(transport, whole_app(1024 * 1024), write_stall_seconds=stall)
+        door_for(whole_app(1024 * 1024), transport, DoorLimits(write_stall_seconds=stall))
         transport.protocol.data_received(REQUEST)
         await asyncio.gather(*transport.protocol.tasks)  # the answer is handed over
         assert transport.paused
@@ -146,11 +132,10 @@ def test_a_non_reader_whose_next_head_times_out_is_still_cut() -> None:
     stall = 0.15
 
     async def run() -> None:
-        make_door(
-            transport,
+        door_for(
             whole_app(1024 * 1024),
-            write_stall_seconds=stall,
-            header_timeout_seconds=0.05,
+            transport,
+            DoorLimits(write_stall_seconds=stall, header_timeout_seconds=0.05),
         )
         transport.protocol.data_received(REQUEST + b"GET / HTTP/1.1\r\nhost: 1")
         assert await until(lambda: transport.paused, 1.0)
@@ -174,7 +159,7 @@ def test_a_pipelined_stream_learns_that_its_client_was_cut() -> None:
     stream = watching_stream(heard)
 
     async def run() -> None:
-        protocol = make_door(transport, stream, write_stall_seconds=stall)
+        protocol = door_for(stream, transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST + REQUEST)
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5.0)
 
@@ -200,7 +185,9 @@ def test_a_non_reader_whose_body_stalls_mid_answer_is_still_cut() -> None:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def run() -> None:
-        protocol = make_door(transport, early, write_stall_seconds=stall, body_stall_seconds=0.05)
+        protocol = door_for(
+            early, transport, DoorLimits(write_stall_seconds=stall, body_stall_seconds=0.05)
+        )
         protocol.data_received(
             b"POST / HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 100\r\n\r\nab"
         )
@@ -223,7 +210,7 @@ def test_a_pause_resume_pause_cycle_rearms_the_alarm_from_the_last_pause() -> No
     marks: dict[str, float] = {}
 
     async def run() -> None:
-        protocol = make_door(transport, whole_app(10), write_stall_seconds=stall)
+        protocol = door_for(whole_app(10), transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
         protocol.pause_writing()
@@ -243,7 +230,7 @@ def test_resumed_just_in_time_then_never_paused_again_is_never_cut() -> None:
     transport = Unread()
 
     async def run() -> None:
-        protocol = make_door(transport, whole_app(10), write_stall_seconds=stall)
+        protocol = door_for(whole_app(10), transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
         for _ in range(5):
@@ -263,7 +250,7 @@ def test_a_keep_alive_request_after_a_drained_pause_is_served() -> None:
     transport = Unread()
 
     async def run() -> None:
-        protocol = make_door(transport, whole_app(256 * 1024), write_stall_seconds=stall)
+        protocol = door_for(whole_app(256 * 1024), transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
         await asyncio.sleep(0)
@@ -286,8 +273,10 @@ def test_a_pause_while_the_next_head_arrives_slowly_is_still_cut() -> None:
     transport = Unread()
 
     async def run() -> None:
-        protocol = make_door(
-            transport, whole_app(1024 * 1024), write_stall_seconds=stall, header_timeout_seconds=5
+        protocol = door_for(
+            whole_app(1024 * 1024),
+            transport,
+            DoorLimits(write_stall_seconds=stall, header_timeout_seconds=5),
         )
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
@@ -307,11 +296,10 @@ def test_a_connection_closed_idle_with_its_answer_unread_is_still_cut() -> None:
     transport = Draining()
 
     async def run() -> None:
-        protocol = make_door(
-            transport,
+        protocol = door_for(
             whole_app(1024 * 1024),
-            write_stall_seconds=stall,
-            idle_timeout_seconds=0.03,
+            transport,
+            DoorLimits(write_stall_seconds=stall, idle_timeout_seconds=0.03),
         )
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
@@ -327,7 +315,9 @@ def test_no_abort_after_the_client_itself_went_away() -> None:
     transport = Unread()
 
     async def run() -> None:
-        protocol = make_door(transport, whole_app(1024 * 1024), write_stall_seconds=stall)
+        protocol = door_for(
+            whole_app(1024 * 1024), transport, DoorLimits(write_stall_seconds=stall)
+        )
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
         assert transport.paused
@@ -360,7 +350,7 @@ def test_a_stream_relay_cut_by_the_stall_is_a_client_leaving_not_a_backend_failu
     async def run() -> None:
         # The relay's deadline is loop time: set far away.
         relay.deadline = asyncio.get_running_loop().time() + 60
-        protocol = make_door(transport, relay, write_stall_seconds=stall)
+        protocol = door_for(relay, transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST)
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), 2.0)
 
@@ -377,7 +367,7 @@ def test_a_stream_alone_on_its_connection_hears_the_cut() -> None:
     heard: list[float] = []
 
     async def run() -> None:
-        protocol = make_door(transport, watching_stream(heard), write_stall_seconds=0.1)
+        protocol = door_for(watching_stream(heard), transport, DoorLimits(write_stall_seconds=0.1))
         protocol.data_received(REQUEST)
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5.0)
 
