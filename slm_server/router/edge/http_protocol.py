@@ -59,8 +59,8 @@ head size limit but no count, line or time limit, and costs more CPU per request
 
 What this module relies on in uvicorn, none of it public API (so ``pyproject.toml`` pins
 uvicorn to the minor release it was written against, 0.39, and
-``tests/unit/router/test_uvicorn_contract.py`` checks every item below on real
-instances, and that this list covers what the source touches):
+``tests/unit/router/edge/test_http_protocol_uvicorn_contract.py`` checks every item below
+on real instances, and that this list covers what the source touches):
 
 * imported: ``CLOSE_HEADER`` (``flow_control``), ``HEADER_VALUE_RE``, ``STATUS_LINE``,
   ``HttpToolsProtocol``, ``RequestResponseCycle`` (``httptools_impl``);

@@ -6,11 +6,18 @@ answer as it arrives (``httptools``' response parser), so a request takes the pa
 every real request takes: the door's :class:`~slm_server.router.edge.fast_path.FastPath`
 (the client's presence, the body taken whole, whole answers in one write, a stream's
 pieces spliced) and uvicorn's cycle, where a plain ASGI call takes none of it.
+
+:func:`door_for` is the one way the unit tests build the door: on a :class:`ClientEnd`
+here, or on a plainer fake transport for the door's own tests, where what matters is
+the bytes written and the flow control (:class:`Recording`, which keeps every write;
+:class:`Reading`, which also counts resumed reads; :class:`Unread`, whose peer reads
+nothing unless told to).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from typing import Any, Protocol
 
@@ -120,6 +127,87 @@ class ClientEnd:
             self.answer.complete = True
 
 
+class Recording:
+    """A transport that keeps every write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+        self.protocol: Any = None  # set by door_for
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 5000)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class Reading(Recording):
+    """Also counts how often reading was resumed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resumed = 0
+
+    def resume_reading(self) -> None:
+        self.resumed += 1
+
+
+class Unread(Recording):
+    """A client connection whose peer reads nothing unless told to: like asyncio's
+    transport, it asks the protocol to pause writing once its buffer passes the
+    high-water mark; it resumes only when the peer reads (:meth:`read_by_peer`); an
+    abort drops the buffer and tells the protocol its connection is lost."""
+
+    HIGH_WATER = 64 * 1024
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffered = 0
+        self.paused = False
+        self.aborted_at: float | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.aborted_at is not None:
+            return
+        self.buffered += len(data)
+        if self.buffered > self.HIGH_WATER and not self.paused:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def read_by_peer(self) -> None:
+        """The peer took everything: the buffer is empty, writing resumes."""
+        self.buffered = 0
+        if self.paused:
+            self.paused = False
+            self.protocol.resume_writing()
+
+    def abort(self) -> None:
+        if self.aborted_at is None:
+            self.aborted_at = time.monotonic()
+            self.closed = True
+            self.buffered = 0
+            self.protocol.connection_lost(None)
+
+
 _configs: weakref.WeakKeyDictionary[Any, uvicorn.Config] = weakref.WeakKeyDictionary()
 
 
@@ -137,8 +225,9 @@ def config_for(app: ASGIApp) -> uvicorn.Config:
 
 
 def door_for(app: ASGIApp, end: Any, limits: DoorLimits | None = None) -> Any:
-    """The door protocol serving ``app``, connected to ``end`` (a fake transport; it
-    is given the protocol as ``end.protocol``)."""
+    """The door protocol serving ``app`` (with ``limits``, else the defaults), connected
+    to ``end`` (a fake transport; it is given the protocol as ``end.protocol``), as the
+    router's server makes one for each connection."""
     config = config_for(app)
     state = ServerState()
     state.default_headers = [DATE, *config.encoded_headers]
@@ -180,4 +269,4 @@ async def through_door(
     return end
 
 
-__all__ = ["ClientEnd", "config_for", "door_for", "through_door"]
+__all__ = ["ClientEnd", "Reading", "Recording", "Unread", "config_for", "door_for", "through_door"]

@@ -29,6 +29,7 @@ from slm_server.router.observe.metrics import Metrics, outcome_of
 from slm_server.router.observe.observer import RequestObserver
 from slm_server.router.observe.telemetry import Telemetry
 from slm_server.settings import TelemetrySettings
+from tests.unit.router.door_client import Recording, door_for
 from tests.unit.router.inprocess import (
     FakeStates,
     Router,
@@ -38,8 +39,6 @@ from tests.unit.router.inprocess import (
     sse,
     whole,
 )
-from tests.unit.router.test_door_direct_answer import protocol_for
-from tests.unit.router.test_door_writes import Recording
 
 ANSWER = {"id": "chatcmpl-1", "object": "chat.completion", "choices": []}
 
@@ -55,7 +54,8 @@ def serve_twice(app: ASGIApp, wire: bytes) -> Recording:
     """``wire`` sent twice on one connection, pipelined; every answer awaited."""
 
     async def run() -> Recording:
-        protocol, transport = protocol_for(app)
+        transport = Recording()
+        protocol = door_for(app, transport)
         protocol.data_received(wire + wire)
         for _ in range(100):  # the pipelined one starts once the first has ended
             await asyncio.gather(*protocol.tasks)

@@ -4,90 +4,13 @@ once; driven in-process on a recording transport."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
-import uvicorn
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from slm_server.router.edge.fast_path import FAST_PATH
-from slm_server.router.edge.http_protocol import (
-    DoorRequest,
-    HeldTransport,
-    door_protocol,
-)
-from slm_server.settings import DoorLimits
-
-
-class Recording:
-    """A transport that keeps every write."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 5000)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
-class Unread(Recording):
-    """A client connection whose peer reads nothing unless told to: like asyncio's
-    transport, it asks the protocol to pause writing once its buffer passes the
-    high-water mark; it resumes only when the peer reads (:meth:`read_by_peer`); an
-    abort drops the buffer and tells the protocol its connection is lost."""
-
-    HIGH_WATER = 64 * 1024
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.protocol: Any = None
-        self.buffered = 0
-        self.paused = False
-        self.aborted_at: float | None = None
-
-    def write(self, data: bytes) -> None:
-        if self.aborted_at is not None:
-            return
-        self.buffered += len(data)
-        if self.buffered > self.HIGH_WATER and not self.paused:
-            self.paused = True
-            self.protocol.pause_writing()
-
-    def get_write_buffer_size(self) -> int:
-        return self.buffered
-
-    def read_by_peer(self) -> None:
-        """The peer took everything: the buffer is empty, writing resumes."""
-        self.buffered = 0
-        if self.paused:
-            self.paused = False
-            self.protocol.resume_writing()
-
-    def abort(self) -> None:
-        if self.aborted_at is None:
-            self.aborted_at = time.monotonic()
-            self.closed = True
-            self.buffered = 0
-            self.protocol.connection_lost(None)
+from slm_server.router.edge.http_protocol import DoorRequest, HeldTransport
+from tests.unit.router.door_client import Recording, door_for
 
 
 async def whole(scope: Scope, receive: Receive, send: Send) -> None:
@@ -111,11 +34,8 @@ async def fails_after_start(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def serve(app: Any, transport: Recording | None = None) -> Recording:
-    config = uvicorn.Config(app, log_config=None, lifespan="off")
-    config.load()
-    protocol = door_protocol(DoorLimits())(config=config, server_state=ServerState(), app_state={})
     transport = transport or Recording()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol = door_for(app, transport)
     protocol.data_received(b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
     await asyncio.gather(*protocol.tasks)
     protocol.connection_lost(None)

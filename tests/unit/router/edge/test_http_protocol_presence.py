@@ -7,26 +7,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import uvicorn
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from slm_server.router.dispatch.waits import client_of
 from slm_server.router.edge.fast_path import FAST_PATH
-from slm_server.router.edge.http_protocol import DoorRequest, door_protocol
+from slm_server.router.edge.http_protocol import DoorRequest
 from slm_server.router.observe.exchange import exchange_of
-from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Recording
+from tests.unit.router.door_client import Recording, door_for
 
 GET = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
-
-
-def protocol_for(app: Any) -> Any:
-    config = uvicorn.Config(app, log_config=None, lifespan="off")
-    config.load()
-    protocol = door_protocol(DoorLimits())(config=config, server_state=ServerState(), app_state={})
-    protocol.connection_made(Recording())  # type: ignore[arg-type]
-    return protocol
 
 
 async def until(condition: Any) -> None:
@@ -51,7 +40,7 @@ def test_a_client_leaving_mid_answer_is_heard_without_a_task() -> None:
         assert not watch.arm(lambda: heard.append("again"))
 
     async def run() -> None:
-        protocol = protocol_for(waits)
+        protocol = door_for(waits, Recording())
         protocol.data_received(GET)
         await armed.wait()
         assert heard == []
@@ -76,7 +65,7 @@ def test_a_request_whose_answer_ended_is_not_told() -> None:
         await send({"type": "http.response.body", "body": b""})
 
     async def run() -> None:
-        protocol = protocol_for(answers)
+        protocol = door_for(answers, Recording())
         protocol.data_received(GET)
         await asyncio.gather(*protocol.tasks)
         protocol.connection_lost(None)
@@ -101,7 +90,7 @@ def test_a_stream_running_ahead_of_a_pipelined_request_is_told() -> None:
             await until(lambda: watch.gone)
 
     async def run() -> None:
-        protocol = protocol_for(streams)
+        protocol = door_for(streams, Recording())
         protocol.data_received(b"GET /first HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         await until(lambda: started == ["/first"])
         protocol.data_received(b"GET /second HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
@@ -125,7 +114,7 @@ def test_a_client_gone_before_its_first_wait_is_gone_at_once() -> None:
         seen["exchange"] = exchange_of(scope).disconnected
 
     async def run() -> None:
-        protocol = protocol_for(late)
+        protocol = door_for(late, Recording())
         protocol.data_received(GET)
         protocol.connection_lost(None)
         lost.set()

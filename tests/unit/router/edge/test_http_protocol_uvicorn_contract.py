@@ -32,10 +32,9 @@ from uvicorn.server import ServerState
 from slm_server.router.edge import http_protocol
 from slm_server.router.edge.http_protocol import DoorRequest, door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_arrived_body import Reading
-from tests.unit.router.test_door_writes import Recording
+from tests.unit.router.door_client import Reading, Recording
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def method(obj: Any) -> bool:
@@ -160,7 +159,8 @@ def test_the_installed_uvicorn_is_the_pinned_one() -> None:
     assert pinned is not None
     assert version("uvicorn") in SpecifierSet(pinned.group(1)), (
         f"uvicorn {version('uvicorn')} is outside the range the door was written against "
-        f"({pinned.group(1)}): check tests/unit/router/test_uvicorn_contract.py first"
+        f"({pinned.group(1)}): check "
+        "tests/unit/router/edge/test_http_protocol_uvicorn_contract.py first"
     )
 
 

@@ -16,12 +16,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
 from slm_server.contracts.restart_requests import take_requests
-from slm_server.router.edge.http_protocol import door_protocol
-from slm_server.settings import DoorLimits
 from slm_server.supervise.confirm import judge
 from slm_server.supervise.decide import (
     Confirm,
@@ -35,9 +31,9 @@ from slm_server.supervise.decide import (
 from slm_server.supervise.evidence import Target, gather
 from slm_server.supervise.phases import Ready
 from slm_server.supervise.restart_budget import RestartBudget
+from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, chat, delta, serving
+from tests.unit.router.door_client import Unread, door_for
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
-from tests.unit.router.test_door_writes import Unread
-from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta, serving
 from tests.unit.supervise.test_evidence import FakeClock, FakeHttp, FakeProcs
 
 EMBED_MODEL = "org/embed-model"
@@ -179,16 +175,10 @@ def test_through_the_real_door_two_unread_keep_alive_requests_spare_a_healthy_ba
 
     async def scenario() -> None:
         async with serving(router):
-            config = uvicorn.Config(router.app, log_config=None, lifespan="off")
-            config.load()
             protocols = []
             for _ in range(2):
-                protocol = door_protocol(DoorLimits())(
-                    config=config, server_state=ServerState(), app_state={}
-                )
                 transport = Unread()
-                transport.protocol = protocol
-                protocol.connection_made(transport)  # type: ignore[arg-type]
+                protocol = door_for(router.app, transport)
                 protocol.data_received(post(CHAT, chat()) + post(CHAT, chat(stream=True)))
                 protocols.append((protocol, transport))
             # Both streams are cut at their deadline (0.3 s), their heads never sent:

@@ -7,36 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import uvicorn
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from slm_server.router.edge.fast_path import FAST_PATH
-from slm_server.router.edge.http_protocol import door_protocol
-from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Recording
+from tests.unit.router.door_client import Reading, door_for
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: %d\r\n%b\r\n"
-
-
-class Reading(Recording):
-    """Also counts how often reading was resumed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.resumed = 0
-
-    def resume_reading(self) -> None:
-        self.resumed += 1
-
-
-def protocol_for(app: Any) -> tuple[Any, Reading]:
-    config = uvicorn.Config(app, log_config=None, lifespan="off")
-    config.load()
-    protocol = door_protocol(DoorLimits())(config=config, server_state=ServerState(), app_state={})
-    transport = Reading()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    return protocol, transport
 
 
 async def answer(send: Send) -> None:
@@ -56,7 +32,8 @@ def test_a_body_all_in_is_taken_whole_once() -> None:
         await answer(send)
 
     async def run() -> Reading:
-        protocol, transport = protocol_for(app)
+        transport = Reading()
+        protocol = door_for(app, transport)
         transports.append(transport)
         body = b'{"a": "' + b"x" * 200_000 + b'"}'  # past uvicorn's high water: reading paused
         protocol.data_received(HEAD % (len(body), b"") + body)
@@ -87,7 +64,7 @@ def test_a_body_still_arriving_is_left_to_receive() -> None:
         await answer(send)
 
     async def run() -> None:
-        protocol, _ = protocol_for(app)
+        protocol = door_for(app, Reading())
         protocol.data_received(HEAD % (4, b"") + b"ab")
         await started.wait()
         protocol.data_received(b"cd")
@@ -106,7 +83,8 @@ def test_a_client_waiting_for_100_continue_is_left_to_receive() -> None:
         await answer(send)
 
     async def run() -> Reading:
-        protocol, transport = protocol_for(app)
+        transport = Reading()
+        protocol = door_for(app, transport)
         protocol.data_received(HEAD % (2, b"expect: 100-continue\r\n") + b"{}")
         await asyncio.gather(*protocol.tasks)
         return transport
@@ -126,7 +104,7 @@ def test_a_client_that_left_is_left_to_receive() -> None:
         seen["received"] = (await receive())["type"]
 
     async def run() -> None:
-        protocol, _ = protocol_for(app)
+        protocol = door_for(app, Reading())
         protocol.data_received(HEAD % (2, b"") + b"{}")
         protocol.connection_lost(None)
         left.set()

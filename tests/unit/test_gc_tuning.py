@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from slm_server import gc_tuning
+from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, chat, delta
+from tests.unit.router.door_client import Recording, door_for
 from tests.unit.router.inprocess import Sent, call, make_router, sse, whole
-from tests.unit.router.test_door_presence import protocol_for
-from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta
 
 
 @pytest.fixture
@@ -116,11 +116,14 @@ def test_requests_served_through_the_door_on_one_connection_make_no_reference_cy
     def lose_it() -> None:
         protocol = connection.pop()
         protocol.connection_lost(None)
+        # As asyncio's and uvloop's transports drop their protocol once it is told the
+        # connection is lost: the fake one's link back is no cycle of the door's.
+        protocol.transport.protocol = None
         kinds.append(type(protocol))
 
     async def scenario() -> Counter[str]:
         async with router.app.router.lifespan_context(router.app):
-            connection.append(protocol_for(router.app))
+            connection.append(door_for(router.app, Recording()))
             return await garbage_of(serve_all, then=lose_it)
 
     found = asyncio.run(scenario())

@@ -1,8 +1,11 @@
-"""The door's write-stall cut under a hostile review, driven in-process through the
-real door protocol on fake transports (as tests/unit/router/test_door_write_stall.py
-does): a slow reader that keeps reading is never cut, and a non-reader is cut however
-the connection otherwise ends (a refusal's close, a pipelined request behind a stream).
-The first four failed before their fixes."""
+"""A client that asks and never reads is cut off after ``write_stall_seconds``, however
+the connection otherwise ends (a refusal's close, a pipelined request behind a stream),
+and a slow reader that keeps reading never is. Driven in-process through the real door
+protocol on transports whose peer reads nothing (:class:`Unread`: it asks the protocol
+to pause writing past a high-water mark, as asyncio's and uvloop's transports do, and
+resumes only when the test says the peer read) or reads part of the buffer at a time
+(:class:`Draining`). The four tests found by a hostile review each failed before its
+fix; the same review's other scenarios follow them."""
 
 from __future__ import annotations
 
@@ -11,16 +14,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import uvicorn
 from starlette.types import Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from slm_server.errors import GatewayError
 from slm_server.router.answer.stream_relay import StreamRelay
-from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Unread
+from tests.unit.router.door_client import Unread, door_for
 
+STALL = 0.05
 REQUEST = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
 PIECE = b"x" * 16 * 1024
 
@@ -55,15 +56,13 @@ class Draining(Unread):
             super().abort()
 
 
-def make_door(transport: Unread, app: Any, **limits: float) -> Any:
-    config = uvicorn.Config(app, log_config=None, lifespan="off")
-    config.load()
-    protocol = door_protocol(DoorLimits(**limits))(  # type: ignore[arg-type]
-        config=config, server_state=ServerState(), app_state={}
-    )
-    transport.protocol = protocol
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    return protocol
+async def run_app(app: Any, transport: Unread, stall: float = STALL) -> float:
+    """Serve one request with ``app``; the seconds it took to end."""
+    protocol = door_for(app, transport, DoorLimits(write_stall_seconds=stall))
+    started = time.monotonic()
+    protocol.data_received(REQUEST)
+    await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5.0)
+    return time.monotonic() - started
 
 
 async def until(condition: Callable[[], bool], seconds: float) -> bool:
@@ -111,7 +110,77 @@ def watching_stream(heard: list[float]) -> Any:
     return stream
 
 
-# -- found by the review (each failed before its fix) --------------------------------
+def test_a_stream_to_a_client_that_reads_nothing_is_cut_after_the_write_stall() -> None:
+    transport = Unread()
+    sent = 0
+
+    async def stream(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal sent
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for _ in range(1000):  # blocks once the buffer is full, until the door cuts
+            await send({"type": "http.response.body", "body": PIECE, "more_body": True})
+            sent += 1
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    took = asyncio.run(run_app(stream, transport))
+    assert transport.aborted_at is not None, "the connection was never cut"
+    assert STALL <= took < 2.0
+    assert transport.buffered == 0
+
+
+def test_a_whole_answer_left_in_the_buffer_is_dropped_after_the_write_stall() -> None:
+    """The response is complete, but a close would wait for a peer that never reads:
+    the door aborts instead, and the buffered answer goes with the connection."""
+    transport = Unread()
+
+    async def whole(scope: Scope, receive: Receive, send: Send) -> None:
+        body = PIECE * 64  # 1 MiB, past the high-water mark
+        headers = [(b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def run() -> None:
+        await run_app(whole, transport)
+        assert transport.aborted_at is None  # the answer is handed over; the timer runs
+        deadline = time.monotonic() + 5.0
+        while transport.aborted_at is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    assert transport.aborted_at is not None
+    assert transport.buffered == 0
+
+
+def test_a_client_that_reads_again_within_the_limit_is_never_cut() -> None:
+    transport = Unread()
+    stall = 0.2
+
+    async def stream(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for _ in range(40):
+            await send({"type": "http.response.body", "body": PIECE, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def reader() -> None:
+        # Reads now and then, each time well within the limit; 0.6 s in all, three
+        # times the limit.
+        for _ in range(12):
+            await asyncio.sleep(stall / 4)
+            transport.read_by_peer()
+
+    async def run() -> None:
+        reading = asyncio.ensure_future(reader())
+        await run_app(stream, transport, stall)
+        await reading
+        await asyncio.sleep(stall * 1.5)  # past the limit, with nothing paused
+
+    asyncio.run(run())
+    assert transport.aborted_at is None
+
+
+# -- found by a hostile review (each failed before its fix) ----------------------------
 
 
 def test_a_steady_slow_reader_of_a_large_whole_answer_is_not_cut() -> None:
@@ -123,7 +192,7 @@ def test_a_steady_slow_reader_of_a_large_whole_answer_is_not_cut() -> None:
     transport = Draining()
 
     async def run() -> None:
-        make_door(transport, whole_app(1024 * 1024), write_stall_seconds=stall)
+        door_for(whole_app(1024 * 1024), transport, DoorLimits(write_stall_seconds=stall))
         transport.protocol.data_received(REQUEST)
         await asyncio.gather(*transport.protocol.tasks)  # the answer is handed over
         assert transport.paused
@@ -146,11 +215,10 @@ def test_a_non_reader_whose_next_head_times_out_is_still_cut() -> None:
     stall = 0.15
 
     async def run() -> None:
-        make_door(
-            transport,
+        door_for(
             whole_app(1024 * 1024),
-            write_stall_seconds=stall,
-            header_timeout_seconds=0.05,
+            transport,
+            DoorLimits(write_stall_seconds=stall, header_timeout_seconds=0.05),
         )
         transport.protocol.data_received(REQUEST + b"GET / HTTP/1.1\r\nhost: 1")
         assert await until(lambda: transport.paused, 1.0)
@@ -174,7 +242,7 @@ def test_a_pipelined_stream_learns_that_its_client_was_cut() -> None:
     stream = watching_stream(heard)
 
     async def run() -> None:
-        protocol = make_door(transport, stream, write_stall_seconds=stall)
+        protocol = door_for(stream, transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST + REQUEST)
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5.0)
 
@@ -200,7 +268,9 @@ def test_a_non_reader_whose_body_stalls_mid_answer_is_still_cut() -> None:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def run() -> None:
-        protocol = make_door(transport, early, write_stall_seconds=stall, body_stall_seconds=0.05)
+        protocol = door_for(
+            early, transport, DoorLimits(write_stall_seconds=stall, body_stall_seconds=0.05)
+        )
         protocol.data_received(
             b"POST / HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 100\r\n\r\nab"
         )
@@ -212,7 +282,7 @@ def test_a_non_reader_whose_body_stalls_mid_answer_is_still_cut() -> None:
     assert transport.aborted_at is not None, "a closing connection nobody reads is held"
 
 
-# -- scenarios that hold up -----------------------------------------------------------
+# -- the same review's scenarios, which held up ----------------------------------------
 
 
 def test_a_pause_resume_pause_cycle_rearms_the_alarm_from_the_last_pause() -> None:
@@ -223,7 +293,7 @@ def test_a_pause_resume_pause_cycle_rearms_the_alarm_from_the_last_pause() -> No
     marks: dict[str, float] = {}
 
     async def run() -> None:
-        protocol = make_door(transport, whole_app(10), write_stall_seconds=stall)
+        protocol = door_for(whole_app(10), transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
         protocol.pause_writing()
@@ -243,7 +313,7 @@ def test_resumed_just_in_time_then_never_paused_again_is_never_cut() -> None:
     transport = Unread()
 
     async def run() -> None:
-        protocol = make_door(transport, whole_app(10), write_stall_seconds=stall)
+        protocol = door_for(whole_app(10), transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
         for _ in range(5):
@@ -263,7 +333,7 @@ def test_a_keep_alive_request_after_a_drained_pause_is_served() -> None:
     transport = Unread()
 
     async def run() -> None:
-        protocol = make_door(transport, whole_app(256 * 1024), write_stall_seconds=stall)
+        protocol = door_for(whole_app(256 * 1024), transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
         await asyncio.sleep(0)
@@ -286,8 +356,10 @@ def test_a_pause_while_the_next_head_arrives_slowly_is_still_cut() -> None:
     transport = Unread()
 
     async def run() -> None:
-        protocol = make_door(
-            transport, whole_app(1024 * 1024), write_stall_seconds=stall, header_timeout_seconds=5
+        protocol = door_for(
+            whole_app(1024 * 1024),
+            transport,
+            DoorLimits(write_stall_seconds=stall, header_timeout_seconds=5),
         )
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
@@ -307,11 +379,10 @@ def test_a_connection_closed_idle_with_its_answer_unread_is_still_cut() -> None:
     transport = Draining()
 
     async def run() -> None:
-        protocol = make_door(
-            transport,
+        protocol = door_for(
             whole_app(1024 * 1024),
-            write_stall_seconds=stall,
-            idle_timeout_seconds=0.03,
+            transport,
+            DoorLimits(write_stall_seconds=stall, idle_timeout_seconds=0.03),
         )
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
@@ -327,7 +398,9 @@ def test_no_abort_after_the_client_itself_went_away() -> None:
     transport = Unread()
 
     async def run() -> None:
-        protocol = make_door(transport, whole_app(1024 * 1024), write_stall_seconds=stall)
+        protocol = door_for(
+            whole_app(1024 * 1024), transport, DoorLimits(write_stall_seconds=stall)
+        )
         protocol.data_received(REQUEST)
         await asyncio.gather(*protocol.tasks)
         assert transport.paused
@@ -360,7 +433,7 @@ def test_a_stream_relay_cut_by_the_stall_is_a_client_leaving_not_a_backend_failu
     async def run() -> None:
         # The relay's deadline is loop time: set far away.
         relay.deadline = asyncio.get_running_loop().time() + 60
-        protocol = make_door(transport, relay, write_stall_seconds=stall)
+        protocol = door_for(relay, transport, DoorLimits(write_stall_seconds=stall))
         protocol.data_received(REQUEST)
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), 2.0)
 
@@ -377,7 +450,7 @@ def test_a_stream_alone_on_its_connection_hears_the_cut() -> None:
     heard: list[float] = []
 
     async def run() -> None:
-        protocol = make_door(transport, watching_stream(heard), write_stall_seconds=0.1)
+        protocol = door_for(watching_stream(heard), transport, DoorLimits(write_stall_seconds=0.1))
         protocol.data_received(REQUEST)
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5.0)
 

@@ -9,17 +9,13 @@ import asyncio
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.server import ServerState
 
 from slm_server.router.answer.whole_answer import WholeAnswer
 from slm_server.router.edge.fast_path import FAST_PATH
-from slm_server.router.edge.http_protocol import door_protocol
 from slm_server.router.observe.exchange import exchange_of
-from slm_server.settings import DoorLimits
-from tests.unit.router.test_door_writes import Recording
+from tests.unit.router.door_client import Recording, door_for
 
 POST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
@@ -27,20 +23,12 @@ POST = (
 )
 
 
-def protocol_for(app: ASGIApp) -> tuple[Any, Recording]:
-    config = uvicorn.Config(app, log_config=None, lifespan="off")
-    config.load()
-    protocol = door_protocol(DoorLimits())(config=config, server_state=ServerState(), app_state={})
-    transport = Recording()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    return protocol, transport
-
-
 def served(app: ASGIApp, *requests: bytes) -> tuple[Any, Recording]:
     """``requests`` sent one after the other on one connection, each answered."""
 
     async def run() -> tuple[Any, Recording]:
-        protocol, transport = protocol_for(app)
+        transport = Recording()
+        protocol = door_for(app, transport)
         for request in requests:
             protocol.data_received(request)
             await asyncio.gather(*protocol.tasks)
@@ -152,7 +140,8 @@ def test_nothing_is_written_to_a_client_that_left() -> None:
         await WholeAnswer(exchange_of(scope), b"{}", 200, "application/json")(scope, receive, send)
 
     async def run() -> Recording:
-        protocol, transport = protocol_for(app)
+        transport = Recording()
+        protocol = door_for(app, transport)
         protocol.data_received(POST % b"")
         protocol.connection_lost(None)
         left.set()

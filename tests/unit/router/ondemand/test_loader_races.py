@@ -18,7 +18,7 @@ from tests.unit.router.inprocess import (
     call,
     make_router,
 )
-from tests.unit.router.test_on_demand import (
+from tests.unit.router.ondemand.test_loader import (
     ON_DEMAND,
     aging_swap,
     answer_whole,
