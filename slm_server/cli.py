@@ -157,6 +157,9 @@ def cmd_router(settings: Settings) -> int:
         # No proxy in front: X-Forwarded-* from a local client is not to be believed
         # (and checking it costs every request).
         proxy_headers=False,
+        # No API here speaks WebSocket: an upgrade request is answered as plain HTTP,
+        # and uvicorn loads no websockets library.
+        ws="none",
         # uvicorn's own limit comes after ours, so our streams end with a clean error.
         timeout_graceful_shutdown=math.ceil(settings.serving.drain_timeout_seconds) + 5,
     )

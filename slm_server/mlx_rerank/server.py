@@ -263,6 +263,7 @@ def serve(options: Options) -> NoReturn:
         port=options.port,
         log_config=None,
         access_log=False,
+        ws="none",
         timeout_graceful_shutdown=10,
     )
     server = QuietServer(config)

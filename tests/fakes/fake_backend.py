@@ -871,6 +871,7 @@ def serve(
         host=host,
         port=port,
         http="h11",
+        ws="none",
         loop="asyncio",
         lifespan="off",
         log_level="info",

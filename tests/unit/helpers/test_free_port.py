@@ -19,6 +19,7 @@ def test_many_calls_give_distinct_ports() -> None:
 
 
 def test_a_port_someone_holds_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # every port is this test's
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
         held.bind(("127.0.0.1", free_port()))
         held.listen()

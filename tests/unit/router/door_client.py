@@ -213,11 +213,17 @@ _configs: weakref.WeakKeyDictionary[Any, uvicorn.Config] = weakref.WeakKeyDictio
 
 def config_for(app: ASGIApp) -> uvicorn.Config:
     """uvicorn's configuration as the router's command sets it (no proxy headers, no
-    access log, no lifespan: a test runs the app's lifespan itself), loaded once."""
+    access log, no WebSocket, no lifespan: a test runs the app's lifespan itself),
+    loaded once."""
     config = _configs.get(app)
     if config is None:
         config = uvicorn.Config(
-            app, log_config=None, access_log=False, proxy_headers=False, lifespan="off"
+            app,
+            log_config=None,
+            access_log=False,
+            proxy_headers=False,
+            ws="none",
+            lifespan="off",
         )
         config.load()
         _configs[app] = config

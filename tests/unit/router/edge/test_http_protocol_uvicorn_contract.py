@@ -137,7 +137,7 @@ async def never_called(scope: Any, receive: Any, send: Any) -> None:
 
 def uvicorns(transport: Recording | None = None) -> HttpToolsProtocol:
     """uvicorn's own protocol (not the door) on a fake transport, connected."""
-    config = uvicorn.Config(never_called, log_config=None, lifespan="off")
+    config = uvicorn.Config(never_called, log_config=None, ws="none", lifespan="off")
     config.load()
     protocol = HttpToolsProtocol(config=config, server_state=ServerState(), app_state={})
     protocol.connection_made(transport or Recording())  # type: ignore[arg-type]
