@@ -306,10 +306,7 @@ class TestRequestTranslation:
             ("auto", "auto"),
             ("none", "none"),
             ("required", "required"),
-            (
-                {"type": "function", "name": "weather"},
-                {"type": "function", "function": {"name": "weather"}},
-            ),
+            ({"type": "function", "name": "weather"}, "required"),
         ],
     )
     def test_tool_choice(self, choice: Any, expected: Any) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slm_server.router.apis.responses.custom_input import InputReader
-from slm_server.router.apis.responses.tools import offer_of
+from slm_server.router.apis.responses.tools import echoed_tools, offer_of
 
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -139,7 +139,8 @@ def build_response(
     incomplete: str | None = None,
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A Responses object with the request's settings echoed; ``model`` defaults to the request's.
+    """A Responses object with the request's settings echoed (its tools without the
+    hosted ones left out); ``model`` defaults to the request's.
 
     ``incomplete`` is the ``incomplete_details.reason``; ``error`` the ``{code, message}``
     of a failed response.
@@ -164,7 +165,7 @@ def build_response(
         "temperature": request.get("temperature"),
         "top_p": request.get("top_p"),
         "tool_choice": request.get("tool_choice") or "auto",
-        "tools": request.get("tools") or [],
+        "tools": echoed_tools(request.get("tools")),
         "text": request.get("text") or {"format": {"type": "text"}},
         "reasoning": None,
         "previous_response_id": None,

@@ -132,6 +132,14 @@ def offer_tools(tools: Any) -> ToolOffer:
     return offer
 
 
+def echoed_tools(tools: Any) -> list[Any]:
+    """The request's ``tools`` as a response echoes them: without the hosted tools left
+    out (the model could not call them; ``x-slm-dropped-tools`` names them)."""
+    if not isinstance(tools, list):
+        return []
+    return [t for t in tools if not (isinstance(t, dict) and t.get("type") in HOSTED_TOOLS)]
+
+
 def offer_of(request: dict[str, Any]) -> ToolOffer:
     """The offer made for ``request`` (a translated one: its tools were checked), for
     mapping its answer's calls back; an empty offer for tools that cannot be offered."""
@@ -208,9 +216,11 @@ def _custom_description(tool: dict[str, Any], path: str) -> str:
 
 
 def chat_tool_choice(choice: Any, offer: ToolOffer) -> Any:
-    """The chat ``tool_choice`` for a Responses one. ``allowed_tools`` narrows
-    ``offer.chat_tools`` to the tools it allows (in place). A choice that forces a
-    tool the model is not offered (a hosted one, an unknown name) is refused."""
+    """The chat ``tool_choice`` for a Responses one. A choice of one tool narrows
+    ``offer.chat_tools`` (in place) to that tool, and ``allowed_tools`` to the tools it
+    allows, under ``"required"`` or ``"auto"``: the pinned llama-server ignores a
+    ``tool_choice`` that names a function. A choice that forces a tool the model is not
+    offered (a hosted one, an unknown name) is refused."""
     if isinstance(choice, str) and choice in TOOL_CHOICE_MODES:
         if choice == "required" and not offer.chat_tools:
             raise InvalidRequest(
@@ -219,8 +229,10 @@ def chat_tool_choice(choice: Any, offer: ToolOffer) -> Any:
             )
         return choice
     kind = choice.get("type") if isinstance(choice, dict) else None
-    if kind in ("function", "custom"):
-        return {"type": "function", "function": {"name": _forced(choice, offer)}}
+    if kind in ("function", "custom") and isinstance(choice, dict):
+        forced = _forced(choice, offer)
+        offer.chat_tools[:] = [t for t in offer.chat_tools if t["function"]["name"] == forced]
+        return "required"
     if kind == "allowed_tools" and isinstance(choice, dict):
         return _allowed_tools(choice, offer)
     raise InvalidRequest(
@@ -279,6 +291,7 @@ __all__ = [
     "ToolRef",
     "chat_name",
     "chat_tool_choice",
+    "echoed_tools",
     "offer_of",
     "offer_tools",
 ]

@@ -143,36 +143,31 @@ def test_the_offer_for_an_answer_never_raises() -> None:
     assert offer_of({"tools": [CRM]}).ref("crm__lookup").namespace == "crm"
 
 
+@pytest.mark.parametrize("mode", ["auto", "none", "required"])
+def test_tool_choice_modes_stay(mode: str) -> None:
+    offer = offer_tools([WEATHER, PATCH, CRM])
+    assert chat_tool_choice(mode, offer) == mode
+    assert len(offer.chat_tools) == 4
+
+
 @pytest.mark.parametrize(
-    ("choice", "expected"),
+    ("choice", "forced"),
     [
-        ("auto", "auto"),
-        ("none", "none"),
-        ("required", "required"),
-        (
-            {"type": "function", "name": "weather"},
-            {"type": "function", "function": {"name": "weather"}},
-        ),
-        (
-            {"type": "custom", "name": "apply_patch"},
-            {"type": "function", "function": {"name": "apply_patch"}},
-        ),
-        (
-            {"type": "function", "name": "crm.lookup"},
-            {"type": "function", "function": {"name": "crm__lookup"}},
-        ),
-        (
-            {"type": "function", "name": "crm__lookup"},
-            {"type": "function", "function": {"name": "crm__lookup"}},
-        ),
-        (
-            {"type": "custom", "name": "crm.note"},
-            {"type": "function", "function": {"name": "crm__note"}},
-        ),
+        ({"type": "function", "name": "weather"}, "weather"),
+        ({"type": "custom", "name": "apply_patch"}, "apply_patch"),
+        ({"type": "function", "name": "crm.lookup"}, "crm__lookup"),
+        ({"type": "function", "name": "crm__lookup"}, "crm__lookup"),
+        ({"type": "custom", "name": "crm.note"}, "crm__note"),
     ],
 )
-def test_tool_choice_names_the_chat_function(choice: Any, expected: Any) -> None:
-    assert chat_tool_choice(choice, offer_tools([WEATHER, PATCH, CRM])) == expected
+def test_a_tool_choice_of_one_tool_offers_it_alone_and_requires_it(
+    choice: Any, forced: str
+) -> None:
+    """The pinned llama-server ignores a tool_choice naming a function (it takes only
+    the modes), so the one tool is offered alone, under "required"."""
+    offer = offer_tools([WEATHER, PATCH, CRM])
+    assert chat_tool_choice(choice, offer) == "required"
+    assert names(offer.chat_tools) == [forced]
 
 
 def test_allowed_tools_narrow_what_the_model_is_offered() -> None:

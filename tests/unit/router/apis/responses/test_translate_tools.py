@@ -247,3 +247,10 @@ class TestAnswer:
         [patch] = response.output
         assert isinstance(patch, ResponseCustomToolCall)
         assert patch.input == "raw text"
+
+    def test_the_echoed_tools_leave_the_hosted_ones_out(self) -> None:
+        request = codex()
+        request["tools"][3] = {"type": "web_search", "external_web_access": False}
+        answer = completion({"role": "assistant", "content": "Hi"}, "stop")
+        response = strict_response(chat_to_response(answer, request))
+        assert [tool.type for tool in response.tools] == ["function", "namespace", "custom"]
