@@ -83,7 +83,10 @@ class Script:
     ``busy_slots`` are busy, and each GET /slots advances their ``n_decoded`` by one
     while ``slots_progress``; ``slots_stall`` makes GET /slots hang.
     Streamed content is ``chunk_text`` repeated ``chunks`` times (``reply`` only
-    affects non-streamed answers).
+    affects non-streamed answers). ``tool_calls`` (each ``{"name", "arguments"}``)
+    makes a matched chat request's answer call those tools instead (finish reason
+    ``tool_calls``; streamed, each call's arguments in pieces of ``TOOL_PIECE``
+    characters); an unmatched one is answered in text.
     """
 
     status: int | None = None
@@ -106,6 +109,7 @@ class Script:
     slots_stall: bool = False
     responses: bool = False
     reply: str | None = None
+    tool_calls: list[JSON] | None = None
 
     @classmethod
     def parse(cls, data: Any) -> Script:
@@ -152,6 +156,8 @@ def _matches(value: Any, hint: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if get_origin(hint) is list:
         return isinstance(value, list) and all(_matches(v, get_args(hint)[0]) for v in value)
+    if get_origin(hint) is dict:
+        return isinstance(value, dict)
     if get_origin(hint) is UnionType:
         return any(_matches(value, h) for h in get_args(hint))
     return isinstance(value, hint)
@@ -409,7 +415,11 @@ def generate(
     if not body.get("stream"):
         reply = script.reply if script.reply is not None else f"fake reply to: {prompt[:80]}"
         choice: JSON = {"index": 0, "logprobs": None, "finish_reason": "stop"}
-        if chat:
+        if chat and script.tool_calls is not None:
+            calls = [_tool_call(seq, i, c) for i, c in enumerate(script.tool_calls)]
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+            choice["finish_reason"] = "tool_calls"
+        elif chat:
             choice["message"] = {"role": "assistant", "content": reply}
         else:
             choice["text"] = reply
@@ -434,6 +444,12 @@ def generate(
     prefix = [chunk(None, None, role=True)] if chat else []
     content = [chunk(script.chunk_text, None) for _ in range(script.chunks)]
     suffix = [chunk(None, "stop")]
+    if chat and script.tool_calls is not None:
+        content = [
+            sse({**base, "object": kind, "choices": [choice]})
+            for choice in _tool_call_choices(seq, script.tool_calls)
+        ]
+        suffix = [sse({**base, "object": kind, "choices": [_finish("tool_calls")]})]
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
         suffix.append(
@@ -448,6 +464,33 @@ def generate(
         )
     suffix.append(sse("[DONE]"))
     return None, (prefix, content, suffix)
+
+
+TOOL_PIECE = 8
+
+
+def _tool_call(seq: int, index: int, call: JSON) -> JSON:
+    function = {"name": call.get("name"), "arguments": call.get("arguments", "")}
+    return {"id": f"call_fake_{seq}_{index}", "type": "function", "function": function}
+
+
+def _finish(reason: str | None, delta: JSON | None = None) -> JSON:
+    return {"index": 0, "logprobs": None, "finish_reason": reason, "delta": delta or {}}
+
+
+def _tool_call_choices(seq: int, calls: list[JSON]) -> list[JSON]:
+    """The streamed choices of ``calls``: each opened with its id and name, then its
+    arguments piece by piece, as llama-server streams them."""
+    choices = []
+    for index, call in enumerate(calls):
+        whole = _tool_call(seq, index, call)
+        opening = {**whole, "index": index, "function": {**whole["function"], "arguments": ""}}
+        choices.append(_finish(None, {"tool_calls": [opening]}))
+        arguments = str(whole["function"]["arguments"])
+        for at in range(0, len(arguments), TOOL_PIECE):
+            piece = {"index": index, "function": {"arguments": arguments[at : at + TOOL_PIECE]}}
+            choices.append(_finish(None, {"tool_calls": [piece]}))
+    return choices
 
 
 def embedding(text: str) -> list[float]:

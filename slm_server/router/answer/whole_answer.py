@@ -4,7 +4,7 @@ client in one piece.
 Where the door serves the request (its
 :class:`~slm_server.router.edge.fast_path.FastPath` in the scope), it goes out in one
 write with no ASGI message: the request's exchange is given its status and the answer
-carries the request id, as the
+carries the headers the router adds (``answer_headers``: the request id...), as the
 :class:`~slm_server.router.observe.observer.RequestObserver` does for a response sent
 through ASGI. Elsewhere (plain ASGI) it is the two messages a Starlette ``Response``
 sends, with the same headers.
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from starlette.types import Receive, Scope, Send
 
 from slm_server.router.edge.fast_path import fast_path_of
-from slm_server.router.observe.exchange import Exchange, echoed_id
+from slm_server.router.observe.exchange import Exchange, answer_headers
 
 
 class WholeAnswer:
@@ -58,7 +58,9 @@ class WholeAnswer:
             # write that waits on a full client and is cancelled keeps it.
             exchange.status = status
             try:
-                sent = await door.answer(status, [*self.headers, echoed_id(exchange)], self.body)
+                sent = await door.answer(
+                    status, [*self.headers, *answer_headers(exchange)], self.body
+                )
             except RuntimeError:
                 exchange.status = None  # nothing went out: the error's answer will
                 raise

@@ -9,6 +9,11 @@ block *i* covers block *i-1*'s hash, so two requests whose block *i* hashes alik
 not hashed: a prompt shorter than one block matches nothing. At most ``MAX_BLOCKS``
 blocks are hashed, so a request costs at most that many hashes however long it is.
 
+A request that names its cache (``prompt_cache_key``, as OpenAI's APIs take it) has the
+key's hash as its first block, and its blocks chained from it
+(:func:`request_hashes`): requests with the same key go where the key went, and the
+same prefix under another key is another prefix, as OpenAI combines the two.
+
 Each replica has a :class:`PrefixIndex`, a bounded (approximately LRU) set of the
 block hashes it was sent recently. A request's blocks are recorded last block first, so
 a block is never older in the index than a later block of the same prefix: the blocks
@@ -31,6 +36,7 @@ _LIMIT: Final = BLOCK_CHARS * MAX_BLOCKS
 # Between the parts of the leading text: no text part can forge a role boundary.
 _PART: Final = "\x1e"
 _ROLE: Final = "\x1f"
+_KEY: Final = "prompt_cache_key"
 _hash = hash  # one dictionary lookup fewer per block
 
 
@@ -79,16 +85,28 @@ def leading_text(payload: dict[str, Any]) -> str:
     return "".join(parts)[:_LIMIT]
 
 
-def block_hashes(text: str) -> list[int]:
-    """The chained hash of every whole block of ``text``, first block first."""
+def block_hashes(text: str, seed: int = 0) -> list[int]:
+    """The chained hash of every whole block of ``text``, first block first, the
+    first one chained from ``seed``."""
     hashes: list[int] = []
     append = hashes.append
-    chained = 0
+    chained = seed
     step = BLOCK_CHARS
     for start in range(0, len(text) - step + 1, step):
         chained = _hash((chained, text[start : start + step]))
         append(chained)
     return hashes
+
+
+def request_hashes(payload: dict[str, Any]) -> list[int]:
+    """The blocks a request is matched and recorded by: its leading text's, after the
+    hash of its ``prompt_cache_key`` when it has one (a non-empty string)."""
+    text = leading_text(payload)
+    key = payload.get(_KEY)
+    if not isinstance(key, str) or not key:
+        return block_hashes(text)
+    seed = _hash((_KEY, key))
+    return [seed, *block_hashes(text, seed)]
 
 
 class PrefixIndex:
@@ -167,4 +185,5 @@ __all__ = [
     "PrefixIndex",
     "block_hashes",
     "leading_text",
+    "request_hashes",
 ]

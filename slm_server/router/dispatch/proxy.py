@@ -20,7 +20,7 @@ from slm_server.router.apis.passthrough import PassThrough
 from slm_server.router.apis.responses.endpoint import ResponsesApi
 from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.admitted_call import Call, Deadline
-from slm_server.router.dispatch.affinity import BLOCK_CHARS, block_hashes, leading_text
+from slm_server.router.dispatch.affinity import BLOCK_CHARS, request_hashes
 from slm_server.router.dispatch.backend_state import StateSource
 from slm_server.router.dispatch.balance import Balancer
 from slm_server.router.dispatch.drain import Drain
@@ -148,7 +148,7 @@ class Proxy:
             raise next((r for r in refusals if r.retry_after is not None), refusals[0])
         gates = self.gates
         outstanding = [gates[r.role].active + gates[r.role].queued for r in group]
-        hashes = block_hashes(leading_text(payload)) if balancer.indexes else ()
+        hashes = request_hashes(payload) if balancer.indexes else ()
         pick = balancer.choose(serving, outstanding, hashes)
         chosen = group[pick.position]
         exchange.spec = chosen

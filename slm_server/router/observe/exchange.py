@@ -100,6 +100,9 @@ class Exchange:
     # leading characters its prefix index matched (prefix_affinity only).
     routing_rule: str | None = None
     prefix_match_chars: int | None = None
+    # The hosted tools a Responses request offered that were left out of what the model
+    # sees (their types, each once), named in the answer's header and the access line.
+    dropped_tools: tuple[str, ...] = ()
 
     @property
     def emit_path(self) -> str:
@@ -188,11 +191,22 @@ def new_request_id() -> str:
 
 
 REQUEST_ID_HEADER = b"x-request-id"
+DROPPED_TOOLS_HEADER = b"x-slm-dropped-tools"
 
 
 def echoed_id(exchange: Exchange) -> tuple[bytes, bytes]:
     """The header that gives the client its request's id back."""
     return (REQUEST_ID_HEADER, exchange.request_id.encode("ascii"))
+
+
+def answer_headers(exchange: Exchange) -> list[tuple[bytes, bytes]]:
+    """The headers the router adds to every answer: the request's id, and the hosted
+    tools left out of a Responses request (``x-slm-dropped-tools: web_search, mcp``)."""
+    headers = [echoed_id(exchange)]
+    if exchange.dropped_tools:
+        value = ", ".join(exchange.dropped_tools).encode("latin-1", "replace")
+        headers.append((DROPPED_TOOLS_HEADER, value))
+    return headers
 
 
 def exchange_of(scope: Scope) -> Exchange:

@@ -4,7 +4,8 @@ For every HTTP request it
 
 * takes ``X-Request-ID`` from the request when it is a short printable token (else
   makes one), echoes it on the response and keeps it in a context variable, so each
-  log line written while serving the request carries it;
+  log line written while serving the request carries it (the response also names the
+  hosted tools left out of a Responses request: ``answer_headers``);
 * creates the request's :class:`~slm_server.router.observe.exchange.Exchange` before any
   handler runs;
 * for the model endpoints, opens the request's span and counts it in flight, and once
@@ -34,8 +35,8 @@ from slm_server.router.observe.exchange import (
     EMIT_PATHS,
     REQUEST_ID_HEADER,
     Exchange,
+    answer_headers,
     attach_exchange,
-    echoed_id,
     new_request_id,
 )
 from slm_server.router.observe.metrics import Metrics
@@ -110,13 +111,13 @@ class RequestObserver:
         model_endpoint = path in EMIT_PATHS
         span = None
         token = REQUEST_ID.set(request_id)
-        echoed = echoed_id(exchange)
 
         async def observed_send(message: Message) -> None:
             kind = message["type"]
             if kind == "http.response.start":
                 exchange.status = message["status"]
-                message = {**message, "headers": [*message.get("headers", ()), echoed]}
+                headers = [*message.get("headers", ()), *answer_headers(exchange)]
+                message = {**message, "headers": headers}
             elif kind == "http.response.body" and not message.get("more_body", False):
                 exchange.answered = True  # before the send: a disconnect may follow it
                 try:
@@ -225,6 +226,9 @@ class RequestObserver:
             if matched is not None:
                 fields["prefix_match_chars"] = matched
                 message += f" match={matched:d}"
+        if exchange.dropped_tools:
+            fields["dropped_tools"] = list(exchange.dropped_tools)
+            message += f" dropped_tools={','.join(exchange.dropped_tools)}"
         if direct is not None:  # the line the record would have made, without the record
             name = logging.getLevelName(level)
             line = direct.lines.line(

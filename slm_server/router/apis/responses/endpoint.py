@@ -1,6 +1,9 @@
 """``POST /v1/responses``: the backend's own Responses API where it is OpenAI-shaped,
 else the request converted to chat completions and the answer (whole, or event by
-event) converted back by the router's translator."""
+event) converted back by the router's translator. A request that uses what only the
+translator serves (namespaces, custom tools, hosted tools to leave out) is translated
+whatever the backend; the hosted tools left out are noted on the exchange, which names
+them in the answer's ``x-slm-dropped-tools`` header and the access line."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from starlette.types import ASGIApp
 from slm_server.config import ModelSpec
 from slm_server.router.answer.reply import Replies
 from slm_server.router.apis.passthrough import PassThrough
-from slm_server.router.apis.responses.translate import responses_to_chat
+from slm_server.router.apis.responses.translate import needs_translation, translate_request
 from slm_server.router.dispatch.admitted_call import Call
 from slm_server.router.intake.payload import apply_defaults
 from slm_server.router.intake.strict_json import dumps_body
@@ -46,17 +49,20 @@ class ResponsesApi:
 
     async def __call__(self, call: Call, payload: dict[str, Any], raw: bytes) -> Response | ASGIApp:
         """The backend's own ``/v1/responses`` where it is OpenAI-shaped (see
-        ``OWN_RESPONSES_BACKENDS``), unless it answers 404/422; otherwise the request
-        converted to chat completions and the answer converted back."""
+        ``OWN_RESPONSES_BACKENDS``) and the request needs no translation, unless it
+        answers 404/422; otherwise the request converted to chat completions and the
+        answer converted back."""
         spec = call.spec
-        if spec.entry.backend in OWN_RESPONSES_BACKENDS:
+        if spec.entry.backend in OWN_RESPONSES_BACKENDS and not needs_translation(payload):
             progress = self.sender.progress(call)
             probe, timer = await self.sender.open(call, "/v1/responses", raw, progress)
             if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
                 return await self.replies.reply(call, probe, timer, progress)
             timer.cancel()
             await probe.aclose()
-        chat = responses_to_chat(payload)
+        translated = translate_request(payload)
+        chat = translated.chat
+        call.exchange.dropped_tools = translated.dropped
         apply_defaults(chat, spec.entry, "/v1/chat/completions", self.sampling_defaults(spec))
         return await self.passthrough(call, "/v1/chat/completions", dumps_body(chat), payload)
 

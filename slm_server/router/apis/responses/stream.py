@@ -14,6 +14,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from slm_server.router.apis.responses.custom_input import InputReader
+from slm_server.router.apis.responses.tools import echoed_tools, offer_of
+
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
@@ -92,10 +95,15 @@ def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any
 
 
 def function_call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: str
+    item_id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: str,
+    namespace: str | None = None,
 ) -> dict[str, Any]:
-    """A ``function_call`` output item."""
-    return {
+    """A ``function_call`` output item (with the ``namespace`` of a namespace's tool)."""
+    item = {
         "type": "function_call",
         "id": item_id,
         "call_id": call_id,
@@ -103,6 +111,20 @@ def function_call_item(
         "arguments": arguments,
         "status": status,
     }
+    if namespace:
+        item["namespace"] = namespace
+    return item
+
+
+def custom_tool_call_item(
+    item_id: str, call_id: str, name: str, text: str, namespace: str | None = None
+) -> dict[str, Any]:
+    """A ``custom_tool_call`` output item (it has no status)."""
+    item = {"type": "custom_tool_call", "id": item_id, "call_id": call_id, "name": name}
+    item["input"] = text
+    if namespace:
+        item["namespace"] = namespace
+    return item
 
 
 def build_response(
@@ -117,7 +139,8 @@ def build_response(
     incomplete: str | None = None,
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A Responses object with the request's settings echoed; ``model`` defaults to the request's.
+    """A Responses object with the request's settings echoed (its tools without the
+    hosted ones left out); ``model`` defaults to the request's.
 
     ``incomplete`` is the ``incomplete_details.reason``; ``error`` the ``{code, message}``
     of a failed response.
@@ -142,7 +165,7 @@ def build_response(
         "temperature": request.get("temperature"),
         "top_p": request.get("top_p"),
         "tool_choice": request.get("tool_choice") or "auto",
-        "tools": request.get("tools") or [],
+        "tools": echoed_tools(request.get("tools")),
         "text": request.get("text") or {"format": {"type": "text"}},
         "reasoning": None,
         "previous_response_id": None,
@@ -154,6 +177,9 @@ def build_response(
 
 @dataclass
 class _Item:
+    """One output item as it streams. A call's ``text`` is its arguments, or for a custom
+    tool call the input decoded so far by its ``reader``."""
+
     kind: str
     item_id: str
     output_index: int = -1
@@ -161,23 +187,35 @@ class _Item:
     call_id: str = ""
     name: str = ""
     status: str = "in_progress"
+    namespace: str | None = None
+    reader: InputReader | None = None
+
+    @property
+    def has_content(self) -> bool:
+        """Whether the item's text is a content part (messages and reasoning)."""
+        return self.kind in ("message", "reasoning")
 
     def part(self, text: str) -> dict[str, Any]:
         return output_text_part(text) if self.kind == "message" else reasoning_part(text)
 
     def snapshot(self) -> dict[str, Any]:
-        if self.kind == "message":
-            return message_item(self.item_id, [output_text_part(self.text)], self.status)
-        if self.kind == "reasoning":
-            return reasoning_item(self.item_id, self.text, self.status)
-        return function_call_item(self.item_id, self.call_id, self.name, self.text, self.status)
+        return self._item(self.text, self.status)
 
     def opening(self) -> dict[str, Any]:
+        return self._item(None, "in_progress")
+
+    def _item(self, text: str | None, status: str) -> dict[str, Any]:
         if self.kind == "message":
-            return message_item(self.item_id, [], "in_progress")
+            return message_item(self.item_id, [] if text is None else [self.part(text)], status)
         if self.kind == "reasoning":
-            return reasoning_item(self.item_id, None, "in_progress")
-        return function_call_item(self.item_id, self.call_id, self.name, "", "in_progress")
+            return reasoning_item(self.item_id, text, status)
+        if self.kind == "custom_tool_call":
+            return custom_tool_call_item(
+                self.item_id, self.call_id, self.name, text or "", self.namespace
+            )
+        return function_call_item(
+            self.item_id, self.call_id, self.name, text or "", status, self.namespace
+        )
 
 
 class ResponseStreamTranslator:
@@ -188,7 +226,8 @@ class ResponseStreamTranslator:
     method returns SSE events (``event: <type>\\ndata: <json>\\n\\n``) numbered by an
     increasing ``sequence_number``. Reasoning and text open one output item each while they
     flow and are closed when another item starts; each tool call (by chat ``index``) opens
-    a ``function_call`` item once its name is known, and stays open until :meth:`finish`.
+    a ``function_call`` item (a ``custom_tool_call`` item for a custom tool, see
+    :mod:`.tools`) once its name is known, and stays open until :meth:`finish`.
     After :meth:`finish` or :meth:`error` the translator is :attr:`closed` and every
     method returns no events; :meth:`feed` and the closing methods call :meth:`start`
     themselves if it was not called.
@@ -196,6 +235,7 @@ class ResponseStreamTranslator:
 
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
+        self._offer = offer_of(request)
         self._response_id = new_id("resp")
         self._created_at = int(time.time())
         self._sequence = 0
@@ -318,10 +358,7 @@ class ResponseStreamTranslator:
         arguments = function.get("arguments")
         arguments = arguments if isinstance(arguments, str) else ""
         if item.output_index >= 0:
-            item.text += arguments
-            if not arguments:
-                return []
-            return [self._on("response.function_call_arguments.delta", item, delta=arguments)]
+            return self._call_delta(item, arguments)
         if isinstance(call.get("id"), str) and call["id"]:
             item.call_id = call["id"]
         if isinstance(function.get("name"), str) and function["name"] and not item.name:
@@ -330,16 +367,30 @@ class ResponseStreamTranslator:
         return self._open_call(item) if item.name else []
 
     def _open_call(self, item: _Item) -> list[bytes]:
-        events = [*self._close_current(), *self._open(item)]
-        if item.text:
-            events.append(self._on("response.function_call_arguments.delta", item, delta=item.text))
-        return events
+        """Open a call's item as the tool its chat function name stands for, with the
+        arguments that came before the name."""
+        ref = self._offer.ref(item.name)
+        item.name, item.namespace = ref.name, ref.namespace
+        if ref.kind == "custom":
+            item.kind, item.item_id, item.reader = "custom_tool_call", new_id("ctc"), InputReader()
+        early, item.text = item.text, ""
+        return [*self._close_current(), *self._open(item), *self._call_delta(item, early)]
+
+    def _call_delta(self, item: _Item, arguments: str) -> list[bytes]:
+        if item.reader is None:
+            item.text += arguments
+            if not arguments:
+                return []
+            return [self._on("response.function_call_arguments.delta", item, delta=arguments)]
+        text = item.reader.feed(arguments)
+        item.text = item.reader.sent
+        return [self._on("response.custom_tool_call_input.delta", item, delta=text)] if text else []
 
     def _open(self, item: _Item) -> list[bytes]:
         item.output_index = len(self._items)
         self._items.append(item)
         events = [self._item_event("response.output_item.added", item, item.opening())]
-        if item.kind != "function_call":
+        if item.has_content:
             events.append(self._on("response.content_part.added", item, part=item.part("")))
         return events
 
@@ -349,14 +400,19 @@ class ResponseStreamTranslator:
 
     def _close(self, item: _Item, status: str) -> list[bytes]:
         item.status = status
-        if item.kind == "function_call":
+        if item.reader is not None:
+            rest, item.text = item.reader.finish()
+            delta = "response.custom_tool_call_input.delta"
+            events = [self._on(delta, item, delta=rest)] if rest else []
+            events.append(self._on("response.custom_tool_call_input.done", item, input=item.text))
+        elif item.kind == "function_call":
             done = "response.function_call_arguments.done"
             events = [self._on(done, item, arguments=item.text, name=item.name)]
         elif item.kind == "message":
             events = [self._on("response.output_text.done", item, text=item.text, logprobs=[])]
         else:
             events = [self._on("response.reasoning_text.done", item, text=item.text)]
-        if item.kind != "function_call":
+        if item.has_content:
             events.append(self._on("response.content_part.done", item, part=item.part(item.text)))
         events.append(self._item_event("response.output_item.done", item, item.snapshot()))
         return events
@@ -366,7 +422,7 @@ class ResponseStreamTranslator:
 
     def _on(self, kind: str, item: _Item, **fields: Any) -> bytes:
         where: dict[str, Any] = {"item_id": item.item_id, "output_index": item.output_index}
-        if item.kind != "function_call":
+        if item.has_content:
             where["content_index"] = 0
         return self._event(kind, **where, **fields)
 

@@ -6,22 +6,27 @@
 :class:`ResponseStreamTranslator` (defined in :mod:`.stream` with the object
 builders, and re-exported here). Everything is pure: no I/O, no clock beyond ``time.time()``.
 
-Requests that cannot be expressed as chat completions (stored state, hosted tools,
-file references, unknown item types) raise :class:`InvalidRequest` naming the field;
-malformed backend answers raise :class:`BackendProtocolError`.
+Tools are offered and their calls mapped back by :mod:`.tools`: namespaces' tools and
+custom tools as chat functions, hosted tools left out (:attr:`ChatRequest.dropped`).
+Requests that cannot be expressed as chat completions (stored state, the client-run
+built-in tools, file references, unknown item types) raise :class:`InvalidRequest`
+naming the field; malformed backend answers raise :class:`BackendProtocolError`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from slm_server.errors import BackendProtocolError, InvalidRequest
+from slm_server.router.apis.responses.custom_input import custom_arguments, custom_input
 from slm_server.router.apis.responses.stream import (
     ResponseStreamTranslator,
     build_response,
     convert_usage,
+    custom_tool_call_item,
     function_call_item,
     incomplete_reason,
     message_item,
@@ -30,11 +35,20 @@ from slm_server.router.apis.responses.stream import (
     reasoning_item,
     reasoning_text,
 )
+from slm_server.router.apis.responses.tools import (
+    chat_name,
+    chat_tool_choice,
+    offer_of,
+    offer_tools,
+)
 
 __all__ = [
+    "ChatRequest",
     "ResponseStreamTranslator",
     "chat_to_response",
+    "needs_translation",
     "responses_to_chat",
+    "translate_request",
 ]
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -65,23 +79,72 @@ RESPONSES_FIELDS = frozenset(
         "top_logprobs",
         "max_tool_calls",
         "context_management",
+        "client_metadata",
     }
 )
 TEXT_PARTS = frozenset({"input_text", "output_text"})
-TOOL_CHOICE_MODES = frozenset({"auto", "none", "required"})
+# Input items that record what a model or a hosted tool did and that a chat model
+# cannot be shown: reasoning (its encrypted content is OpenAI's), and hosted tools' calls
+# (their tools are left out). They are dropped.
+DROPPED_ITEMS: Final = frozenset(
+    {
+        "reasoning",
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "mcp_list_tools",
+        "mcp_call",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "tool_search_call",
+        "tool_search_output",
+    }
+)
+CALL_ITEMS: Final = frozenset({"custom_tool_call", "custom_tool_call_output"})
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A Responses request as chat completions: the ``chat`` body, and the types of
+    the hosted tools left out of it (``dropped``, each once, in order)."""
+
+    chat: dict[str, Any]
+    dropped: tuple[str, ...] = ()
 
 
 def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat completions body for a Responses request (see :func:`translate_request`)."""
+    return translate_request(body).chat
+
+
+def needs_translation(body: dict[str, Any]) -> bool:
+    """Whether the request uses what only the router's translation serves (tools other
+    than functions, custom tool calls in ``input``), so that a backend's own
+    ``/v1/responses`` is not asked."""
+    tools, items = body.get("tools"), body.get("input")
+    if isinstance(tools, list) and any(
+        not isinstance(t, dict) or t.get("type") != "function" for t in tools
+    ):
+        return True
+    return isinstance(items, list) and any(
+        isinstance(i, dict) and (i.get("type") in CALL_ITEMS or i.get("namespace")) for i in items
+    )
+
+
+def translate_request(body: dict[str, Any]) -> ChatRequest:
     """Translate a Responses request body into a chat completions request body.
 
     ``instructions`` becomes a leading system message, ``input`` the following messages
-    (``developer`` maps to ``system``; reasoning items are dropped), ``max_output_tokens``
-    becomes ``max_tokens``, function tools and ``tool_choice`` take the nested chat shape
-    and ``text.format`` becomes ``response_format``. ``metadata``, ``reasoning`` and the
-    other Responses-only fields are dropped; fields the Responses API does not define
-    (``top_k``, ``seed``, ``chat_template_kwargs``...) are forwarded unchanged. A streaming
-    request asks for a final usage chunk. Raises :class:`InvalidRequest` with ``param``
-    naming the offending field for anything that has no chat completions equivalent.
+    (``developer`` maps to ``system``; reasoning items and hosted tools' calls are
+    dropped), ``max_output_tokens`` becomes ``max_tokens``, tools and ``tool_choice``
+    are offered as chat functions (:mod:`.tools`) and ``text.format`` becomes
+    ``response_format``. ``metadata``, ``reasoning``, ``include``, ``store``,
+    ``prompt_cache_key``, ``client_metadata`` and the other Responses-only fields are
+    dropped; fields the Responses API does not define (``top_k``, ``seed``,
+    ``chat_template_kwargs``...) are forwarded unchanged. A streaming request asks for a
+    final usage chunk. Raises :class:`InvalidRequest` with ``param`` naming the offending
+    field for anything that has no chat completions equivalent.
     """
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
@@ -116,18 +179,17 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
                 "`max_output_tokens` must be an integer", param="max_output_tokens"
             )
         chat["max_tokens"] = max_output_tokens
-    if body.get("tools") is not None:
-        tools = _chat_tools(body["tools"])
-        if tools:
-            chat["tools"] = tools
+    offer = offer_tools(body.get("tools"))
     if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _chat_tool_choice(body["tool_choice"])
+        chat["tool_choice"] = chat_tool_choice(body["tool_choice"], offer)
+    if offer.chat_tools:
+        chat["tools"] = offer.chat_tools
     response_format = _response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
     if chat.get("stream") is True:
         chat["stream_options"] = {"include_usage": True}
-    return chat
+    return ChatRequest(chat, tuple(offer.dropped))
 
 
 def _input_messages(value: Any) -> list[dict[str, Any]]:
@@ -145,14 +207,15 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             messages.append(_chat_message(item, path))
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             _append_tool_call(messages, item, path)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(_tool_message(item, path))
-        elif kind != "reasoning":
+        elif kind not in DROPPED_ITEMS:
             raise InvalidRequest(
                 f"input item type {kind!r} is not supported; expected message, "
-                "function_call, function_call_output or reasoning",
+                "function_call, function_call_output, custom_tool_call, "
+                "custom_tool_call_output, reasoning or a hosted tool's call (dropped)",
                 param=f"{path}.type",
             )
     return messages
@@ -210,13 +273,19 @@ def _chat_part(part: Any, path: str, role: str) -> dict[str, Any]:
 
 
 def _append_tool_call(messages: list[dict[str, Any]], item: dict[str, Any], path: str) -> None:
-    for field in ("call_id", "name", "arguments"):
+    """A function or custom tool call in the history, as the chat call the model made."""
+    custom = item.get("type") == "custom_tool_call"
+    for field in ("call_id", "name", "input" if custom else "arguments"):
         if not isinstance(item.get(field), str):
             raise InvalidRequest(f"`{path}.{field}` must be a string", param=f"{path}.{field}")
+    namespace = item.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise InvalidRequest(f"`{path}.namespace` must be a string", param=f"{path}.namespace")
+    arguments = custom_arguments(item["input"]) if custom else item["arguments"]
     call = {
         "id": item["call_id"],
         "type": "function",
-        "function": {"name": item["name"], "arguments": item["arguments"]},
+        "function": {"name": chat_name(item["name"], namespace), "arguments": arguments},
     }
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant" and not isinstance(last["content"], list):
@@ -238,49 +307,6 @@ def _tool_message(item: dict[str, Any], path: str) -> dict[str, Any]:
             f"`{path}.output` must be a string or a list of text parts", param=f"{path}.output"
         )
     return {"role": "tool", "tool_call_id": call_id, "content": output}
-
-
-def _chat_tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise InvalidRequest("`tools` must be a list", param="tools")
-    converted: list[dict[str, Any]] = []
-    for index, tool in enumerate(tools):
-        path = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequest(f"`{path}` must be an object", param=path)
-        if tool.get("type") != "function":
-            raise InvalidRequest(
-                f"tool type {tool.get('type')!r} is not supported: only function tools "
-                "can be served by a chat completions backend",
-                param=f"{path}.type",
-            )
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise InvalidRequest(
-                f"`{path}.name` is required (Responses tools are flat: "
-                '{"type": "function", "name": ..., "parameters": ...})',
-                param=f"{path}.name",
-            )
-        function = {"name": tool["name"]}
-        function.update(
-            {k: tool[k] for k in ("description", "parameters") if tool.get(k) is not None}
-        )
-        converted.append({"type": "function", "function": function})
-    return converted
-
-
-def _chat_tool_choice(choice: Any) -> Any:
-    if isinstance(choice, str) and choice in TOOL_CHOICE_MODES:
-        return choice
-    if (
-        isinstance(choice, dict)
-        and choice.get("type") == "function"
-        and isinstance(choice.get("name"), str)
-    ):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise InvalidRequest(
-        '`tool_choice` must be "auto", "none", "required" or {"type": "function", "name": ...}',
-        param="tool_choice",
-    )
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:
@@ -316,7 +342,8 @@ def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str,
 
     The output holds, in order, a ``reasoning`` item (from ``reasoning_content``), a
     ``message`` item when the assistant produced text or a refusal, and one
-    ``function_call`` item per tool call. A ``length`` finish reason yields status
+    ``function_call`` item per tool call (a ``custom_tool_call`` item for a custom
+    tool's, each with the namespace of a namespace's tool). A ``length`` finish reason yields status
     ``incomplete`` with reason ``max_output_tokens``. Request settings are echoed as the
     Responses API does. Raises :class:`BackendProtocolError` when ``chat`` has no choice
     with a message.
@@ -340,6 +367,7 @@ def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str,
         parts.append({"type": "refusal", "refusal": message["refusal"]})
     if parts:
         output.append(message_item(new_id("msg"), parts, status))
+    offer = offer_of(request)
     for call in message.get("tool_calls") or []:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -348,9 +376,18 @@ def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str,
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments)
         call_id = call.get("id") if isinstance(call.get("id"), str) else new_id("call")
-        output.append(
-            function_call_item(new_id("fc"), call_id, function["name"], arguments, status)
-        )
+        ref = offer.ref(function["name"])
+        if ref.kind == "custom":
+            text = custom_input(arguments)
+            output.append(
+                custom_tool_call_item(new_id("ctc"), call_id, ref.name, text, ref.namespace)
+            )
+        else:
+            output.append(
+                function_call_item(
+                    new_id("fc"), call_id, ref.name, arguments, status, ref.namespace
+                )
+            )
     created = chat.get("created")
     return build_response(
         request,

@@ -1,5 +1,5 @@
 """Prefix matching for routing: the leading text of each request shape, chained block
-hashes, and the bounded LRU index of one replica."""
+hashes (led by a ``prompt_cache_key``'s), and the bounded LRU index of one replica."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from slm_server.router.dispatch.affinity import (
     PrefixIndex,
     block_hashes,
     leading_text,
+    request_hashes,
 )
 
 SYSTEM = "You are a careful assistant. " * 20  # 580 characters: 9 whole blocks
@@ -147,3 +148,26 @@ def test_clear_forgets_everything() -> None:
     index.clear()
     assert index.match(hashes) == 0
     assert len(index) == 0
+
+
+def test_a_prompt_cache_key_leads_the_blocks_and_seeds_their_chain() -> None:
+    body = chat(SYSTEM, "hello")
+    plain = request_hashes(body)
+    assert plain == block_hashes(leading_text(body))
+    keyed = request_hashes({**body, "prompt_cache_key": "session-1"})
+    assert len(keyed) == len(plain) + 1
+    assert not set(keyed) & set(plain)  # the same text under a key is another prefix
+    again = request_hashes({**chat(SYSTEM, "a different turn"), "prompt_cache_key": "session-1"})
+    assert again[0] == keyed[0]
+    other = request_hashes({**body, "prompt_cache_key": "session-2"})
+    assert other[0] != keyed[0]
+    assert not set(other) & set(keyed)
+    for no_key in ("", None, 3):
+        assert request_hashes({**body, "prompt_cache_key": no_key}) == plain
+
+
+def test_a_short_prompt_with_a_key_still_matches_where_the_key_went() -> None:
+    index = PrefixIndex()
+    index.record(request_hashes({"input": "hi", "prompt_cache_key": "k"}))
+    assert index.match(request_hashes({"input": "other", "prompt_cache_key": "k"})) == 1
+    assert index.match(request_hashes({"input": "other", "prompt_cache_key": "j"})) == 0

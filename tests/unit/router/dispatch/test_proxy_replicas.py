@@ -225,6 +225,26 @@ def test_prefix_affinity_keeps_each_conversation_on_one_replica(tmp_path: Path) 
     run(scenario())
 
 
+def test_prefix_affinity_keeps_a_prompt_cache_key_on_one_replica(tmp_path: Path) -> None:
+    """Codex CLI's sessions: each turn under the session's key, short inputs (no whole
+    block of text), the key alone keeps the session where it went."""
+    router = replicas(tmp_path, routing="prefix_affinity")
+
+    async def scenario() -> None:
+        async with router.app.router.lifespan_context(router.app):
+            for turn in range(4):
+                for session in range(3):
+                    body = {**chat(f"turn {turn}"), "prompt_cache_key": f"session-{session}"}
+                    assert (await call(router.app, CHAT, body)).status == 200
+            by_session: dict[str, set[str]] = {}
+            for sent in router.transport.sent:
+                by_session.setdefault(sent.json()["prompt_cache_key"], set()).add(sent.spec.role)
+            assert all(len(roles) == 1 for roles in by_session.values())
+            assert len({next(iter(r)) for r in by_session.values()}) == 3
+
+    run(scenario())
+
+
 def test_prefix_affinity_bypasses_an_overloaded_favourite(tmp_path: Path) -> None:
     release = asyncio.Event()
     router = replicas(

@@ -306,14 +306,13 @@ class TestRequestTranslation:
             ("auto", "auto"),
             ("none", "none"),
             ("required", "required"),
-            (
-                {"type": "function", "name": "weather"},
-                {"type": "function", "function": {"name": "weather"}},
-            ),
+            ({"type": "function", "name": "weather"}, "required"),
         ],
     )
     def test_tool_choice(self, choice: Any, expected: Any) -> None:
-        chat = responses_to_chat({"model": MODEL, "input": "Hi", "tool_choice": choice})
+        tools = [{"type": "function", "name": "weather"}]
+        body = {"model": MODEL, "input": "Hi", "tools": tools, "tool_choice": choice}
+        chat = responses_to_chat(body)
         assert chat["tool_choice"] == expected
 
     def test_text_format(self) -> None:
@@ -345,7 +344,7 @@ class TestRequestTranslation:
             ({"background": True}, "background"),
             ({"instructions": ["x"]}, "instructions"),
             ({"max_output_tokens": "10"}, "max_output_tokens"),
-            ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+            ({"tools": [{"type": "local_shell"}]}, "tools[0].type"),
             ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools[0].name"),
             ({"tools": {"type": "function"}}, "tools"),
             ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
