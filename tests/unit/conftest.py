@@ -1,10 +1,6 @@
 """The ``via`` fixture: a test that uses it (``pytest.mark.usefixtures("via")``) runs
 twice, its in-process requests (:func:`tests.unit.router.inprocess.call`) sent once
-through plain ASGI and once through the router's door on a fake connection.
-
-Also the one warning the unit tests let pass: ``websockets`` (installed for the
-openai-agents SDK) deprecates its legacy modules, which uvicorn's "auto" websocket
-protocol imports whenever a test loads a ``uvicorn.Config``."""
+through plain ASGI and once through the router's door on a fake connection."""
 
 from __future__ import annotations
 
@@ -13,10 +9,6 @@ from collections.abc import Iterator
 import pytest
 
 from tests.unit.router.inprocess import VIA, Via
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("filterwarnings", "ignore:websockets\\.:DeprecationWarning")
 
 
 @pytest.fixture(params=["asgi", "door"])
