@@ -56,8 +56,8 @@ class ResponsesApi:
                 return await self.replies.reply(call, probe, timer, progress)
             timer.cancel()
             await probe.aclose()
-        chat = responses_to_chat(payload)
-        apply_defaults(chat, spec.entry, "/v1/chat/completions", self.sampling_defaults(spec))
+        chat = responses_to_chat(payload)  # presets were applied to the Responses body
+        apply_defaults(chat, "/v1/chat/completions", self.sampling_defaults(spec))
         return await self.passthrough(call, "/v1/chat/completions", dumps_body(chat), payload)
 
 
