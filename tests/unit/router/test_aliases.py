@@ -6,6 +6,7 @@ and load/unload know every alias."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -276,3 +277,25 @@ def test_a_disabled_models_alias_is_named_disabled(tmp_path: Path) -> None:
             assert chat_got.status == 404
 
     run(scenario())
+
+
+def test_the_access_line_names_the_alias_asked_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="slm_server.access")
+    router = make_router(tmp_path, answer, chat=ALIASES)
+
+    async def scenario() -> None:
+        async with serving(router):
+            assert (await call(router.app, CHAT, chat("chat-cold"))).status == 200
+            assert (await call(router.app, CHAT, chat(MODEL))).status == 200
+            health = (await call(router.app, "/v1/backends/health", b"", method="GET")).json()
+            assert health["chat"]["aliases"] == ["gpt-4o-mini", "chat-thinking", "chat-cold"]
+
+    run(scenario())
+    by_alias, by_id = [r for r in caplog.records if r.name == "slm_server.access"][:2]
+    assert getattr(by_alias, "model", None) == MODEL
+    assert getattr(by_alias, "alias", None) == "chat-cold"
+    assert by_alias.getMessage().endswith(f"model={MODEL} alias=chat-cold")
+    assert getattr(by_id, "alias", None) is None
+    assert by_id.getMessage().endswith(f"model={MODEL}")
