@@ -131,7 +131,6 @@ class Reception:
         spec = self.registry.route(name, endpoint)
         alias = self.registry.alias(name)
         exchange.spec = spec
-        check_fields(payload, endpoint)
         changed = False
         if endpoint not in FORM_ENDPOINTS:
             if alias is not None:  # the backend knows the model by its id
@@ -143,6 +142,8 @@ class Reception:
                 if preset is not payload:
                     payload, changed = preset, True
                     exchange.note_sampling(payload)
+        # Checked as it will be sent: a preset may add what the backend would fail on.
+        check_fields(payload, endpoint)
         changed = apply_defaults(payload, endpoint, self.sampling_defaults(spec)) or changed
         hidden_usage = ask_for_usage(payload, endpoint)
         if changed or hidden_usage:

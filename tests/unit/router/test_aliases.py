@@ -299,3 +299,19 @@ def test_the_access_line_names_the_alias_asked_for(
     assert by_alias.getMessage().endswith(f"model={MODEL} alias=chat-cold")
     assert getattr(by_id, "alias", None) is None
     assert by_id.getMessage().endswith(f"model={MODEL}")
+
+
+def test_a_body_a_preset_makes_unservable_is_refused_before_it_is_sent(tmp_path: Path) -> None:
+    """A preset's grammar beside the client's json_schema would be a llama-server 500,
+    counted against a healthy backend: the body is checked as it would be sent."""
+    grammar = "    preset: {set: {grammar: 'root ::= \"a\"'}}\n"
+    router = make_router(tmp_path, answer, chat=grammar)
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat(MODEL, json_schema={"type": "object"}))
+            assert got.status == 400
+            assert got.json()["error"]["param"] == "grammar"
+            assert router.transport.sent == []
+
+    run(scenario())
