@@ -34,6 +34,8 @@ from pydantic import (
     model_validator,
 )
 
+from slm_server.preset_schema import Alias, Preset, alias_items
+
 Backend = Literal["llamacpp", "mlx", "mlx-rerank", "remote"]
 ModelType = Literal[
     "lm", "multimodal", "image-generation", "image-edit", "embeddings", "rerank", "whisper"
@@ -141,6 +143,10 @@ class ModelEntry(BaseModel):
     supports_function_calling: bool = False
     # Request-side, every backend: merged into chat requests that carry none.
     chat_template_kwargs: dict[str, Any] | None = None
+    # Request-side, every backend: other names clients may send as ``model``, and what
+    # the router imposes on text-generation requests (see :mod:`.preset_schema`).
+    aliases: list[Alias] = Field(default_factory=list)
+    preset: Preset | None = None
     # Loading, every backend: started at launch and kept (always), or started on the
     # first request naming it and unloaded when idle or for room (on_demand).
     load: Literal["always", "on_demand"] = "always"
@@ -192,6 +198,12 @@ class ModelEntry(BaseModel):
     mmproj_path: str | None = None
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None
 
+    @field_validator("aliases", mode="before")
+    @classmethod
+    def _plain_aliases(cls, value: Any) -> Any:
+        """An alias written as a plain string is an alias without a preset."""
+        return alias_items(value)
+
     @field_validator("url")
     @classmethod
     def _url_port(cls, url: str | None) -> str | None:
@@ -214,6 +226,15 @@ class ModelEntry(BaseModel):
             port = parts.port or (443 if parts.scheme == "https" else 80)
             object.__setattr__(self, "port", port)
         return self
+
+    @property
+    def alias_names(self) -> tuple[str, ...]:
+        """Every alias of this entry, in the order written."""
+        return tuple(a.name for a in self.aliases)
+
+    def alias_preset(self, name: str) -> Preset | None:
+        """The preset of alias ``name`` (None when it has none or is no alias)."""
+        return next((a.preset for a in self.aliases if a.name == name), None)
 
     @property
     def remote(self) -> bool:
@@ -347,9 +368,23 @@ def replica_specs(spec: ModelSpec) -> tuple[ModelSpec, ...]:
 
 
 def _field_order(field: str | None) -> int:
-    """Where ``field`` is declared in :class:`ModelEntry` (unknown fields first)."""
+    """Where ``field`` (or the field a nested path starts with) is declared in
+    :class:`ModelEntry` (unknown fields first)."""
     names = list(ModelEntry.model_fields)
-    return names.index(field) if field in names else -1
+    root = field.split(".", 1)[0].split("[", 1)[0] if field is not None else None
+    return names.index(root) if root in names else -1
+
+
+# Fields whose values are structures: a problem inside one names its path in it.
+_NESTED_FIELDS = frozenset({"aliases", "preset"})
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """``('aliases', 1, 'preset', 'set')`` as ``aliases[1].preset.set``."""
+    path = str(loc[0])
+    for part in loc[1:]:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
 
 
 def _entry_label(role: str, raw: Any) -> str:
@@ -364,8 +399,17 @@ def _validation_problems(source: str, label: str, exc: ValidationError) -> list[
     for err in exc.errors():
         loc = err["loc"]
         field = str(loc[0]) if loc else None
+        nested = field in _NESTED_FIELDS
+        if nested:
+            field = _field_path(loc)
         if err["type"] == "extra_forbidden":
             message = "unknown field"
+        elif nested and err["type"] == "value_error":
+            message = str(err["ctx"]["error"])
+        elif nested and err["type"] == "model_type" and loc[-1] == "preset":
+            message = f"must be a mapping (got {err.get('input')!r})"
+        elif nested and err["type"] == "model_type":
+            message = f"must be a name, or a mapping of name and preset (got {err.get('input')!r})"
         elif err["type"] == "missing":
             message = "required field is missing"
         elif len(loc) > 1 and field in _UNION_FIELDS:
@@ -477,10 +521,78 @@ def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
                 source, spec.label, "affinity_threshold", "applies to routing: prefix_affinity only"
             )
         )
+    problems.extend(_own_alias_problems(source, spec))
     if entry.model_type == "multimodal" and entry.backend == "llamacpp" and not entry.mmproj_path:
         problems.append(
             Problem(source, spec.label, "mmproj_path", "required when model_type is multimodal")
         )
+    return problems
+
+
+# The model types whose endpoints (chat, completions, Responses) presets apply to.
+PRESET_MODEL_TYPES = frozenset({"lm", "multimodal"})
+
+
+def _own_alias_problems(source: str, spec: ModelSpec) -> list[Problem]:
+    """An entry's aliases among themselves: none is its id or listed twice; presets only
+    where requests generate text."""
+    entry, problems = spec.entry, []
+    seen: set[str] = set()
+    for position, alias in enumerate(entry.aliases):
+        field = f"aliases[{position}]"
+        if alias.name == entry.id:
+            problems.append(Problem(source, spec.label, field, f"{alias.name!r} is the entry's id"))
+        elif alias.name in seen:
+            problems.append(Problem(source, spec.label, field, f"{alias.name!r} is listed twice"))
+        seen.add(alias.name)
+        if alias.preset is not None and entry.model_type not in PRESET_MODEL_TYPES:
+            problems.append(
+                Problem(
+                    source,
+                    spec.label,
+                    f"{field}.preset",
+                    "applies to model_type lm or multimodal only (chat, completions, Responses)",
+                )
+            )
+    if entry.preset is not None and entry.model_type not in PRESET_MODEL_TYPES:
+        problems.append(
+            Problem(
+                source,
+                spec.label,
+                "preset",
+                "applies to model_type lm or multimodal only (chat, completions, Responses)",
+            )
+        )
+    return problems
+
+
+def _alias_clashes(source: str, firsts: list[ModelSpec]) -> list[Problem]:
+    """An alias of an enabled entry that is also another enabled entry's id or alias:
+    one line on the entry that lists it (the later one, for two aliases), naming the
+    other. (Two entries with one id are ambiguous instead: a warning and 409.)"""
+    owners: dict[str, tuple[ModelSpec, str]] = {}
+    for spec in firsts:
+        owners.setdefault(spec.entry.id, (spec, "id"))
+    problems = []
+    for spec in firsts:
+        for position, name in enumerate(spec.entry.alias_names):
+            owner = owners.get(name)
+            if owner is None:
+                owners[name] = (spec, "alias")
+                continue
+            other, kind = owner
+            if other.index == spec.index:
+                continue  # the entry's own id or a repeat: reported with the entry
+            what = "the id" if kind == "id" else "an alias"
+            problems.append(
+                Problem(
+                    source,
+                    spec.label,
+                    f"aliases[{position}]",
+                    f"{name!r} is also {what} of model {other.label}; "
+                    "a name may lead to one model only",
+                )
+            )
     return problems
 
 
@@ -566,7 +678,7 @@ def _join_problems(source: str, spec: ModelSpec, target: ModelSpec | None) -> li
         problems.append(
             problem("model_type", f"must be that of {entry_key!r} ({target.entry.model_type!r})")
         )
-    for field in ("routing", "affinity_threshold"):
+    for field in ("routing", "affinity_threshold", "aliases", "preset"):
         if field in entry.set_fields():
             problems.append(problem(field, f"is set on {entry_key!r}, whose replicas it joins"))
     if entry.replicas > 1:
@@ -677,6 +789,7 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
     problems.extend(_port_problems(source, enabled))
     warnings: list[Problem] = []
     firsts = [s for s in enabled if s.replica == 1]
+    problems.extend(_alias_clashes(source, firsts))
     id_counts = Counter(s.entry.id for s in firsts)
     for spec in firsts:
         if id_counts[spec.entry.id] > 1:

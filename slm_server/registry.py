@@ -20,7 +20,8 @@ ENDPOINT_MODEL_TYPES: dict[str, frozenset[str]] = {
 
 
 class Registry:
-    """The enabled models, by id. Disabled entries are known but never routed to.
+    """The enabled models, by id and by alias. Disabled entries are known but never
+    routed to.
 
     ``models`` and ``enabled`` hold one spec per replica (an entry with ``replicas: 3``
     is three backends, an entry with ``replica_of`` one more of the entry it names);
@@ -38,6 +39,14 @@ class Registry:
             groups.setdefault(spec.index, []).append(spec)
             if spec.replica == 1:
                 self._by_id.setdefault(spec.entry.id, []).append(spec)
+        # Aliases lead to their entry; one that is also an id or another alias is refused
+        # when the registry is loaded, and the ids win here if one gets through anyway.
+        self._by_alias: dict[str, ModelSpec] = {}
+        for spec in self.enabled:
+            if spec.replica == 1:
+                for name in spec.entry.alias_names:
+                    if name not in self._by_id:
+                        self._by_alias.setdefault(name, spec)
         self._replicas = {index: tuple(specs) for index, specs in groups.items()}
         # The enabled entries, each by its first replica: one per model id unless ambiguous.
         self.entries = tuple(s for s in self.enabled if s.replica == 1)
@@ -51,12 +60,19 @@ class Registry:
         """How many replicas ``spec``'s model has: its entry's and those joining it."""
         return len(self.replicas(spec))
 
+    def alias(self, name: str) -> str | None:
+        """``name`` when it is an alias (of the entry :meth:`lookup` gives), else None."""
+        return name if name in self._by_alias else None
+
     def lookup(self, model_id: str) -> ModelSpec:
-        """The one enabled entry with this id, by its first replica; 404 if none, 409 if
-        several entries have it."""
+        """The one enabled entry with this id or alias, by its first replica; 404 if
+        none, 409 if several entries have the id."""
+        aliased = self._by_alias.get(model_id)
+        if aliased is not None:
+            return aliased
         found = self._by_id.get(model_id)
         if not found:
-            known = ", ".join(sorted(self._by_id)) or "none"
+            known = ", ".join(sorted([*self._by_id, *self._by_alias])) or "none"
             raise ModelNotFound(
                 f"The model '{model_id}' does not exist or is not enabled (known: {known})",
                 param="model",

@@ -232,6 +232,8 @@ class ServingSettings:
     max_bodies_in_flight_bytes: int = 256 * 1024 * 1024
     max_answer_bytes: int = 128 * 1024 * 1024
     max_sse_event_bytes: int = 4 * 1024 * 1024
+    # Whether GET /v1/models lists each alias as a model of its own.
+    list_aliases: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServingSettings:
@@ -271,6 +273,7 @@ class ServingSettings:
             max_bodies_in_flight_bytes=_mib(env, "SLM_MAX_BODIES_IN_FLIGHT_MB", 256.0),
             max_answer_bytes=_mib(env, "SLM_MAX_ANSWER_MB", 128.0),
             max_sse_event_bytes=_mib(env, "SLM_MAX_SSE_EVENT_MB", 4.0),
+            list_aliases=_bool(env, "SLM_LIST_ALIASES", True),
         )
 
 

@@ -183,7 +183,15 @@ def create_app(
         drain_seconds=settings.serving.drain_timeout_seconds,
     )
     proxy.loader = loader
-    info = Info(registry, upstream, tripwire, deps.states, proxy.gates, loader.status)
+    info = Info(
+        registry,
+        upstream,
+        tripwire,
+        deps.states,
+        proxy.gates,
+        loader.status,
+        list_aliases=settings.serving.list_aliases,
+    )
     models_api = ModelsApi(registry, loader, info.describe)
     metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
     recent = RecentRequests()

@@ -516,3 +516,23 @@ def test_a_remote_is_checked_but_never_planned(
     ) in run.stdout.splitlines()
     assert "secret" not in run.stdout
     assert run.stdout.splitlines()[-1] == f"{config}: 1 model(s) ready to launch"
+
+
+def test_an_alias_clashing_with_another_entry_fails_check(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = sandbox.model()
+    config = sandbox.write_registry(
+        {
+            "a": entry("m1", 8601, model, aliases=["fast", "m2"]),
+            "b": entry("m2", 8602, model, aliases=["fast"]),
+        }
+    )
+    run = check_in_process(sandbox, Launch(llama_bin=sandbox.fake_llama), monkeypatch, capsys)
+    assert run.code == 1
+    assert run.err_lines == [
+        f"{config}: model 'a' (id 'm1'): field 'aliases[1]': 'm2' is also the id of model "
+        "'b' (id 'm2'); a name may lead to one model only",
+        f"{config}: model 'b' (id 'm2'): field 'aliases[0]': 'fast' is also an alias of model "
+        "'a' (id 'm1'); a name may lead to one model only",
+    ]

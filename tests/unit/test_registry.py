@@ -194,3 +194,45 @@ def test_two_entries_with_replicas_and_one_id_are_ambiguous() -> None:
     second = replica_specs(spec("b", "same", 8701, replicas=2))
     with pytest.raises(AmbiguousModel, match="'a', 'b'"):
         Registry([*first, *second]).lookup("same")
+
+
+# --- aliases -----------------------------------------------------------------------------
+
+
+def test_an_alias_leads_to_its_entry_and_says_it_is_one() -> None:
+    aliased = spec("chat", "chat-model", 8501, aliases=["gpt-4o", {"name": "cold"}])
+    registry = Registry([aliased, EMBED])
+    assert registry.lookup("gpt-4o") is aliased
+    assert registry.route("cold", "/v1/chat/completions") is aliased
+    assert registry.alias("gpt-4o") == "gpt-4o"
+    assert registry.alias("chat-model") is None
+    assert registry.alias("nope") is None
+
+
+def test_an_alias_serves_only_its_entrys_endpoints() -> None:
+    registry = Registry(
+        [spec("embed", "embed-model", 8502, model_type="embeddings", aliases=["e"])]
+    )
+    with pytest.raises(UnsupportedEndpoint):
+        registry.route("e", "/v1/chat/completions")
+
+
+def test_the_404_lists_aliases_among_the_known_names() -> None:
+    registry = Registry([spec("chat", "chat-model", 8501, aliases=["gpt-4o"])])
+    with pytest.raises(ModelNotFound) as caught:
+        registry.lookup("gpt-5")
+    assert caught.value.message.endswith("(known: chat-model, gpt-4o)")
+
+
+def test_a_disabled_entrys_alias_leads_nowhere() -> None:
+    registry = Registry([spec("off", "off-model", 8505, enabled=False, aliases=["o"])])
+    with pytest.raises(ModelNotFound):
+        registry.lookup("o")
+
+
+def test_an_id_wins_over_an_alias_that_slipped_through() -> None:
+    first = spec("a", "a", 8501, aliases=["b"])
+    second = spec("b", "b", 8502)
+    registry = Registry([first, second])
+    assert registry.lookup("b") is second
+    assert registry.alias("b") is None

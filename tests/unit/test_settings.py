@@ -303,3 +303,14 @@ def test_confirm_seconds_must_be_positive(tmp_path: Path, raw: str, message: str
     with pytest.raises(SettingsError) as caught:
         settings(tmp_path, SLM_WATCHDOG_CONFIRM_SECONDS=raw)
     assert str(caught.value) == message
+
+
+# --- aliases in the model list -------------------------------------------------------------
+
+
+def test_aliases_are_listed_unless_turned_off(tmp_path: Path) -> None:
+    assert settings(tmp_path).serving.list_aliases is True
+    assert settings(tmp_path, SLM_LIST_ALIASES="false").serving.list_aliases is False
+    with pytest.raises(SettingsError) as caught:
+        settings(tmp_path, SLM_LIST_ALIASES="hidden")
+    assert str(caught.value) == "SLM_LIST_ALIASES='hidden' is not a boolean (true/false)"

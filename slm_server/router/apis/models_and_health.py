@@ -33,7 +33,10 @@ class Info:
         states: StateSource,
         gates: Mapping[str, Gate],
         status: Callable[[ModelSpec], dict[str, Any]],
+        *,
+        list_aliases: bool = True,
     ) -> None:
+        self.list_aliases = list_aliases
         self.gates = gates
         self.status = status
         self.registry = registry
@@ -42,9 +45,13 @@ class Info:
         self.states = states
         self.started = int(time.time())
 
-    def describe(self, spec: ModelSpec) -> dict[str, Any]:
-        """One model as ``GET /v1/models/{id}`` shows it."""
-        return self._model(spec)
+    def describe(self, spec: ModelSpec, name: str | None = None) -> dict[str, Any]:
+        """One model as ``GET /v1/models/{id}`` shows it, by its id or, when ``name`` is
+        one of its aliases, as that alias."""
+        model = self._model(spec)
+        if name is not None and name != spec.entry.id and name in spec.entry.alias_names:
+            return _as_alias(model, name)
+        return model
 
     def _status(self, spec: ModelSpec) -> dict[str, Any]:
         """The model's ``status``; a remote's with ``url`` and, while it is ejected,
@@ -95,19 +102,26 @@ class Info:
             "supports_function_calling": spec.entry.supports_function_calling,
             "replicas": size,
             "routing": spec.entry.routing,
+            "aliases": list(spec.entry.alias_names),
             "status": status,
         }
 
     async def models(self, _request: Request) -> JSONResponse:
-        """``GET /v1/models``: the enabled models and their settings."""
-        data = [self._model(spec) for spec in self.registry.entries]
+        """``GET /v1/models``: the enabled models and their settings, each followed by
+        its aliases (unless ``SLM_LIST_ALIASES`` is off)."""
+        data = []
+        for spec in self.registry.entries:
+            model = self._model(spec)
+            data.append(model)
+            if self.list_aliases:
+                data.extend(_as_alias(model, name) for name in spec.entry.alias_names)
         return JSONResponse({"object": "list", "data": data})
 
     async def model(self, request: Request) -> JSONResponse:
-        """``GET /v1/models/{id}``: one enabled model (ids may contain ``/``); 404
-        ``model_not_found`` when there is none."""
+        """``GET /v1/models/{id}``: one enabled model by its id or an alias (which may
+        contain ``/``); 404 ``model_not_found`` when there is none."""
         model_id: str = request.path_params["model_id"]
-        return JSONResponse(self._model(self.registry.lookup(model_id)))
+        return JSONResponse(self.describe(self.registry.lookup(model_id), model_id))
 
     async def backends_health(self, _request: Request) -> JSONResponse:
         """``GET /v1/backends/health``: every backend probed at once, keyed by role."""
@@ -125,6 +139,7 @@ class Info:
                 "model_type": entry.model_type,
                 "replica": spec.replica,
                 "replicas": self.registry.size(spec),
+                "aliases": list(entry.alias_names),
             }
             probe = by_role.get(spec.role)
             if not entry.enabled or probe is None:
@@ -181,6 +196,14 @@ class Info:
     async def health(self, _request: Request) -> JSONResponse:
         """``GET /health``: the router itself."""
         return JSONResponse({"status": "ok", "models": len(self.registry.entries)})
+
+
+def _as_alias(model: dict[str, Any], name: str) -> dict[str, Any]:
+    """A model as one of its aliases shows it: the alias as its ``id``, the model's
+    own id as ``alias_of``, and no ``aliases`` of its own."""
+    shown = {"id": name, **{k: v for k, v in model.items() if k not in ("id", "aliases")}}
+    shown["alias_of"] = model["id"]
+    return shown
 
 
 def error_response(error: GatewayError) -> JSONResponse:

@@ -7,11 +7,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from slm_server.config import ModelEntry
 from slm_server.errors import InvalidRequest, UnsupportedMediaType
 from slm_server.router.intake import strict_json
 
-CHAT_TEMPLATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/responses"})
 SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
@@ -108,22 +106,13 @@ def is_stream(payload: dict[str, Any]) -> bool:
 
 
 def apply_defaults(
-    payload: dict[str, Any],
-    entry: ModelEntry,
-    endpoint: str,
-    sampling_defaults: dict[str, Any],
+    payload: dict[str, Any], endpoint: str, sampling_defaults: dict[str, Any]
 ) -> bool:
-    """Fill in what the registry supplies and the request left out: the entry's
-    ``chat_template_kwargs``, and sampling defaults the backend cannot take as flags.
-    Returns whether ``payload`` changed."""
+    """Fill in the sampling defaults the backend cannot take as flags (the Python
+    fallback's) where the request left them out. Returns whether ``payload`` changed.
+    (What the registry's presets and ``chat_template_kwargs`` add is
+    :mod:`~slm_server.router.intake.presets`'.)"""
     changed = False
-    if (
-        entry.chat_template_kwargs is not None
-        and endpoint in CHAT_TEMPLATE_ENDPOINTS
-        and "chat_template_kwargs" not in payload
-    ):
-        payload["chat_template_kwargs"] = dict(entry.chat_template_kwargs)
-        changed = True
     if endpoint in SAMPLING_ENDPOINTS:
         for name, value in sampling_defaults.items():
             if name not in payload:

@@ -28,6 +28,7 @@ from slm_server.router.intake.payload import (
     model_field,
     parse_body,
 )
+from slm_server.router.intake.presets import SHAPES, Rules, apply_preset, resolve
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
@@ -40,13 +41,14 @@ OFF_LOOP_BYTES = 1024 * 1024
 @dataclass(frozen=True, slots=True)
 class Intake:
     """A request taken in: the model it names, its parsed fields and the bytes to send
-    (re-serialised when defaults were applied), and whether the router asked a stream
-    for usage the client did not."""
+    (re-serialised when defaults were applied), whether the router asked a stream
+    for usage the client did not, and the alias the client named the model by."""
 
     spec: ModelSpec
     payload: dict[str, Any]
     raw: bytes
     hidden_usage: bool
+    alias: str | None = None
 
 
 class Reception:
@@ -59,6 +61,16 @@ class Reception:
         self.states = states
         self.drain = drain
         self.max_body = max_body
+        self._rules: dict[tuple[int, str | None], Rules] = {}
+
+    def rules(self, spec: ModelSpec, alias: str | None) -> Rules:
+        """The preset rules for requests naming ``spec``'s entry by its id or ``alias``
+        (resolved once per name)."""
+        key = (spec.index, alias)
+        found = self._rules.get(key)
+        if found is None:
+            found = self._rules[key] = resolve(spec.entry, alias)
+        return found
 
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
         """The request fields the launcher published for this backend (the Python
@@ -115,15 +127,29 @@ class Reception:
         else:
             payload = parse_body(raw)
         exchange.note_request(payload)
-        spec = self.registry.route(model_field(payload), endpoint)
+        name = model_field(payload)
+        spec = self.registry.route(name, endpoint)
+        alias = self.registry.alias(name)
         exchange.spec = spec
+        changed = False
+        if endpoint not in FORM_ENDPOINTS:
+            if alias is not None:  # the backend knows the model by its id
+                payload["model"] = spec.entry.id
+                changed = True
+            shape = SHAPES.get(endpoint)
+            if shape is not None:
+                preset = apply_preset(payload, shape, self.rules(spec, alias))
+                if preset is not payload:
+                    payload, changed = preset, True
+                    exchange.note_sampling(payload)
+        # Checked as it will be sent: a preset may add what the backend would fail on.
         check_fields(payload, endpoint)
-        changed = apply_defaults(payload, spec.entry, endpoint, self.sampling_defaults(spec))
+        changed = apply_defaults(payload, endpoint, self.sampling_defaults(spec)) or changed
         hidden_usage = ask_for_usage(payload, endpoint)
         if changed or hidden_usage:
             large = len(raw) > OFF_LOOP_BYTES
             raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
-        return Intake(spec, payload, raw, hidden_usage)
+        return Intake(spec, payload, raw, hidden_usage, alias)
 
     async def for_backend(self, intake: Intake, spec: ModelSpec, endpoint: str) -> Intake:
         """The request as ``spec``'s backend is sent it: a remote that knows the model
@@ -137,7 +163,7 @@ class Reception:
         payload = {**intake.payload, "model": entry.upstream_model}
         large = len(intake.raw) > OFF_LOOP_BYTES
         raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
-        return Intake(intake.spec, payload, raw, intake.hidden_usage)
+        return Intake(intake.spec, payload, raw, intake.hidden_usage, intake.alias)
 
     def refuse_if_down(self, spec: ModelSpec) -> None:
         """Answer for the supervisor when it says the backend cannot serve (see

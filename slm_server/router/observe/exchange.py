@@ -127,6 +127,11 @@ class Exchange:
         model = payload.get("model")
         self.model = model if isinstance(model, str) else None
         self.stream = payload.get("stream") is True and self.path in STREAMING_PATHS
+        self.note_sampling(payload)
+
+    def note_sampling(self, payload: dict[str, Any]) -> None:
+        """The sampling fields telemetry reports: the client's, then again as the
+        registry's presets left them."""
         self.max_tokens = _count(payload.get("max_tokens", payload.get("max_output_tokens")))
         self.temperature = _number(payload.get("temperature"))
         self.top_p = _number(payload.get("top_p"))

@@ -27,13 +27,14 @@ class ModelsApi:
         self,
         registry: Registry,
         loader: Loader,
-        describe: Callable[[ModelSpec], dict[str, Any]],
+        describe: Callable[[ModelSpec, str | None], dict[str, Any]],
     ) -> None:
         self.registry = registry
         self.loader = loader
         self.describe = describe
 
-    async def _spec(self, request: Request) -> ModelSpec:
+    async def _spec(self, request: Request) -> tuple[ModelSpec, str]:
+        """The model the body names (by its id or an alias), and the name."""
         check_json_type(request.headers.get("content-type"))
         raw = b""
         async for part in request.stream():
@@ -41,24 +42,29 @@ class ModelsApi:
             if len(raw) > MAX_BODY_BYTES:
                 raise PayloadTooLarge(f"A load or unload body is at most {MAX_BODY_BYTES} bytes")
         model_id = model_field(parse_body(raw))
-        disabled = [s for s in self.registry.models if s.entry.id == model_id]
-        if disabled and not any(s.entry.enabled for s in disabled):
+        named = [
+            s
+            for s in self.registry.models
+            if s.entry.id == model_id or model_id in s.entry.alias_names
+        ]
+        if named and not any(s.entry.enabled for s in named):
             raise ModelConflict(
                 f"The model '{model_id}' is disabled in the registry (enabled: false)",
                 param="model",
             )
-        return self.registry.lookup(model_id)
+        return self.registry.lookup(model_id), model_id
 
     async def load(self, request: Request) -> JSONResponse:
         """Ready within the model's ``default_timeout`` (an ``always`` model is)."""
-        spec = await self._spec(request)
+        spec, name = await self._spec(request)
         if self.loader.on_demand(spec):
             await self.loader.load(spec, client_of(request.scope, request.receive))
-        return JSONResponse(self.describe(spec))
+        return JSONResponse(self.describe(spec, name))
 
     async def unload(self, request: Request) -> JSONResponse:
-        """Once its process has exited; refused (409) for a ``load: always`` model."""
-        spec = await self._spec(request)
+        """Once its process has exited; refused (409) for a ``load: always`` model.
+        Every alias of the model is unloaded with it: they share its process."""
+        spec, name = await self._spec(request)
         if not self.loader.on_demand(spec):
             raise ModelConflict(
                 f"The model '{spec.entry.id}' is load: always: it is loaded at launch and "
@@ -66,7 +72,7 @@ class ModelsApi:
                 param="model",
             )
         await self.loader.unload(spec)
-        return JSONResponse(self.describe(spec))
+        return JSONResponse(self.describe(spec, name))
 
 
 __all__ = ["ModelsApi"]

@@ -60,10 +60,10 @@ class ResponsesApi:
                 return await self.replies.reply(call, probe, timer, progress)
             timer.cancel()
             await probe.aclose()
-        translated = translate_request(payload)
+        translated = translate_request(payload)  # presets were applied to the Responses body
         chat = translated.chat
         call.exchange.dropped_tools = translated.dropped
-        apply_defaults(chat, spec.entry, "/v1/chat/completions", self.sampling_defaults(spec))
+        apply_defaults(chat, "/v1/chat/completions", self.sampling_defaults(spec))
         return await self.passthrough(call, "/v1/chat/completions", dumps_body(chat), payload)
 
 

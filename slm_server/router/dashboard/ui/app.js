@@ -139,7 +139,8 @@ function renderModels(report) {
   for (const [role, item] of Object.entries(report)) {
     const row = modelRow(role);
     const budget = item.restart_budget || null;
-    setCell(row, "model", item.model_id);
+    const aliases = item.aliases && item.aliases.length ? " (" + item.aliases.join(", ") + ")" : "";
+    setCell(row, "model", item.model_id + aliases);
     setCell(row, "role", role);
     setCell(row, "state", item.state);
     cell(row, "state").className = "state state-" + String(item.state || "none");

@@ -20,6 +20,7 @@ from slm_server.router.intake.payload import (
     model_field,
     parse_body,
 )
+from slm_server.router.intake.presets import SHAPES, apply_preset, resolve
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -146,14 +147,30 @@ def test_is_stream(payload: dict[str, Any], expected: bool) -> None:
     assert is_stream(payload) is expected
 
 
-# --- apply_defaults -------------------------------------------------------------------------
+# --- apply_defaults, with the registry's chat_template_kwargs ---------------------------------
+
+
+def complete(
+    payload: dict[str, Any], e: ModelEntry, endpoint: str, sampling: dict[str, Any]
+) -> bool:
+    """What the router adds to a request, as reception does it: the entry's presets
+    (its ``chat_template_kwargs`` among them), then the sampling defaults."""
+    shape = SHAPES.get(endpoint)
+    changed = False
+    if shape is not None:
+        after = apply_preset(payload, shape, resolve(e, None))
+        if after is not payload:
+            payload.clear()
+            payload.update(after)
+            changed = True
+    return apply_defaults(payload, endpoint, sampling) or changed
 
 
 @pytest.mark.parametrize("endpoint", [CHAT, RESPONSES])
 def test_chat_template_kwargs_injected_when_absent(endpoint: str) -> None:
     e = entry(chat_template_kwargs=KWARGS)
     payload: dict[str, Any] = {"model": "m1"}
-    assert apply_defaults(payload, e, endpoint, {}) is True
+    assert complete(payload, e, endpoint, {}) is True
     assert payload == {"model": "m1", "chat_template_kwargs": {"enable_thinking": False}}
     payload["chat_template_kwargs"]["enable_thinking"] = True
     assert e.chat_template_kwargs == {"enable_thinking": False}
@@ -162,33 +179,33 @@ def test_chat_template_kwargs_injected_when_absent(endpoint: str) -> None:
 @pytest.mark.parametrize("endpoint", [CHAT, RESPONSES])
 def test_chat_template_kwargs_of_the_request_win(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": {"enable_thinking": True}}
-    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
+    assert complete(payload, entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
     assert payload["chat_template_kwargs"] == {"enable_thinking": True}
 
 
 def test_explicit_null_chat_template_kwargs_is_kept() -> None:
     payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": None}
-    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), CHAT, {}) is False
+    assert complete(payload, entry(chat_template_kwargs=KWARGS), CHAT, {}) is False
     assert payload["chat_template_kwargs"] is None
 
 
 @pytest.mark.parametrize("endpoint", [COMPLETIONS, EMBEDDINGS, RERANK])
 def test_chat_template_kwargs_only_for_chat_endpoints(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1"}
-    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
+    assert complete(payload, entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
     assert payload == {"model": "m1"}
 
 
 def test_no_chat_template_kwargs_in_entry() -> None:
     payload: dict[str, Any] = {"model": "m1"}
-    assert apply_defaults(payload, entry(), CHAT, {}) is False
+    assert complete(payload, entry(), CHAT, {}) is False
     assert payload == {"model": "m1"}
 
 
 @pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
 def test_sampling_defaults_fill_only_what_is_absent(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1", "temperature": 0.9, "max_tokens": None}
-    assert apply_defaults(payload, entry(), endpoint, SAMPLING) is True
+    assert complete(payload, entry(), endpoint, SAMPLING) is True
     assert payload == {"model": "m1", "temperature": 0.9, "max_tokens": None, "top_k": 20}
 
 
@@ -196,20 +213,20 @@ def test_sampling_defaults_fill_only_what_is_absent(endpoint: str) -> None:
 def test_sampling_defaults_all_present_is_no_change(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1", "temperature": 1, "top_k": 1, "max_tokens": 1}
     before = dict(payload)
-    assert apply_defaults(payload, entry(), endpoint, SAMPLING) is False
+    assert complete(payload, entry(), endpoint, SAMPLING) is False
     assert payload == before
 
 
 @pytest.mark.parametrize("endpoint", [RESPONSES, EMBEDDINGS, RERANK])
 def test_sampling_defaults_not_for_other_endpoints(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1"}
-    assert apply_defaults(payload, entry(), endpoint, SAMPLING) is False
+    assert complete(payload, entry(), endpoint, SAMPLING) is False
     assert payload == {"model": "m1"}
 
 
 def test_both_defaults_on_chat() -> None:
     payload: dict[str, Any] = {"model": "m1", "messages": []}
-    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), CHAT, SAMPLING) is True
+    assert complete(payload, entry(chat_template_kwargs=KWARGS), CHAT, SAMPLING) is True
     assert payload == {
         "model": "m1",
         "messages": [],
@@ -222,7 +239,7 @@ def test_both_defaults_on_chat() -> None:
 
 def test_kwargs_present_but_sampling_added_still_reports_change() -> None:
     payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": {}}
-    assert apply_defaults(payload, entry(chat_template_kwargs=KWARGS), CHAT, {"top_p": 1}) is True
+    assert complete(payload, entry(chat_template_kwargs=KWARGS), CHAT, {"top_p": 1}) is True
     assert payload == {"model": "m1", "chat_template_kwargs": {}, "top_p": 1}
 
 
