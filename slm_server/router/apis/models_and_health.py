@@ -14,7 +14,6 @@ from starlette.responses import JSONResponse
 from slm_server import remote
 from slm_server.config import ModelSpec
 from slm_server.contracts.records import budget_view
-from slm_server.errors import GatewayError
 from slm_server.registry import Registry
 from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.backend_state import StateSource
@@ -181,7 +180,3 @@ class Info:
     async def health(self, _request: Request) -> JSONResponse:
         """``GET /health``: the router itself."""
         return JSONResponse({"status": "ok", "models": len(self.registry.entries)})
-
-
-def error_response(error: GatewayError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
