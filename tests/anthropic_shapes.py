@@ -38,7 +38,7 @@ def strict_count(raw: dict[str, Any]) -> MessageTokensCount:
     return count
 
 
-def strict_error(raw: dict[str, Any], kind: str | None = None) -> ErrorResponse:
+def strict_error(raw: object, kind: str | None = None) -> ErrorResponse:
     """``raw`` as Anthropic's error object, validated strictly; of type ``kind`` if given."""
     error = ErrorResponse.model_validate(raw, strict=True)
     _no_unknown_fields(error, "error")

@@ -116,7 +116,8 @@ class Proxy:
             intake = await self.reception.take(request, endpoint, exchange, held)
             chat = None
             if endpoint in (MESSAGES, COUNT_TOKENS):  # refused before it waits for a slot
-                chat = self.messages_api.prepare(intake.payload, intake.spec)
+                counting = endpoint == COUNT_TOKENS
+                chat = self.messages_api.prepare(intake.payload, intake.spec, counting)
                 if endpoint == COUNT_TOKENS and not self.messages_api.counts_natively(intake.spec):
                     return self.messages_api.estimate(chat)
             entry = intake.spec.entry

@@ -128,10 +128,12 @@ class MessagesApi:
         self.server_kind = server_kind
 
     @staticmethod
-    def prepare(payload: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
-        """The chat completions request for ``payload``, checked before it is admitted
-        (400 naming the field for what cannot be served)."""
-        return messages_to_chat(payload, takes_images=spec.entry.model_type == "multimodal")
+    def prepare(payload: dict[str, Any], spec: ModelSpec, counting: bool) -> dict[str, Any]:
+        """The chat completions request for ``payload`` (to ``count_tokens`` when
+        ``counting``), checked before it is admitted (400 naming the field for what
+        cannot be served)."""
+        takes_images = spec.entry.model_type == "multimodal"
+        return messages_to_chat(payload, takes_images=takes_images, counting=counting)
 
     def counts_natively(self, spec: ModelSpec) -> bool:
         """Whether ``spec``'s backend is asked to count tokens: llama-server (and a

@@ -56,10 +56,13 @@ IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 TOOL_RESULT_ERROR_PREFIX = "Error: "
 
 
-def messages_to_chat(body: dict[str, Any], *, takes_images: bool) -> dict[str, Any]:
+def messages_to_chat(
+    body: dict[str, Any], *, takes_images: bool, counting: bool = False
+) -> dict[str, Any]:
     """The chat completions request for Messages request ``body``.
 
-    ``system`` becomes a leading system message; each message's blocks become chat
+    ``system`` becomes a leading system message (a ``system`` message, one in its
+    place); each message's blocks become chat
     messages (``tool_result`` blocks become ``tool`` messages ahead of the rest of their
     user message, ``tool_use`` blocks the assistant's ``tool_calls``, thinking blocks are
     dropped); ``stop_sequences`` becomes ``stop``; tools and ``tool_choice`` take the chat
@@ -67,7 +70,8 @@ def messages_to_chat(body: dict[str, Any], *, takes_images: bool) -> dict[str, A
     sets it. Fields the Messages API does not define (``seed``, ``min_p``,
     ``chat_template_kwargs``, ...) are forwarded; the Anthropic-only ones in
     :data:`DROPPED_FIELDS` and ``metadata`` are dropped. ``takes_images`` says whether the
-    model reads images (``model_type: multimodal``).
+    model reads images (``model_type: multimodal``); ``counting``, that the request is
+    one to ``count_tokens``, which takes no ``max_tokens``.
     """
     chat: dict[str, Any] = {
         k: v for k, v in body.items() if k not in READ_FIELDS and k not in DROPPED_FIELDS
@@ -80,7 +84,8 @@ def messages_to_chat(body: dict[str, Any], *, takes_images: bool) -> dict[str, A
             param="mcp_servers",
         )
     chat["model"] = body.get("model")
-    chat["max_tokens"] = _max_tokens(body.get("max_tokens"))
+    if not counting or body.get("max_tokens") is not None:
+        chat["max_tokens"] = _max_tokens(body.get("max_tokens"))
     messages = _system(body.get("system"))
     messages += _messages(body.get("messages"), takes_images)
     chat["messages"] = messages
@@ -161,8 +166,10 @@ def _messages(value: Any, takes_images: bool) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise InvalidRequest(f"`{path}` must be an object", param=path)
         role = message.get("role")
-        if role not in ("user", "assistant"):
-            raise InvalidRequest(f"`{path}.role` must be user or assistant", param=f"{path}.role")
+        if role not in ("user", "assistant", "system"):
+            raise InvalidRequest(
+                f"`{path}.role` must be user, assistant or system", param=f"{path}.role"
+            )
         content = message.get("content")
         if isinstance(content, str):
             blocks: list[Any] = [{"type": "text", "text": content}]
@@ -173,7 +180,12 @@ def _messages(value: Any, takes_images: bool) -> list[dict[str, Any]]:
                 f"`{path}.content` must be a string or a list of content blocks",
                 param=f"{path}.content",
             )
-        if role == "user":
+        if role == "system":
+            if awaited:
+                raise _unanswered(awaited, path)
+            texts = [_text_of(block, f"{path}.content[{i}]") for i, block in enumerate(blocks)]
+            chat.append({"role": "system", "content": "\n".join(texts)})
+        elif role == "user":
             chat += _user(blocks, path, takes_images, awaited)
             awaited = []
         else:

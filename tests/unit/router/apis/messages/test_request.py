@@ -274,3 +274,19 @@ def test_a_tool_use_needs_an_object_input_and_a_unique_id() -> None:
         {"role": "assistant", "content": [{**use, "input": {}}, {**use, "input": {}}]},
     ]
     refused("messages[1].content[1].id", messages=twice)
+
+
+def test_count_tokens_needs_no_max_tokens() -> None:
+    request = {k: v for k, v in body().items() if k != "max_tokens"}
+    assert "max_tokens" not in messages_to_chat(request, takes_images=False, counting=True)
+    with pytest.raises(InvalidRequest):
+        messages_to_chat(request, takes_images=False)
+
+
+def test_a_system_message_keeps_its_place() -> None:
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "system", "content": [{"type": "text", "text": "Now be terse."}]},
+        {"role": "user", "content": "b"},
+    ]
+    assert chat(messages=messages)["messages"][1] == {"role": "system", "content": "Now be terse."}
