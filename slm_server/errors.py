@@ -19,7 +19,10 @@
 
 Each error renders two ways: an HTTP status with an OpenAI-shaped JSON body before the
 first byte of a response, and an in-band ``data: {"error": ...}`` SSE event after it.
-Built-in exceptions are never mapped to 4xx: only these classes are.
+On the Anthropic Messages API's routes the same error takes Anthropic's shape instead
+(:meth:`GatewayError.anthropic_body`, :meth:`GatewayError.anthropic_sse_event`): the same
+status, the type named by :func:`anthropic_error_type`. Built-in exceptions are never
+mapped to 4xx: only these classes are.
 """
 
 from __future__ import annotations
@@ -27,6 +30,34 @@ from __future__ import annotations
 import json
 import math
 from typing import Any, ClassVar
+
+# Anthropic's error types by HTTP status (its API's conventions: docs.anthropic.com,
+# "Errors"); every other 4xx is an invalid request, every other 5xx an api_error.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    """The ``error.type`` Anthropic's API gives an error of ``status``."""
+    found = ANTHROPIC_ERROR_TYPES.get(status)
+    if found is not None:
+        return found
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object: ``{"type": "error", "error": {"type", "message"}}``."""
+    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
 
 
 class GatewayError(Exception):
@@ -60,6 +91,15 @@ class GatewayError(Exception):
                 "param": self.param,
             }
         }
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """The error in the Anthropic Messages API's shape, the code kept in the message."""
+        return anthropic_error_body(self.status, f"{self.message} ({self.code})")
+
+    def anthropic_sse_event(self) -> bytes:
+        """The Anthropic stream's in-band ``error`` event."""
+        data = json.dumps(self.anthropic_body()).encode()
+        return b"event: error\ndata: " + data + b"\n\n"
 
     def headers(self) -> dict[str, str]:
         """Extra response headers (``Retry-After`` for retryable refusals)."""

@@ -27,7 +27,8 @@ from slm_server.contracts import commands
 from slm_server.contracts.events import EventLog, EventSink
 from slm_server.errors import GatewayError, HttpStatusError
 from slm_server.registry import Registry
-from slm_server.router.apis.models_and_health import Info, error_response
+from slm_server.router.answer.error_shape import error_response
+from slm_server.router.apis.models_and_health import Info
 from slm_server.router.dashboard.endpoints import Dashboard
 from slm_server.router.dashboard.recent import RecentRequests
 from slm_server.router.dispatch.admission import Gate
@@ -65,21 +66,21 @@ PROXIED_PATHS = (
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     exchange_of(request.scope).error_type = exc.code
-    return error_response(exc)
+    return error_response(exc, request.scope["path"])
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     error = HttpStatusError(exc.status_code, str(exc.detail), code)
-    response = error_response(error)
+    response = error_response(error, request.scope["path"])
     response.headers.update(exc.headers or {})
     return response
 
 
-async def _unexpected_error(_request: Request, exc: Exception) -> Response:
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error while handling a request", exc_info=exc)
-    return error_response(unexpected())
+    return error_response(unexpected(), request.scope["path"])
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,8 @@ def create_app(
     routes = [Route(path, proxy.proxy, methods=["POST"]) for path in PROXIED_PATHS]
     routes += [
         Route("/v1/responses", proxy.responses, methods=["POST"]),
+        Route("/v1/messages", proxy.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", proxy.count_tokens, methods=["POST"]),
         Route("/v1/models", info.models, methods=["GET"]),
         Route("/v1/models/load", models_api.load, methods=["POST"]),
         Route("/v1/models/unload", models_api.unload, methods=["POST"]),
@@ -243,6 +246,8 @@ def create_app(
     # routes stay for every other method, and as the one list of what is served.
     direct: dict[str, Handler] = {path: proxy.proxy for path in PROXIED_PATHS}
     direct["/v1/responses"] = proxy.responses
+    direct["/v1/messages"] = proxy.messages
+    direct["/v1/messages/count_tokens"] = proxy.count_tokens
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -110,6 +110,11 @@ class Script:
     responses: bool = False
     reply: str | None = None
     tool_calls: list[JSON] | None = None
+    # A chat answer that calls this tool with ``tool_arguments`` (streamed in two
+    # pieces), and that thinks ``reasoning`` first (as ``reasoning_content``).
+    tool_call: str | None = None
+    tool_arguments: str = '{"city": "Paris"}'
+    reasoning: str | None = None
 
     @classmethod
     def parse(cls, data: Any) -> Script:
@@ -133,6 +138,9 @@ class Script:
             chunk_text=self.chunk_text,
             responses=self.responses,
             reply=self.reply,
+            tool_call=self.tool_call,
+            tool_arguments=self.tool_arguments,
+            reasoning=self.reasoning,
         )
 
     def applies_to(self, path: str, raw: bytes = b"") -> bool:
@@ -421,6 +429,13 @@ def generate(
             choice["finish_reason"] = "tool_calls"
         elif chat:
             choice["message"] = {"role": "assistant", "content": reply}
+            if script.reasoning is not None:
+                choice["message"]["reasoning_content"] = script.reasoning
+            if script.tool_call is not None:
+                choice["finish_reason"] = "tool_calls"
+                function = {"name": script.tool_call, "arguments": script.tool_arguments}
+                call = {"id": f"call_fake_{seq}", "type": "function", "function": function}
+                choice["message"]["tool_calls"] = [call]
         else:
             choice["text"] = reply
         return {
@@ -441,7 +456,13 @@ def generate(
             choice["text"] = text or ""
         return sse({**base, "object": kind, "choices": [choice]})
 
+    def delta(fields: JSON, finish: str | None = None) -> bytes:
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish, "delta": fields}
+        return sse({**base, "object": kind, "choices": [choice]})
+
     prefix = [chunk(None, None, role=True)] if chat else []
+    if chat and script.reasoning is not None:
+        prefix.append(delta({"reasoning_content": script.reasoning}))
     content = [chunk(script.chunk_text, None) for _ in range(script.chunks)]
     suffix = [chunk(None, "stop")]
     if chat and script.tool_calls is not None:
@@ -450,6 +471,21 @@ def generate(
             for choice in _tool_call_choices(seq, script.tool_calls)
         ]
         suffix = [sse({**base, "object": kind, "choices": [_finish("tool_calls")]})]
+    elif chat and script.tool_call is not None:
+        half = len(script.tool_arguments) // 2
+        first = {"name": script.tool_call, "arguments": script.tool_arguments[:half]}
+        opening: JSON = {
+            "index": 0,
+            "id": f"call_fake_{seq}",
+            "type": "function",
+            "function": first,
+        }
+        rest = {"index": 0, "function": {"arguments": script.tool_arguments[half:]}}
+        suffix = [
+            delta({"tool_calls": [opening]}),
+            delta({"tool_calls": [rest]}),
+            delta({}, "tool_calls"),
+        ]
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
         suffix.append(

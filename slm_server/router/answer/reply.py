@@ -1,8 +1,9 @@
 """Answering the client from an opened backend response: a stream relayed chunk by
-chunk (as it came, or converted to Responses-API events), anything else read whole
-under the deadline and passed on — errors in the OpenAI shape, a Responses-API
-request's chat answer converted back. The call's admission slot is freed when the
-answer is complete (for a stream: when the relay ends, however it ends)."""
+chunk (as it came, or translated to another API's events), anything else read whole
+under the deadline and passed on — errors in the OpenAI shape, a translated request's
+chat answer converted back (:mod:`.translation`: the Responses API's, the Messages
+API's). The call's admission slot is freed when the answer is complete (for a stream:
+when the relay ends, however it ends)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ from slm_server.router.answer.answer_fields import answer_fields
 from slm_server.router.answer.sse import SseTap
 from slm_server.router.answer.stream_relay import StreamRelay
 from slm_server.router.answer.stream_splice import Splice
+from slm_server.router.answer.translation import ResponsesTranslation, Translation
 from slm_server.router.answer.whole_answer import WholeAnswer
-from slm_server.router.apis.responses.translate import ResponseStreamTranslator, chat_to_response
 from slm_server.router.dispatch.admitted_call import Call
 from slm_server.router.dispatch.drain import Drain
-from slm_server.router.observe.exchange import Exchange
 from slm_server.router.upstream.client import (
     UpstreamResponse,
     backend_error_body,
@@ -52,12 +52,15 @@ class Replies:
         timer: StallTimer,
         progress: Progress | None,
         translate: dict[str, Any] | None = None,
+        translation: Translation | None = None,
     ) -> Response | ASGIApp:
         """Answer with an opened upstream response: relayed when it streams, else read
-        whole under the deadline (and converted when ``translate`` is the original
-        Responses-API request). ``progress`` notes what the backend delivers, for the
-        watchdog to judge a deadline that cuts the answer; None when the client
-        shortened the deadline (it is never judged)."""
+        whole under the deadline; converted by ``translation`` (or, when ``translate``
+        is the original Responses-API request, to the Responses API). ``progress``
+        notes what the backend delivers, for the watchdog to judge a deadline that cuts
+        the answer; None when the client shortened the deadline (it is never judged)."""
+        if translate is not None:
+            translation = ResponsesTranslation(translate)
         spec, exchange = call.spec, call.exchange
         content_type = upstream.headers.get("content-type", "application/json")
         streams = upstream.status_code == 200 and "event-stream" in content_type
@@ -88,24 +91,21 @@ class Replies:
                 call.slot.release()
 
         encoding = content_encoding(upstream)
-        if encoding is not None and translate is not None:
+        if encoding is not None and translation is not None:
             timer.cancel()
             await close()
             raise BackendProtocolError(
                 f"The backend for '{spec.entry.id}' sent a {encoding}-encoded answer, "
-                "which the router cannot translate to the Responses API",
+                f"which the router cannot translate to {translation.api}",
                 code="upstream_encoded",
             )
         if exchange.stream and streams:
-            if translate is not None:
-                translator = ResponseStreamTranslator(translate)
+            if translation is not None:
                 events = iter_sse(spec, upstream, self.max_event)
                 return StreamRelay(
-                    _translated(
-                        self.sender.watched(call, events, timer, noted), translator, exchange
-                    ),
+                    translation.stream(self.sender.watched(call, events, timer, noted), exchange),
                     close,
-                    error_event=lambda error: b"".join(translator.error(error.message)),
+                    error_event=translation.stream_error,
                     deadline=call.deadline.at,
                     drain=self.drain,
                     on_cut=on_cut,
@@ -146,7 +146,7 @@ class Replies:
             content = await self.sender.read(call, upstream, progress)
         finally:
             await close()
-        return _whole(call, upstream.status_code, content_type, encoding, content, translate)
+        return _whole(call, upstream.status_code, content_type, encoding, content, translation)
 
 
 def _whole(
@@ -155,7 +155,7 @@ def _whole(
     content_type: str,
     encoding: str | None,
     content: bytes,
-    translate: dict[str, Any] | None,
+    translation: Translation | None,
 ) -> Response | WholeAnswer:
     """The answer to a request whose backend answered in one piece."""
     exchange = call.exchange
@@ -164,19 +164,20 @@ def _whole(
             exchange, content, status, content_type, headers={"content-encoding": encoding}
         )
     if status >= 400:
-        return WholeAnswer(exchange, backend_error_body(status, content), status, JSON)
+        error = backend_error_body if translation is None else translation.error_body
+        return WholeAnswer(exchange, error(status, content), status, JSON)
     body_json: Any = None
-    if "json" in content_type and translate is not None:
+    if "json" in content_type and translation is not None:
         try:
             body_json = json.loads(content)
         except (ValueError, RecursionError):
             body_json = None
     elif "json" in content_type:
         body_json = answer_fields(content)  # only for the record: floats kept as text
-    if translate is not None:
+    if translation is not None:
         if not isinstance(body_json, dict):
-            return WholeAnswer(exchange, backend_error_body(502, content), 502, JSON)
-        result = chat_to_response(body_json, translate)
+            return WholeAnswer(exchange, translation.error_body(502, content), 502, JSON)
+        result = translation.whole(body_json)
         exchange.note_response(result)
         return JSONResponse(result)
     if isinstance(body_json, dict):
@@ -195,29 +196,6 @@ async def _tapped(chunks: AsyncIterator[bytes], tap: SseTap) -> AsyncIterator[by
         yield rest
     if tap.error is not None:
         tap.exchange.error_type = "backend_stream_error"
-
-
-async def _translated(
-    chunks: AsyncIterator[dict[str, Any]],
-    translator: ResponseStreamTranslator,
-    exchange: Exchange,
-) -> AsyncIterator[bytes]:
-    """A chat-completions stream as Responses-API events."""
-    for event in translator.start():
-        yield event
-    async for chunk in chunks:
-        exchange.note_response(chunk)
-        error = chunk.get("error")
-        if error is not None:
-            message = error.get("message") if isinstance(error, dict) else str(error)
-            exchange.error_type = "backend_stream_error"
-            for event in translator.error(str(message)):
-                yield event
-            return
-        for event in translator.feed(chunk):
-            yield event
-    for event in translator.finish():
-        yield event
 
 
 __all__ = ["Replies"]

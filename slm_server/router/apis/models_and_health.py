@@ -14,7 +14,6 @@ from starlette.responses import JSONResponse
 from slm_server import remote
 from slm_server.config import ModelSpec
 from slm_server.contracts.records import budget_view
-from slm_server.errors import GatewayError
 from slm_server.registry import Registry
 from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.backend_state import StateSource
@@ -204,7 +203,3 @@ def _as_alias(model: dict[str, Any], name: str) -> dict[str, Any]:
     shown = {"id": name, **{k: v for k, v in model.items() if k not in ("id", "aliases")}}
     shown["alias_of"] = model["id"]
     return shown
-
-
-def error_response(error: GatewayError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())

@@ -1,7 +1,8 @@
 """Proxying one request to the backend its ``model`` names: take it in, refuse when the
 supervisor says the backend cannot serve, admit it under its deadline, and hand the
 call to its endpoint's handler (:mod:`~slm_server.router.apis.passthrough`,
-:mod:`~slm_server.router.apis.responses.endpoint`)."""
+:mod:`~slm_server.router.apis.responses.endpoint`,
+:mod:`~slm_server.router.apis.messages.endpoint`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from slm_server.config import ModelSpec
 from slm_server.errors import BackendUnavailable
 from slm_server.registry import Registry
 from slm_server.router.answer.reply import Replies
+from slm_server.router.apis.messages.endpoint import COUNT_TOKENS, MESSAGES, MessagesApi
 from slm_server.router.apis.passthrough import PassThrough
 from slm_server.router.apis.responses.endpoint import ResponsesApi
 from slm_server.router.dispatch.admission import Gate
@@ -73,7 +75,16 @@ class Proxy:
         self.responses_api = ResponsesApi(
             self.sender, replies, self.passthrough, self.reception.sampling_defaults
         )
+        self.messages_api = MessagesApi(
+            self.sender, replies, self.reception.sampling_defaults, self.server_kind
+        )
         self.loader: Loader | None = None  # loading on demand, set by the app
+
+    def server_kind(self, spec: ModelSpec) -> str | None:
+        """The server the launcher runs for ``spec`` ("llama-server", ...); None when no
+        launcher has said."""
+        planned = self.reception.states.planned(spec.role, spec.entry.port)
+        return planned.kind if planned is not None else None
 
     def cancel_waiting(self) -> None:
         """End every request still waiting on a backend (the drain period is over)."""
@@ -88,6 +99,14 @@ class Proxy:
         """``POST /v1/responses``: the backend's own, else translated to chat."""
         return await self._serve(request, RESPONSES)
 
+    async def messages(self, request: Request) -> Response | ASGIApp:
+        """``POST /v1/messages``: the Anthropic Messages API, translated to chat."""
+        return await self._serve(request, MESSAGES)
+
+    async def count_tokens(self, request: Request) -> Response | ASGIApp:
+        """``POST /v1/messages/count_tokens``: llama-server's count, else an estimate."""
+        return await self._serve(request, COUNT_TOKENS)
+
     async def _serve(self, request: Request, endpoint: str) -> Response | ASGIApp:
         """Take in, admit and proxy one request to ``endpoint``; its body counts
         against the budget for bodies in flight until the answer is handed back."""
@@ -95,6 +114,12 @@ class Proxy:
         try:
             exchange = exchange_of(request.scope)
             intake = await self.reception.take(request, endpoint, exchange, held)
+            chat = None
+            if endpoint in (MESSAGES, COUNT_TOKENS):  # refused before it waits for a slot
+                counting = endpoint == COUNT_TOKENS
+                chat = self.messages_api.prepare(intake.payload, intake.spec, counting)
+                if endpoint == COUNT_TOKENS and not self.messages_api.counts_natively(intake.spec):
+                    return self.messages_api.estimate(chat)
             entry = intake.spec.entry
             size = self.registry.size(intake.spec)
             seconds, shortened = request_timeout(
@@ -106,7 +131,9 @@ class Proxy:
                 if not tried:  # one deadline, however many replicas are tried
                     deadline = Deadline(seconds, running_loop().time)
                 try:
-                    return await self._send(request, endpoint, intake, spec, deadline, shortened)
+                    return await self._send(
+                        request, endpoint, intake, spec, deadline, shortened, chat
+                    )
                 except BackendUnavailable as error:
                     if error.code != UNREACHABLE or size == 1:
                         raise
@@ -165,8 +192,10 @@ class Proxy:
         spec: ModelSpec,
         deadline: Deadline,
         shortened: bool,
+        chat: dict[str, Any] | None = None,
     ) -> Response | ASGIApp:
-        """Admit the request to ``spec``'s backend and hand it to its handler."""
+        """Admit the request to ``spec``'s backend and hand it to its handler (``chat``:
+        a Messages request's translation)."""
         exchange = exchange_of(request.scope)
         client = client_of(request.scope, request.receive)
         intake = await self.reception.for_backend(intake, spec, endpoint)
@@ -191,6 +220,10 @@ class Proxy:
             )
             if endpoint == RESPONSES:
                 return await self.responses_api(call, intake.payload, intake.raw)
+            if chat is not None and endpoint == MESSAGES:
+                return await self.messages_api.create(call, chat, intake.payload)
+            if chat is not None:
+                return await self.messages_api.count_tokens(call, chat, intake.raw)
             return await self.passthrough(call, endpoint, intake.raw)
         except BaseException:
             slot.release()

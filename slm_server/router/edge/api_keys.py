@@ -1,7 +1,8 @@
 """Optional API keys (``SLM_API_KEYS`` / ``SLM_API_KEYS_FILE``): when any is set, every
-``/v1/*`` route needs ``Authorization: Bearer <key>``, and so does ``/metrics`` (it names
-every model) unless ``SLM_METRICS_NEED_KEY=false``; ``/health`` stays open. Keys are
-compared in constant time and never logged."""
+``/v1/*`` route needs ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` (the
+Anthropic clients' header), and so does ``/metrics`` (it names every model) unless
+``SLM_METRICS_NEED_KEY=false``; ``/health`` stays open. Keys are compared in constant
+time and never logged."""
 
 from __future__ import annotations
 
@@ -23,25 +24,35 @@ class Keys:
     def guarded(self, path: str) -> bool:
         return path.startswith("/v1/") or (self.metrics_need_key and path == "/metrics")
 
-    def allowed(self, header: bytes | None) -> bool:
-        if header is None or header[:7].lower() != b"bearer ":
-            return False
-        presented = header[7:].strip()
+    def allowed(self, header: bytes | None, api_key: bytes | None = None) -> bool:
+        """Whether the ``Authorization`` header (a Bearer key) or, failing that, the
+        ``x-api-key`` header carries a configured key."""
+        presented = []
+        if header is not None and header[:7].lower() == b"bearer ":
+            presented.append(header[7:].strip())
+        if api_key is not None:
+            presented.append(api_key.strip())
         matched = False
-        for key in self.keys:  # compare against every key: no early exit to time
-            matched |= hmac.compare_digest(presented, key)
+        for candidate in presented:
+            for key in self.keys:  # compare against every key: no early exit to time
+                matched |= hmac.compare_digest(candidate, key)
         return matched
 
     def refusal(self, scope: Scope) -> GatewayError | None:
         """401 when keys are set, the path is guarded and no valid key came; else None."""
         if not self.keys or not self.guarded(scope["path"]):
             return None
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        if self.allowed(header):
+        header = api_key = None
+        for name, value in scope["headers"]:
+            if name == b"authorization" and header is None:
+                header = value
+            elif name == b"x-api-key" and api_key is None:
+                api_key = value
+        if self.allowed(header, api_key):
             return None
         return Unauthorized(
-            "Missing or invalid API key: send 'Authorization: Bearer <key>' with a key "
-            "from SLM_API_KEYS or SLM_API_KEYS_FILE"
+            "Missing or invalid API key: send 'Authorization: Bearer <key>' or "
+            "'x-api-key: <key>' with a key from SLM_API_KEYS or SLM_API_KEYS_FILE"
         )
 
 

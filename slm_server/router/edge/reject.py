@@ -1,6 +1,7 @@
 """Answering a request with a :class:`~slm_server.errors.GatewayError` from pure-ASGI
 middleware, before any route runs (the routes' own errors go through Starlette's
-exception handlers)."""
+exception handlers), in the shape its path's clients expect (OpenAI's, or Anthropic's
+on the Messages API)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import json
 from starlette.types import Scope, Send
 
 from slm_server.errors import GatewayError
+from slm_server.router.answer.error_shape import error_body
 from slm_server.router.observe.exchange import exchange_of
 
 
 async def reject(scope: Scope, send: Send, error: GatewayError) -> None:
     """Send ``error`` as the whole response, noted on the request's exchange."""
     exchange_of(scope).error_type = error.code
-    body = json.dumps(error.body()).encode()
+    body = json.dumps(error_body(error, scope.get("path", ""))).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

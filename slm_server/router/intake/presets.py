@@ -18,10 +18,7 @@ the client leaves out, and strips parameters. The rules, in the order they act:
 
 Parameters are named in a preset as chat completions name them; :data:`SHAPES` says how
 each API shape names them (None: the shape has no such parameter, the rule is skipped)
-and which of its fields bound the output. Another shape is one more row, e.g.
-Anthropic's Messages API::
-
-    "/v1/messages": ApiShape("messages", ("max_tokens",), {"stop": "stop_sequences", ...}),
+and which of its fields bound the output; another shape is one more row.
 """
 
 from __future__ import annotations
@@ -52,6 +49,9 @@ class ApiShape:
     name: str
     limits: tuple[str, ...]
     names: Mapping[str, str | None] = field(default_factory=dict)
+    # A default for the parameter is not used when the client sent any of these fields
+    # instead (Messages: ``thinking`` says what ``chat_template_kwargs`` would).
+    stands_for: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def own_name(self, name: str) -> str | None:
         """``name`` (a chat completions parameter) as this shape calls it."""
@@ -69,6 +69,16 @@ SHAPES: Mapping[str, ApiShape] = MappingProxyType(
             "responses",
             ("max_output_tokens", *CHAT_LIMITS),
             {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens"},
+        ),
+        # Anthropic's Messages API, translated to chat completions: max_tokens bounds
+        # the output, stop_sequences are the stops; ``thinking`` stands for
+        # chat_template_kwargs.enable_thinking, so a default for chat_template_kwargs
+        # gives way to it as to the client's own.
+        "/v1/messages": ApiShape(
+            "messages",
+            ("max_tokens", "max_completion_tokens", "n_predict"),
+            {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"},
+            {"chat_template_kwargs": ("thinking",)},
         ),
     }
 )
@@ -134,7 +144,9 @@ def apply_preset(body: dict[str, Any], shape: ApiShape, rules: Rules) -> dict[st
             continue
         if rule.action == "strip":
             out.pop(own, None)
-        elif rule.action == "set" or own not in out:
+        elif rule.action == "set" or (
+            own not in out and not any(f in out for f in shape.stands_for.get(name, ()))
+        ):
             out[own] = copy.deepcopy(rule.value)
     cap = rules.cap
     if cap is not None:

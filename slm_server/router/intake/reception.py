@@ -12,8 +12,8 @@ from typing import Any
 from starlette.requests import Request
 
 from slm_server.config import ModelSpec
-from slm_server.errors import BackendUnavailable, PayloadTooLarge
-from slm_server.registry import Registry
+from slm_server.errors import BackendUnavailable, PayloadTooLarge, UnsupportedEndpoint
+from slm_server.registry import ENDPOINT_MODEL_TYPES, Registry
 from slm_server.router.dispatch.backend_state import StateSource, given_up
 from slm_server.router.dispatch.drain import Drain
 from slm_server.router.edge.fast_path import fast_path_of
@@ -32,6 +32,13 @@ from slm_server.router.intake.presets import SHAPES, Rules, apply_preset, resolv
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
+
+# Endpoints the registry's table does not name, by the endpoint whose model types serve
+# them: the Messages API is served by whatever serves chat completions.
+SERVED_AS = {
+    "/v1/messages": "/v1/chat/completions",
+    "/v1/messages/count_tokens": "/v1/chat/completions",
+}
 
 # Bodies larger than this are parsed and re-serialised in a thread: 30 MiB of JSON
 # takes the better part of a second, which would stall every other request.
@@ -130,6 +137,14 @@ class Reception:
         name = model_field(payload)
         spec = self.registry.route(name, endpoint)
         alias = self.registry.alias(name)
+        served_as = SERVED_AS.get(endpoint)
+        if served_as is not None and spec.entry.model_type not in ENDPOINT_MODEL_TYPES[served_as]:
+            allowed = ENDPOINT_MODEL_TYPES[served_as]
+            raise UnsupportedEndpoint(
+                f"The model '{spec.entry.id}' has model_type '{spec.entry.model_type}', "
+                f"which does not serve {endpoint} (that needs {' or '.join(sorted(allowed))})",
+                param="model",
+            )
         exchange.spec = spec
         changed = False
         if endpoint not in FORM_ENDPOINTS:

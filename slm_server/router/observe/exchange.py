@@ -23,6 +23,8 @@ EMIT_PATHS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
     "/v1/embeddings": "embeddings",
     "/v1/rerank": "rerank",
     "/v1/images/generations": "image_generations",
@@ -33,6 +35,8 @@ OPERATIONS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "text_completion",
     "/v1/responses": "chat",
+    "/v1/messages": "chat",
+    "/v1/messages/count_tokens": "count_tokens",
     "/v1/embeddings": "embeddings",
     "/v1/rerank": "rerank",
     "/v1/images/generations": "image_generation",
@@ -43,7 +47,13 @@ OPERATIONS = {
 # embeddings request, say) is no stream, and arms no first-byte timer (the backend sends
 # such an answer's head only when all of it is done).
 STREAMING_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/audio/transcriptions"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/audio/transcriptions",
+    }
 )
 _SCOPE_KEY = "slm.exchange"
 _ID_PREFIX = uuid.uuid4().hex[:16]
@@ -106,9 +116,9 @@ class Exchange:
 
     @property
     def emit_path(self) -> str:
-        """One distinct value per emit site: chat, completions, responses, embeddings,
-        rerank, image_generations, image_edits, transcriptions, or streaming for any
-        streamed chat or text completion."""
+        """One distinct value per emit site: chat, completions, responses, messages,
+        count_tokens, embeddings, rerank, image_generations, image_edits,
+        transcriptions, or streaming for any streamed chat or text completion."""
         if self.stream and self.path in ("/v1/chat/completions", "/v1/completions"):
             return "streaming"
         return EMIT_PATHS.get(self.path, "other")
@@ -138,8 +148,8 @@ class Exchange:
 
     def note_response(self, body: dict[str, Any]) -> None:
         """Fold in what a response object (or one stream chunk) says: id, model,
-        finish reasons and token usage, in the chat, completions, embeddings or
-        Responses-API shapes."""
+        finish reasons and token usage, in the chat, completions, embeddings,
+        Responses-API or Messages-API shapes."""
         if self.response_id is None and isinstance(body.get("id"), str):
             self.response_id = body["id"]
         if self.response_model is None and isinstance(body.get("model"), str):
@@ -153,9 +163,15 @@ class Exchange:
         status = body.get("status")
         if body.get("object") == "response" and isinstance(status, str):
             self.finish_reasons.append(status)
+        stop_reason = body.get("stop_reason")
+        if body.get("type") == "message" and isinstance(stop_reason, str):
+            self.finish_reasons.append(stop_reason)
         usage = body.get("usage")
         if isinstance(usage, dict):
             prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+            if prompt is not None:  # Anthropic's input_tokens leave out the cache's
+                for cached in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+                    prompt += _count(usage.get(cached)) or 0
             completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
             if prompt is not None:
                 self.input_tokens = prompt

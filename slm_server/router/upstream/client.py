@@ -92,6 +92,7 @@ _DROPPED_HEADERS = frozenset(
         "upgrade",
         "expect",
         "authorization",
+        "x-api-key",
         "accept-encoding",
     }
 )

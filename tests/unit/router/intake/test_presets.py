@@ -154,15 +154,6 @@ def test_completions_have_no_chat_template() -> None:
     assert applied({}, RESPONSES, rules) == {"chat_template_kwargs": {"enable_thinking": False}}
 
 
-def test_a_new_shape_is_one_row() -> None:
-    messages = ApiShape("messages", ("max_tokens",), {"stop": "stop_sequences"})
-    rules = Rules(cap=50, rules={"stop": Rule("set", ["END"])})
-    assert applied({"max_tokens": 4096}, messages, rules) == {
-        "max_tokens": 50,
-        "stop_sequences": ["END"],
-    }
-
-
 # --- layers: alias over entry over chat_template_kwargs --------------------------------
 
 
@@ -227,3 +218,34 @@ def test_an_alias_with_only_a_cap_keeps_the_entry_rules() -> None:
         aliases=[{"name": "short", "preset": {"max_output_tokens": 8}}],
     )
     assert applied({}, CHAT, resolve(e, "short")) == {"temperature": 0.3, "max_tokens": 8}
+
+
+# --- Anthropic's Messages API ----------------------------------------------------------
+
+MESSAGES = SHAPES["/v1/messages"]
+
+
+def test_messages_caps_max_tokens_and_names_stop_its_own_way() -> None:
+    rules = Rules(cap=64, rules={"stop": Rule("set", ["END"])})
+    assert applied({"max_tokens": 4096}, MESSAGES, rules) == {
+        "max_tokens": 64,
+        "stop_sequences": ["END"],
+    }
+    assert applied({}, MESSAGES, Rules(cap=64)) == {"max_tokens": 64}
+    # A chat-only bound forwarded by the translation is capped too.
+    assert applied({"max_tokens": 8, "n_predict": 999}, MESSAGES, Rules(cap=64)) == {
+        "max_tokens": 8,
+        "n_predict": 64,
+    }
+
+
+def test_messages_thinking_stands_for_a_chat_template_kwargs_default() -> None:
+    rules = Rules(rules={"chat_template_kwargs": Rule("default", {"enable_thinking": False})})
+    thinking = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
+    assert applied(thinking, MESSAGES, rules) == thinking
+    assert applied({}, MESSAGES, rules) == {"chat_template_kwargs": {"enable_thinking": False}}
+    forced = Rules(rules={"chat_template_kwargs": Rule("set", {"enable_thinking": False})})
+    assert applied(thinking, MESSAGES, forced) == {
+        **thinking,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
