@@ -79,7 +79,7 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
         # Ctrl-C in a terminal signals the whole foreground process group.
         os.killpg(start.pid, signal.SIGINT)
         status = start.wait(timeout=60)
-    assert status == 130
+    assert status == 130, output.read_text()[-3000:]
     poll(lambda: not any(pid_alive(pid) for pid in pids), 15, "every backend to exit")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=2)

@@ -422,6 +422,8 @@ def test_effective_config_reports_the_live_exporter(
             "chat",
             "completions",
             "responses",
+            "messages",
+            "count_tokens",
             "embeddings",
             "rerank",
             "image_generations",
