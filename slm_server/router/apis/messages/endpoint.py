@@ -32,6 +32,7 @@ from slm_server.router.apis.messages.stream import MessageStreamTranslator
 from slm_server.router.dispatch.admitted_call import Call
 from slm_server.router.intake.payload import apply_defaults
 from slm_server.router.intake.strict_json import dumps_body
+from slm_server.router.intake.tool_calls import check_tool_calls
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.upstream.sender import Sender
 
@@ -133,7 +134,9 @@ class MessagesApi:
         ``counting``), checked before it is admitted (400 naming the field for what
         cannot be served)."""
         takes_images = spec.entry.model_type == "multimodal"
-        return messages_to_chat(payload, takes_images=takes_images, counting=counting)
+        chat = messages_to_chat(payload, takes_images=takes_images, counting=counting)
+        check_tool_calls(chat)  # the translation's own checks name the Messages fields
+        return chat
 
     def counts_natively(self, spec: ModelSpec) -> bool:
         """Whether ``spec``'s backend is asked to count tokens: llama-server (and a

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from slm_server.errors import InvalidRequest
+from slm_server.router.intake.tool_schema import check_schema
 
 # Fields of a Messages request the translation reads.
 READ_FIELDS = frozenset(
@@ -378,6 +379,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                 f"`{path}.input_schema` must be a JSON schema object",
                 param=f"{path}.input_schema",
             )
+        check_schema(schema, f"{path}.input_schema")
         function: dict[str, Any] = {"name": name, "parameters": schema}
         description = tool.get("description")
         if description is not None:

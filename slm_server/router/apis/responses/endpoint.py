@@ -20,6 +20,7 @@ from slm_server.router.apis.responses.translate import needs_translation, transl
 from slm_server.router.dispatch.admitted_call import Call
 from slm_server.router.intake.payload import apply_defaults
 from slm_server.router.intake.strict_json import dumps_body
+from slm_server.router.intake.tool_calls import check_tool_calls
 from slm_server.router.upstream.sender import Sender
 
 # A backend answering these to /v1/responses has none: the router translates.
@@ -62,6 +63,7 @@ class ResponsesApi:
             await probe.aclose()
         translated = translate_request(payload)  # presets were applied to the Responses body
         chat = translated.chat
+        check_tool_calls(chat)  # the translation's own checks name the Responses fields
         call.exchange.dropped_tools = translated.dropped
         apply_defaults(chat, "/v1/chat/completions", self.sampling_defaults(spec))
         return await self.passthrough(call, "/v1/chat/completions", dumps_body(chat), payload)

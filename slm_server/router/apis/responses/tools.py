@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from slm_server.errors import InvalidRequest
+from slm_server.router.intake.tool_schema import check_schema
 
 HOSTED_TOOLS: Final = frozenset(
     {
@@ -178,6 +179,12 @@ def _offer_one(offer: ToolOffer, tool: dict[str, Any], path: str, namespace: str
         )
     function: dict[str, Any] = {"name": chat_name(name, namespace)}
     if tool["type"] == "function":
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise InvalidRequest(
+                f"`{path}.description` must be a string", param=f"{path}.description"
+            )
+        check_schema(tool.get("parameters"), f"{path}.parameters")
         function.update(
             {k: tool[k] for k in ("description", "parameters") if tool.get(k) is not None}
         )

@@ -41,6 +41,7 @@ from slm_server.router.apis.responses.tools import (
     offer_of,
     offer_tools,
 )
+from slm_server.router.intake.tool_calls import check_arguments
 
 __all__ = [
     "ChatRequest",
@@ -281,6 +282,8 @@ def _append_tool_call(messages: list[dict[str, Any]], item: dict[str, Any], path
     namespace = item.get("namespace")
     if namespace is not None and not isinstance(namespace, str):
         raise InvalidRequest(f"`{path}.namespace` must be a string", param=f"{path}.namespace")
+    if not custom:  # a template that reads arguments as an object fails on others
+        check_arguments(item["arguments"], f"{path}.arguments")
     arguments = custom_arguments(item["input"]) if custom else item["arguments"]
     call = {
         "id": item["call_id"],
