@@ -31,7 +31,7 @@ from slm_server.supervise.decide import (
 from slm_server.supervise.evidence import Target, gather
 from slm_server.supervise.phases import Ready
 from slm_server.supervise.restart_budget import RestartBudget
-from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, chat, delta, serving
+from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, MODEL, chat, delta, serving
 from tests.unit.router.door_client import Unread, door_for
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
 from tests.unit.supervise.test_evidence import FakeClock, FakeHttp, FakeProcs
@@ -236,6 +236,73 @@ def test_a_client_body_the_backend_fails_on_is_refused_not_counted(tmp_path: Pat
                 await call(router.app, CHAT, hostile)
             ok = await call(router.app, CHAT, chat())
             assert ok.status == 200  # the backend is healthy
+            assert verdicts(router) == []
+
+    run(scenario())
+
+
+def a_broken_history(arguments: str) -> list[dict[str, Any]]:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "x"},
+    ]
+
+
+# Tool-call mistakes llama-server answers 500 (tests/integration/test_tool_call_refusals.py
+# measures each), on each API shape: (path, body, where the answer names the field).
+TOOL_CALL_MISTAKES: list[tuple[str, dict[str, Any], str]] = [
+    (
+        CHAT,
+        chat(messages=a_broken_history("{oops")),
+        "messages[1].tool_calls[0].function.arguments",
+    ),
+    (CHAT, chat(tools=[{"type": "function", "name": "f"}]), "tools[0].function"),
+    (
+        "/v1/responses",
+        {
+            "model": MODEL,
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"},
+                {"type": "function_call_output", "call_id": "c", "output": "x"},
+            ],
+        },
+        "input[1].arguments",
+    ),
+    (
+        "/v1/messages",
+        {
+            "model": MODEL,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": {"properties": {"a": {"$ref": "#/x"}}}}],
+        },
+        "tools[0].input_schema",
+    ),
+]
+
+
+def test_tool_call_mistakes_are_refused_on_every_shape_never_sent_nor_counted(
+    tmp_path: Path,
+) -> None:
+    router = make_router(tmp_path, llama_server_at_the_pin)
+
+    async def scenario() -> None:
+        async with serving(router):
+            for path, body, param in TOOL_CALL_MISTAKES:
+                for _ in range(2):
+                    refused = await call(router.app, path, body)
+                    assert refused.status == 400, refused.body
+                    error = refused.json()["error"]
+                    if path == "/v1/messages":
+                        assert f"`{param}`" in error["message"]
+                    else:
+                        assert error["param"] == param
+            assert router.transport.sent == []
+            ok = await call(router.app, CHAT, chat())
+            assert ok.status == 200
             assert verdicts(router) == []
 
     run(scenario())
