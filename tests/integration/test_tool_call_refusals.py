@@ -6,7 +6,8 @@ nothing against it (no failure in the watchdog's log or counters, no restart).
 Real processes: the launcher running llama-server on the default SmolLM2 GGUF twice,
 once with its own chat template (no tools: llama-server's message and tool parser alone
 fails) and once with Qwen3-Coder's (``tests/models/qwen3-coder-chat-template.jinja``,
-copied unchanged from llama.cpp's ``models/templates/Qwen3-Coder.jinja``): a template
+copied unchanged from llama.cpp's ``models/templates/Qwen3-Coder.jinja``; the template
+is Qwen's, published with the Apache-2.0-licensed Qwen3-Coder models): a template
 that calls tools parses each call's arguments and builds a parser from each tool's
 schema, and fails on more. The router in front of both.
 """
