@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("via")
 MODEL = "org/chat-model"
 CAP = 8
 PRESET = f"    preset:\n      max_output_tokens: {CAP}\n"
-CUT = {
+CUT: dict[str, Any] = {
     "id": "chatcmpl-1",
     "object": "chat.completion",
     "created": 1,
