@@ -1,19 +1,26 @@
-"""Strict checks of Responses API answers against the openai package's own types: every
-field of the right type with no coercion (pydantic strict mode), no field the type does
-not know, and for a stream, events numbered 0, 1, 2... by ``sequence_number``."""
+"""Strict checks of Responses API answers (and chat completions) against the openai
+package's own types: every field of the right type with no coercion (pydantic strict
+mode), no field the type does not know, and for a Responses stream, events numbered 0,
+1, 2... by ``sequence_number``."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 EVENTS: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 
 
-def _no_unknown_fields(model: BaseModel, where: str) -> None:
-    extra = model.model_extra or {}
+# What llama-server adds to a chat completion (and its last chunk), beside OpenAI's fields:
+# its timings, at the top level. Chat completions are passed through, not rebuilt.
+LLAMA_SERVER_EXTRAS = frozenset({"timings"})
+
+
+def _no_unknown_fields(model: BaseModel, where: str, allowed: frozenset[str] = frozenset()) -> None:
+    extra = set(model.model_extra or {}) - allowed
     assert not extra, f"{where}: fields the openai types do not know: {sorted(extra)}"
     for name in type(model).model_fields:
         value = getattr(model, name)
@@ -21,6 +28,25 @@ def _no_unknown_fields(model: BaseModel, where: str) -> None:
         for index, item in enumerate(items):
             if isinstance(item, BaseModel):
                 _no_unknown_fields(item, f"{where}.{name}[{index}]")
+
+
+def strict_chat_completion(raw: dict[str, Any]) -> ChatCompletion:
+    """``raw`` as a :class:`ChatCompletion`, validated strictly (llama-server's
+    ``timings`` aside)."""
+    completion = ChatCompletion.model_validate(raw, strict=True)
+    _no_unknown_fields(completion, "completion", LLAMA_SERVER_EXTRAS)
+    return completion
+
+
+def strict_chat_chunks(raw: list[dict[str, Any]]) -> list[ChatCompletionChunk]:
+    """A chat completions stream's chunks, each validated strictly (llama-server's
+    ``timings`` aside), the last choice finished."""
+    chunks = [ChatCompletionChunk.model_validate(chunk, strict=True) for chunk in raw]
+    for index, chunk in enumerate(chunks):
+        _no_unknown_fields(chunk, f"chunk {index}", LLAMA_SERVER_EXTRAS)
+    finished = [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason]
+    assert len(finished) == 1, finished
+    return chunks
 
 
 def strict_response(raw: dict[str, Any]) -> Response:

@@ -1,5 +1,6 @@
 """MLX for real, on the CPU: the launcher runs ``mlx-openai-server`` on a tiny Qwen3
-model built here from scratch, and the router serves it like any other backend.
+model built here from scratch, and the router serves it like any other backend (the
+Messages API by translation, through the official ``anthropic`` SDK).
 
 Nothing is mocked: MLX's CPU backend (``mlx[cpu]``) runs on Linux, so the same code
 path as on Apple Silicon is exercised, only slower. The model is random, so the tests
@@ -16,10 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import psutil
 import pytest
+from anthropic.types import MessageParam
 
+from tests.anthropic_shapes import sse_events, strict_count, strict_events, strict_message
 from tests.integration.watched import Watched, watched
 from tests.models.tiny_qwen3 import build
 from tests.processes import free_port, pid_alive, poll
@@ -151,6 +155,34 @@ def test_responses_api_through_the_router(stack: Watched) -> None:
     ]
     assert texts
     assert texts[0]
+
+
+def test_messages_api_through_the_anthropic_sdk_translated(stack: Watched) -> None:
+    """mlx-openai-server has no Messages API: the router translates, whole and
+    streamed, and estimates count_tokens itself; every answer and event strictly of
+    the anthropic SDK's types."""
+    hello: list[MessageParam] = [{"role": "user", "content": "Say hello."}]
+    greedy = {"temperature": 0}
+    with anthropic.Anthropic(base_url=stack.url, api_key="x", max_retries=0, timeout=60) as sdk:
+        raw = sdk.messages.with_raw_response.create(
+            model=MODEL_ID, max_tokens=6, messages=hello, extra_body=greedy
+        )
+        message = strict_message(json.loads(raw.http_response.text))
+        assert message.model == MODEL_ID and message.stop_reason in ("end_turn", "max_tokens")
+        assert 1 <= message.usage.output_tokens <= 6
+        with sdk.messages.stream(
+            model=MODEL_ID, max_tokens=6, messages=hello, extra_body=greedy
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        strict_message(final.model_dump(exclude_unset=True))
+        assert text == message.content[0].text  # type: ignore[union-attr]  # greedy
+        counted = sdk.messages.count_tokens(model=MODEL_ID, messages=hello)
+        assert strict_count(counted.model_dump()).input_tokens >= 1
+    body = {"model": MODEL_ID, "max_tokens": 6, "messages": hello, "stream": True, **greedy}
+    streamed = httpx.post(f"{stack.url}/v1/messages", json=body, timeout=60)
+    assert streamed.status_code == 200
+    strict_events([data for _, data in sse_events(streamed.content)])
 
 
 def test_models_lists_the_mlx_entry(stack: Watched) -> None:

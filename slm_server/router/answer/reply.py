@@ -60,7 +60,7 @@ class Replies:
         notes what the backend delivers, for the watchdog to judge a deadline that cuts
         the answer; None when the client shortened the deadline (it is never judged)."""
         if translate is not None:
-            translation = ResponsesTranslation(translate)
+            translation = ResponsesTranslation(translate, capped=call.capped)
         spec, exchange = call.spec, call.exchange
         content_type = upstream.headers.get("content-type", "application/json")
         streams = upstream.status_code == 200 and "event-stream" in content_type

@@ -1,7 +1,14 @@
 """How an answer in chat completions' shape is turned into another API's: the
 :class:`Translation` a handler gives :meth:`~slm_server.router.answer.reply.Replies.reply`,
 and the Responses API's (:class:`ResponsesTranslation`). The Messages API's is
-:class:`~slm_server.router.apis.messages.endpoint.MessagesTranslation`."""
+:class:`~slm_server.router.apis.messages.endpoint.MessagesTranslation`.
+
+An answer cut by the model's preset cap (``max_output_tokens`` in the registry), when the
+client's own bound was larger, is translated as a finished turn (:func:`cap_ends_turn`):
+the client did not ask for the cut, and the agents that speak these APIs take a cut as
+an error to retry with a larger bound (Claude Code asks again with ``max_tokens``
+128000, then gives up) or as a failed run (Codex CLI on ``incomplete``), so that the same
+cap would only end them again."""
 
 from __future__ import annotations
 
@@ -39,17 +46,37 @@ class Translation(Protocol):
         ...
 
 
+def cap_ends_turn(chat: dict[str, Any]) -> dict[str, Any]:
+    """Chat answer or chunk ``chat`` with each choice's ``length`` finish made ``stop``
+    (``chat`` itself when it has none): the answer was cut by the preset's cap, not the
+    client's bound."""
+    choices = chat.get("choices")
+    if not isinstance(choices, list) or not any(
+        isinstance(c, dict) and c.get("finish_reason") == "length" for c in choices
+    ):
+        return chat
+    ended = [
+        {**c, "finish_reason": "stop"}
+        if isinstance(c, dict) and c.get("finish_reason") == "length"
+        else c
+        for c in choices
+    ]
+    return {**chat, "choices": ended}
+
+
 class ResponsesTranslation:
-    """The Responses API's answer to ``request``."""
+    """The Responses API's answer to ``request``; ``capped``: the preset's cap, not the
+    client's bound, limits the output (a cut there is a finished turn)."""
 
     api = "the Responses API"
 
-    def __init__(self, request: dict[str, Any]) -> None:
+    def __init__(self, request: dict[str, Any], *, capped: bool = False) -> None:
         self.request = request
+        self.capped = capped
         self.translator = ResponseStreamTranslator(request)
 
     def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
-        return chat_to_response(chat, self.request)
+        return chat_to_response(cap_ends_turn(chat) if self.capped else chat, self.request)
 
     def error_body(self, status: int, content: bytes) -> bytes:
         return backend_error_body(status, content)
@@ -73,7 +100,7 @@ class ResponsesTranslation:
                 for event in translator.error(str(message)):
                     yield event
                 return
-            for event in translator.feed(chunk):
+            for event in translator.feed(cap_ends_turn(chunk) if self.capped else chunk):
                 yield event
         for event in translator.finish():
             yield event
@@ -85,4 +112,4 @@ def error_message(error: Any) -> str:
     return message if isinstance(message, str) else json.dumps(error)
 
 
-__all__ = ["ResponsesTranslation", "Translation", "error_message"]
+__all__ = ["ResponsesTranslation", "Translation", "cap_ends_turn", "error_message"]

@@ -43,7 +43,9 @@ class Call:
     ``judged`` says whether a deadline that cuts the request is the backend's to
     answer for (the model's own deadline), or not (the client shortened it with
     ``X-Request-Timeout``). ``hidden_usage`` marks a stream the router asked to carry
-    usage for its own record, whose usage-only chunk the client never sees.
+    usage for its own record, whose usage-only chunk the client never sees. ``capped``
+    says that the preset's cap, not the client's own bound, limits the output: a
+    translated answer cut there ends its turn (see :mod:`slm_server.router.answer.translation`).
     """
 
     request: Request
@@ -54,6 +56,7 @@ class Call:
     headers: dict[str, str]
     slot: Slot
     hidden_usage: bool = False
+    capped: bool = False
 
     @property
     def client(self) -> ClientWatch:

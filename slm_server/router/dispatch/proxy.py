@@ -217,6 +217,7 @@ class Proxy:
                 headers=headers,
                 slot=slot,
                 hidden_usage=intake.hidden_usage,
+                capped=intake.capped,
             )
             if endpoint == RESPONSES:
                 return await self.responses_api(call, intake.payload, intake.raw)

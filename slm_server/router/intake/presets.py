@@ -159,6 +159,17 @@ def apply_preset(body: dict[str, Any], shape: ApiShape, rules: Rules) -> dict[st
     return body if _same(out, body) else out
 
 
+def cap_binds(body: dict[str, Any], shape: ApiShape, rules: Rules) -> bool:
+    """Whether ``rules``' cap, not a bound the client sent, limits the output of
+    ``body`` (the request as the client sent it): there is a cap, and no field of the
+    shape's that bounds the output is within it. An answer cut there was cut by the
+    owner's cap, which the client never asked for."""
+    cap = rules.cap
+    if cap is None:
+        return False
+    return not any(name in body and _within(body[name], cap) for name in shape.limits)
+
+
 def _same(out: dict[str, Any], body: dict[str, Any]) -> bool:
     """Whether ``out`` holds exactly ``body``'s fields, each the very same object."""
     return out.keys() == body.keys() and all(out[k] is body[k] for k in out)
@@ -169,4 +180,13 @@ def _within(value: Any, cap: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= cap
 
 
-__all__ = ["SHAPES", "ApiShape", "Rule", "Rules", "apply_preset", "resolve", "rules_of"]
+__all__ = [
+    "SHAPES",
+    "ApiShape",
+    "Rule",
+    "Rules",
+    "apply_preset",
+    "cap_binds",
+    "resolve",
+    "rules_of",
+]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -28,7 +28,7 @@ from slm_server.router.intake.payload import (
     model_field,
     parse_body,
 )
-from slm_server.router.intake.presets import SHAPES, Rules, apply_preset, resolve
+from slm_server.router.intake.presets import SHAPES, Rules, apply_preset, cap_binds, resolve
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
@@ -49,13 +49,15 @@ OFF_LOOP_BYTES = 1024 * 1024
 class Intake:
     """A request taken in: the model it names, its parsed fields and the bytes to send
     (re-serialised when defaults were applied), whether the router asked a stream
-    for usage the client did not, and the alias the client named the model by."""
+    for usage the client did not, the alias the client named the model by, and whether
+    the preset's cap, not the client's own bound, limits the output."""
 
     spec: ModelSpec
     payload: dict[str, Any]
     raw: bytes
     hidden_usage: bool
     alias: str | None = None
+    capped: bool = False
 
 
 class Reception:
@@ -146,14 +148,16 @@ class Reception:
                 param="model",
             )
         exchange.spec = spec
-        changed = False
+        changed = capped = False
         if endpoint not in FORM_ENDPOINTS:
             if alias is not None:  # the backend knows the model by its id
                 payload["model"] = spec.entry.id
                 changed = True
             shape = SHAPES.get(endpoint)
             if shape is not None:
-                preset = apply_preset(payload, shape, self.rules(spec, alias))
+                rules = self.rules(spec, alias)
+                capped = cap_binds(payload, shape, rules)
+                preset = apply_preset(payload, shape, rules)
                 if preset is not payload:
                     payload, changed = preset, True
                     exchange.note_sampling(payload)
@@ -164,7 +168,7 @@ class Reception:
         if changed or hidden_usage:
             large = len(raw) > OFF_LOOP_BYTES
             raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
-        return Intake(spec, payload, raw, hidden_usage, alias)
+        return Intake(spec, payload, raw, hidden_usage, alias, capped)
 
     async def for_backend(self, intake: Intake, spec: ModelSpec, endpoint: str) -> Intake:
         """The request as ``spec``'s backend is sent it: a remote that knows the model
@@ -178,7 +182,7 @@ class Reception:
         payload = {**intake.payload, "model": entry.upstream_model}
         large = len(intake.raw) > OFF_LOOP_BYTES
         raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
-        return Intake(intake.spec, payload, raw, intake.hidden_usage, intake.alias)
+        return replace(intake, payload=payload, raw=raw)
 
     def refuse_if_down(self, spec: ModelSpec) -> None:
         """Answer for the supervisor when it says the backend cannot serve (see

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 from slm_server.config import ModelSpec
 from slm_server.errors import BackendProtocolError, GatewayError, anthropic_error_body
 from slm_server.router.answer.reply import Replies
-from slm_server.router.answer.translation import error_message
+from slm_server.router.answer.translation import cap_ends_turn, error_message
 from slm_server.router.apis.messages.answer import backend_error, chat_to_message
 from slm_server.router.apis.messages.count import estimate_tokens
 from slm_server.router.apis.messages.request import messages_to_chat
@@ -50,16 +50,19 @@ def _dumps(body: dict[str, Any]) -> bytes:
 
 
 class MessagesTranslation:
-    """The Messages API's answer to ``request``, from chat completions."""
+    """The Messages API's answer to ``request``, from chat completions; ``capped``: the
+    preset's cap, not the client's ``max_tokens``, limits the output (a cut there is
+    ``end_turn``, see :func:`~slm_server.router.answer.translation.cap_ends_turn`)."""
 
     api = "the Messages API"
 
-    def __init__(self, request: dict[str, Any]) -> None:
+    def __init__(self, request: dict[str, Any], *, capped: bool = False) -> None:
         self.request = request
+        self.capped = capped
         self.translator = MessageStreamTranslator(request)
 
     def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
-        return chat_to_message(chat, self.request)
+        return chat_to_message(cap_ends_turn(chat) if self.capped else chat, self.request)
 
     def error_body(self, status: int, content: bytes) -> bytes:
         return _dumps(backend_error(status, content))
@@ -82,7 +85,7 @@ class MessagesTranslation:
                 for event in translator.error(body):
                     yield event
                 return
-            for event in translator.feed(chunk):
+            for event in translator.feed(cap_ends_turn(chunk) if self.capped else chunk):
                 yield event
         for event in translator.finish():
             yield event
@@ -165,7 +168,7 @@ class MessagesApi:
         apply_defaults(chat, CHAT, self.sampling_defaults(spec))
         progress = self.sender.progress(call)
         upstream, timer = await self.sender.open(call, CHAT, dumps_body(chat), progress)
-        translation = MessagesTranslation(request)
+        translation = MessagesTranslation(request, capped=call.capped)
         return await self.replies.reply(call, upstream, timer, progress, translation=translation)
 
     async def count_tokens(

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from slm_server.config import ModelEntry
-from slm_server.router.intake.presets import SHAPES, ApiShape, Rule, Rules, apply_preset, resolve
+from slm_server.router.intake.presets import (
+    SHAPES,
+    ApiShape,
+    Rule,
+    Rules,
+    apply_preset,
+    cap_binds,
+    resolve,
+)
 
 CHAT = SHAPES["/v1/chat/completions"]
 COMPLETIONS = SHAPES["/v1/completions"]
@@ -249,3 +257,19 @@ def test_messages_thinking_stands_for_a_chat_template_kwargs_default() -> None:
         **thinking,
         "chat_template_kwargs": {"enable_thinking": False},
     }
+
+
+# --- whether the cap, not the client, bounds the output ------------------------------
+
+
+def test_cap_binds_when_the_client_s_bound_is_larger_or_none() -> None:
+    messages = SHAPES["/v1/messages"]
+    assert cap_binds({"max_tokens": 32000}, messages, Rules(cap=256))
+    assert cap_binds({}, RESPONSES, Rules(cap=256))
+    assert cap_binds({"max_output_tokens": None}, RESPONSES, Rules(cap=256))
+    assert cap_binds({"max_tokens": -1}, CHAT, Rules(cap=256))
+    assert not cap_binds({"max_tokens": 256}, messages, Rules(cap=256))
+    assert not cap_binds({"max_tokens": 10}, CHAT, Rules(cap=256))
+    # Any bound of the client's within the cap is what ends the answer first.
+    assert not cap_binds({"max_tokens": 10, "n_predict": 99999}, CHAT, Rules(cap=256))
+    assert not cap_binds({"max_tokens": 32000}, messages, Rules())
