@@ -17,7 +17,10 @@ import yaml
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.processes import ROOT, free_port, pid_alive, poll
 
-pytestmark = pytest.mark.real_model
+# Alone, after the parallel part: run beside it, start.sh's INT trap was twice not run
+# after a Ctrl-C that stopped its children (exit 1, "the backends launcher exited"),
+# which a quiet run has never shown; the cause is not yet found.
+pytestmark = [pytest.mark.real_model, pytest.mark.serial]
 
 
 def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
