@@ -106,11 +106,8 @@ say "try: curl $url/v1/chat/completions -H 'Content-Type: application/json' -d '
 say "ready: $url/v1 (OpenAI-compatible)"
 say "press Ctrl-C to stop"
 
-# `wait` (unlike a foreground sleep) returns as soon as a trapped signal arrives and runs
-# its trap first: a Ctrl-C that also stops the children is always reported as one.
 while kill -0 "$backends_pid" 2>/dev/null && kill -0 "$router_pid" 2>/dev/null; do
-  sleep 1 &
-  wait $!
+  sleep 1
 done
 if ! kill -0 "$backends_pid" 2>/dev/null; then
   say "the backends launcher exited; stopping the router"

@@ -25,6 +25,11 @@ from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import ROOT, free_port, http_ok, poll
 
+# Alone, after the parallel part: beside it, a request reached a remote replica just
+# after its ejection (test_a_mixed_model_serves_from_its_local_replica_while_the_remote_
+# is_ejected); a quiet run has never shown it, and the cause is not yet found.
+pytestmark = pytest.mark.serial
+
 KEY_ENV = "SLM_TEST_REMOTE_KEY"
 KEY = "sk-test-3f9a1c7e-never-logged"
 FAST_EJECTION = {
