@@ -17,10 +17,13 @@ import yaml
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.processes import ROOT, free_port, pid_alive, poll
 
-# Alone, after the parallel part: run beside it, start.sh's INT trap was twice not run
-# after a Ctrl-C that stopped its children (exit 1, "the backends launcher exited"),
-# which a quiet run has never shown; the cause is not yet found.
+# Alone, after the parallel part, until a parallel run has shown it passes there (it
+# failed three times while SIGINT was ignored in the environment that ran pytest).
 pytestmark = [pytest.mark.real_model, pytest.mark.serial]
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
@@ -49,6 +52,10 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            # A terminal's Ctrl-C finds SIGINT at its default. Started from a shell's
+            # background job, pytest (and so start.sh) would inherit it ignored, and
+            # bash cannot trap a signal ignored on entry: its INT trap would never run.
+            preexec_fn=_default_sigint,
         )
     try:
         poll(
