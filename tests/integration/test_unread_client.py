@@ -16,6 +16,10 @@ import pytest
 
 from tests.integration.raw_stack import Raw, raw_stack, repeated_stream
 
+# Alone, after the parallel part: its 1 s write-stall limit decides between a slow
+# reader and a gone one, and beside the parallel part a slow reader's stream was cut.
+pytestmark = pytest.mark.serial
+
 MODEL = "raw-unread"
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
