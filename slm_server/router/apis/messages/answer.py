@@ -8,6 +8,7 @@ import secrets
 from typing import Any
 
 from slm_server.errors import BackendProtocolError, anthropic_error_body
+from slm_server.router.apis.responses.stream import reasoning_text
 
 # Chat finish reasons as Anthropic stop reasons. A stop sequence ends a chat completion
 # with "stop" like the end of a turn, and chat completions do not say which: it is
@@ -84,16 +85,6 @@ def tool_use_block(call_id: str, name: str, arguments: dict[str, Any]) -> dict[s
     return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
 
 
-def reasoning_of(message: dict[str, Any]) -> str:
-    """The reasoning a chat message or delta carries (``reasoning_content``, or
-    ``reasoning`` as some servers name it)."""
-    for key in ("reasoning_content", "reasoning"):
-        value = message.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return ""
-
-
 def model_of(request: dict[str, Any]) -> str:
     model = request.get("model")
     return model if isinstance(model, str) else ""
@@ -110,7 +101,7 @@ def chat_to_message(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, 
     if not isinstance(choice, dict) or not isinstance(message, dict):
         raise BackendProtocolError("the backend's chat completion has no choice with a message")
     content: list[dict[str, Any]] = []
-    reasoning = reasoning_of(message)
+    reasoning = reasoning_text(message)
     if reasoning:
         content.append(thinking_block(reasoning))
     text = message.get("content")

@@ -21,7 +21,6 @@ from typing import Any
 from slm_server.router.apis.messages.answer import (
     model_of,
     new_id,
-    reasoning_of,
     stop_reason,
     text_block,
     thinking_block,
@@ -29,6 +28,7 @@ from slm_server.router.apis.messages.answer import (
     tool_use_block,
     usage_of,
 )
+from slm_server.router.apis.responses.stream import reasoning_text
 
 
 @dataclass
@@ -132,7 +132,7 @@ class MessageStreamTranslator:
 
     def _delta(self, delta: dict[str, Any]) -> list[bytes]:
         events: list[bytes] = []
-        reasoning = reasoning_of(delta)
+        reasoning = reasoning_text(delta)
         if reasoning:
             events += self._text("thinking", reasoning)
         content = delta.get("content")
