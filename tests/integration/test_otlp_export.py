@@ -128,6 +128,18 @@ def test_the_bytes_and_headers_are_those_of_the_sdks_exporter(receiver: OtlpRece
     assert mine_headers["x-tenant"] == "team 1"
 
 
+def test_a_batch_the_compact_encoder_cannot_write_goes_out_in_the_sdks_bytes(
+    receiver: OtlpReceiver,
+) -> None:
+    """A nested attribute value is beyond the compact encoder: the batch is encoded by the
+    SDK's public encoder instead (imported only then), not dropped."""
+    spans = [chat_span(0), chat_span(1, nested={"a": 1})]
+    exporter = ours(receiver)
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert receiver.received.bodies == [sdk_bytes(spans)]
+
+
 @pytest.mark.parametrize("compression", ["gzip", "deflate"])
 def test_compression_from_the_environment(receiver: OtlpReceiver, compression: str) -> None:
     spans = [chat_span(n) for n in range(5)]
