@@ -17,9 +17,7 @@ import yaml
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.processes import ROOT, free_port, pid_alive, poll
 
-# Alone, after the parallel part, until a parallel run has shown it passes there (it
-# failed three times while SIGINT was ignored in the environment that ran pytest).
-pytestmark = [pytest.mark.real_model, pytest.mark.serial]
+pytestmark = pytest.mark.real_model
 
 
 def _default_sigint() -> None:
