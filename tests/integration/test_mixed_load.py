@@ -9,7 +9,7 @@ other slot keeps short requests within their deadline). Every request must end t
 its kind should; the watchdog may look (and is free to be asked to confirm a trip), but
 no backend may be stopped, exit or be restarted.
 
-``SLM_TEST_MIXED_LOAD_SECONDS`` sets the duration: 120 s by default, enough for every
+``SLM_TEST_MIXED_LOAD_SECONDS`` sets the duration: 45 s by default, enough for every
 kind of request to end several times; ``python -m benchmarks.mixed_load`` runs it for ten
 minutes and commits what it saw (``benchmarks/results/mixed-load-<date>.md``).
 """
@@ -37,7 +37,7 @@ from tests.processes import free_port, poll
 
 pytestmark = pytest.mark.real_model
 
-SECONDS = float(os.environ.get("SLM_TEST_MIXED_LOAD_SECONDS", "120"))
+SECONDS = float(os.environ.get("SLM_TEST_MIXED_LOAD_SECONDS", "45"))
 CLIENTS = 3  # the chat model has 2 slots: the router queues the third
 DEADLINE = 8  # the chat model's default_timeout, seconds
 # Tight, but above what the real llama-server needs for a first token on a busy
