@@ -21,6 +21,9 @@ from tests.fakes.control import FakeBackend
 from tests.integration.attack_wire import Wire, request
 from tests.processes import poll, registry_env, running_router
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_attack_door")
+
 HEADER_TIMEOUT = 1.0
 IDLE_TIMEOUT = 1.5
 MODEL = "door-attack"

@@ -18,6 +18,9 @@ from tests.integration.attack_wire import Wire, request
 from tests.processes import RunningRouter, StartRouter, poll
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_body_budget")
+
 MODEL = "bodies-attack"
 FAKE_ROLES = (MODEL,)
 MIB = 1024 * 1024

@@ -17,6 +17,9 @@ import pytest
 
 from tests.processes import free_port, poll, registry_env, running_router
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_door")
+
 HEADER_TIMEOUT = 1.0
 IDLE_TIMEOUT = 1.5
 

@@ -16,6 +16,9 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from tests.fakes.control import FakeBackend
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_fake_backend")
+
 CHAT = "/v1/chat/completions"
 USER_MESSAGE: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello fake world"}]
 

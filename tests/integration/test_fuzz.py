@@ -18,6 +18,9 @@ from tests.fakes.control import FakeBackend
 from tests.processes import RunningRouter, StartRouter
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_fuzz")
+
 ROUTES = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),

@@ -9,6 +9,9 @@ from tests.integration.attack_wire import Wire
 from tests.processes import RunningRouter, StartRouter, free_port
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_hosts")
+
 
 @pytest.fixture(scope="module")
 def router_process(start_router: StartRouter) -> RunningRouter:

@@ -18,6 +18,9 @@ from tests.fakes.control import FakeBackend
 from tests.processes import RunningRouter, StartRouter, poll
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_media_routes")
+
 GENERATIONS = "/v1/images/generations"
 EDITS = "/v1/images/edits"
 TRANSCRIPTIONS = "/v1/audio/transcriptions"

@@ -27,6 +27,9 @@ from tests.fakes.control import FakeBackend
 from tests.processes import RunningRouter, StartRouter
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_messages_api")
+
 FAKE_ROLES = ("claude", "slow")
 CHAT = "/v1/chat/completions"
 HI: list[MessageParam] = [{"role": "user", "content": "hello there"}]

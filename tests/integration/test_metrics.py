@@ -17,6 +17,9 @@ from tests.fakes.control import FakeBackend
 from tests.processes import RunningRouter, StartRouter, poll
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_metrics")
+
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "count my words"}]
 FAKE_ROLES = ("alpha", "embed", "sick")

@@ -17,7 +17,7 @@ import pytest
 from tests.integration.real_stack import Stack, example_registry, running_registry
 from tests.processes import free_port, running_router
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("test_presets_real")]
 
 MODEL = "smollm2-135m-instruct"
 ALIAS = "smollm2-terse"

@@ -26,7 +26,7 @@ from tests.models.tiny_rerank_gguf import N_CTX_TRAIN, Reference, build
 from tests.processes import free_port, running_router
 from tests.registry_entries import registry_entry
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("test_rerank_llama")]
 
 MODEL = "tiny-rerank"
 MODEL_FA = "tiny-rerank-fa"

@@ -28,6 +28,9 @@ from tests.openai_shapes import strict_events, strict_response
 from tests.processes import RunningRouter, StartRouter, running_router
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_responses_agents")
+
 FAKE_ROLES = ("agent",)
 MODEL = "agent"
 PATCH = "*** Begin Patch\n*** Add File: hello.py\n+print('hi')\n*** End Patch"

@@ -17,6 +17,9 @@ from tests.openai_shapes import strict_events, strict_response
 from tests.processes import RunningRouter, StartRouter, free_port
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_router")
+
 FAKE_ROLES = ("alpha", "beta", "slow", "embed", "rerank", "sick", "stuck", "mlxish")
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]

@@ -34,6 +34,9 @@ from tests.processes import (
 )
 from tests.registry_entries import registry_entry
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_telemetry")
+
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello there"}]
 FAKE_ROLES = ("alpha", "native", "embed", "rerank")

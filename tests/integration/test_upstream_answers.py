@@ -18,6 +18,9 @@ import pytest
 
 from tests.integration.raw_stack import SSE_HEAD, Raw, raw_stack
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_upstream_answers")
+
 MODEL = "raw"
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]

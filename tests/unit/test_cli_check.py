@@ -22,6 +22,9 @@ import yaml
 
 from slm_server.cli import main
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_cli_check")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

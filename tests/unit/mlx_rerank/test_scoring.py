@@ -13,6 +13,9 @@ from slm_server.mlx_rerank.prompt import format_prompt
 from slm_server.mlx_rerank.scoring import Limits, ModelLoadError, Reranker
 from tests.models import tiny_qwen3
 
+# Its module-scoped stack starts once: one worker runs the whole module.
+pytestmark = pytest.mark.xdist_group("test_scoring")
+
 
 class HfLike:
     """The few Hugging Face tokenizer members the reranker uses."""
