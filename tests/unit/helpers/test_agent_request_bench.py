@@ -27,6 +27,9 @@ def test_each_preset_cell_is_measured_right_after_its_twin() -> None:
         "chat+preset-stream-c1",
     ]
     assert cells[-1] == "messages-stream-c8"
+    # In even rounds the cell with the preset comes first.
+    assert [cell.key for cell in Plan().cells(2)][:2] == ["chat+preset-whole-c1", "chat-whole-c1"]
+    assert sorted(cell.key for cell in Plan().cells(2)) == sorted(cells)
     shown = [cell.key for cell in Plan().shown()]
     assert shown[:6] == [
         "chat-whole-c1",
@@ -89,12 +92,12 @@ def test_checks_are_ratios_within_each_round() -> None:
     cpu = {"chat": 1000.0, "responses": 2500.0, "messages": 1800.0}
     cpu |= {"chat+preset": 1050.0, "responses+preset": 3000.0, "messages+preset": 1800.0}
     found = {c.name: c for c in agent_request.checks(Rounds(_runs(plan, cpu)), plan)}
-    assert len(found) == 4 + 6
+    assert len(found) == 4 + 5  # no preset check of a whole chat answer (serialised anew)
     responses = found["router CPU per request, Responses ÷ chat completions, whole, c=1"]
     assert responses.stat["median"] == pytest.approx(2.5) and not responses.passed
     messages = found["router CPU per request, Messages ÷ chat completions, stream, c=1"]
     assert messages.stat["median"] == pytest.approx(1.8) and messages.passed
-    preset = found["router CPU per request, preset ÷ none, chat completions, whole, c=1"]
+    preset = found["router CPU per request, preset ÷ none, chat completions, stream, c=1"]
     assert preset.stat["median"] == pytest.approx(1.05) and preset.passed
     assert not found["router CPU per request, preset ÷ none, Responses, stream, c=1"].passed
 
