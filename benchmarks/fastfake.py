@@ -1,12 +1,20 @@
 """A minimal, fast OpenAI-style backend for the overhead benchmarks.
 
     uv run python -m benchmarks.fastfake --port 8601 [--chunks 64] [--chunk-interval 0]
+        [--record FILE]
 
 It answers ``POST /v1/chat/completions`` and ``/v1/completions`` with a fixed answer,
 whole (JSON with ``Content-Length``) or as ``--chunks`` server-sent events followed by a
 finish event, a usage event when ``stream_options.include_usage`` asks for one, and
 ``data: [DONE]`` (chunked transfer encoding). ``GET /health`` and ``GET /v1/models``
 answer too. Connections are kept alive.
+
+A body up to 4 KiB is parsed as JSON (and answered 400 when it is not); a larger one,
+an agent's 20k-token prompt and tools, is not parsed: ``"stream": true`` and
+``"include_usage": true`` are looked for in its bytes, so that the fake stays cheap
+beside a gateway that parses it. ``--record FILE`` appends each request to ``FILE``, one
+JSON line ``{"path": ..., "body": ...}`` with the body exactly as sent (what a gateway
+in front of the fake sends upstream), flushed at once.
 
 It is a bare ``asyncio.Protocol`` over httptools' parser on uvloop, with every response
 prepared once at start, so that serving a request costs a few tens of microseconds:
@@ -25,9 +33,11 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
-from typing import Final, cast
+from pathlib import Path
+from typing import IO, Final, cast
 
 import httptools
 import uvloop
@@ -35,6 +45,10 @@ import uvloop
 MODEL_ID: Final = "bench"
 TOKEN: Final = " tok"
 _CREATED: Final = 1_700_000_000
+# Bodies above this size are scanned for the two flags the fake reads, not parsed.
+PARSED_BODY_BYTES: Final = 4096
+_STREAM: Final = re.compile(rb'"stream"\s*:\s*true')
+_INCLUDE_USAGE: Final = re.compile(rb'"include_usage"\s*:\s*true')
 
 
 def _sse(payload: dict[str, object]) -> bytes:
@@ -146,9 +160,10 @@ class Answers:
 class FakeConnection(asyncio.Protocol):
     """One client connection; requests on it are answered one at a time."""
 
-    def __init__(self, answers: Answers, interval: float) -> None:
+    def __init__(self, answers: Answers, interval: float, record: IO[str] | None = None) -> None:
         self.answers = answers
         self.interval = interval
+        self.record = record
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
@@ -191,17 +206,19 @@ class FakeConnection(asyncio.Protocol):
         if transport is None:
             return
         answers = self.answers
+        if self.record is not None:
+            line = {"path": path.decode(), "body": body.decode("utf-8", "replace")}
+            self.record.write(json.dumps(line) + "\n")
+            self.record.flush()
         if path in answers.whole:
-            try:
-                request = json.loads(body)
-            except ValueError:
+            flags = _flags(body)
+            if flags is None:
                 transport.write(answers.bad_request)
                 return
-            if not isinstance(request, dict) or request.get("stream") is not True:
+            stream, usage = flags
+            if not stream:
                 transport.write(answers.whole[path])
                 return
-            options = request.get("stream_options")
-            usage = isinstance(options, dict) and options.get("include_usage") is True
             self.streaming = asyncio.ensure_future(self.stream(transport, path, usage))
         elif path == b"/health":
             transport.write(answers.health)
@@ -228,11 +245,33 @@ class FakeConnection(asyncio.Protocol):
         self.streaming = None
 
 
-async def serve(host: str, port: int, chunks: int, interval: float) -> None:
+def _flags(body: bytes) -> tuple[bool, bool] | None:
+    """Whether the request asks for a stream, and for a usage event in it; None when a
+    small body is not JSON (a large one is scanned, not parsed)."""
+    if len(body) > PARSED_BODY_BYTES:
+        stream = _STREAM.search(body) is not None
+        return stream, stream and _INCLUDE_USAGE.search(body) is not None
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(request, dict) or request.get("stream") is not True:
+        return False, False
+    options = request.get("stream_options")
+    return True, isinstance(options, dict) and options.get("include_usage") is True
+
+
+async def serve(
+    host: str, port: int, chunks: int, interval: float, record: IO[str] | None = None
+) -> None:
     answers = Answers(chunks)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: FakeConnection(answers, interval), host, port, backlog=1024, reuse_address=True
+        lambda: FakeConnection(answers, interval, record),
+        host,
+        port,
+        backlog=1024,
+        reuse_address=True,
     )
     for sock in server.sockets:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -258,8 +297,13 @@ def main() -> None:
     parser.add_argument(
         "--chunk-interval", type=float, default=0.0, help="seconds between streamed events"
     )
+    parser.add_argument("--record", type=Path, help="append each request to this file")
     args = parser.parse_args()
-    uvloop.run(serve(args.host, args.port, args.chunks, args.chunk_interval))
+    if args.record is None:
+        uvloop.run(serve(args.host, args.port, args.chunks, args.chunk_interval))
+        return
+    with args.record.open("a", encoding="utf-8") as record:
+        uvloop.run(serve(args.host, args.port, args.chunks, args.chunk_interval, record))
 
 
 if __name__ == "__main__":

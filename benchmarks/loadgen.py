@@ -7,17 +7,21 @@
     uv run python -m benchmarks.loadgen --url ... --model ... --rate 20 50 --duration 10
 
 It reports throughput, latency, time to first token (TTFT) and the time between streamed
-tokens, with p50/p95/p99, errors by kind, and the client's own CPU time, as JSON and
+tokens, with p50/p90/p95/p99, errors by kind, and the client's own CPU time, as JSON and
 CSV that carry the commit, the machine and the configuration. Every request gets a
 unique prompt prefix unless ``--same-prompt``, so a server's prompt cache never turns
-prefill into a cache hit.
+prefill into a cache hit. A workload may instead give its whole ``body`` (bytes sent as
+they are, each ``{{serial}}`` in them replaced by a number unique to the request).
 
 The client is a bare HTTP/1.1 ``asyncio.Protocol`` over httptools' response parser on
 uvloop, one keep-alive connection per client, so that it costs far less per request than
 the server it measures; ``client_cpu_share`` (client CPU seconds per wall second) shows
 whether it kept out of the way. A streamed token is a server-sent event whose
-``content`` (chat) or ``text`` (completions) is a non-empty string; events that arrive
-in one read share that read's time.
+``content`` (chat) or ``text`` (completions) is a non-empty string, a Responses
+``response.output_text.delta`` or a Messages ``text_delta``; events that arrive in one
+read share that read's time. A stream must end with its shape's last event (``data:
+[DONE]``, ``response.completed`` or ``.incomplete``, ``message_stop``) and a whole
+answer must hold its shape's list (``choices``, ``output``, ``content``).
 
 Open-loop latency is measured from each request's scheduled arrival, so a server that
 falls behind is charged for the wait (no coordinated omission).
@@ -48,15 +52,61 @@ import uvloop
 from benchmarks.machine import describe_machine
 
 TOKEN_EVENT: Final = re.compile(rb'"(?:content|text)": ?"(?!")')
-COMPLETION_TOKENS: Final = re.compile(rb'"completion_tokens": ?(\d+)')
+COMPLETION_TOKENS: Final = re.compile(rb'"(?:completion|output)_tokens": ?(\d+)')
+# In a workload's own body, replaced by a number unique to each request.
+SERIAL: Final = b"{{serial}}"
 DEFAULT_PROMPT: Final = "Write one short sentence about the sea."
 # Inter-token gaps kept per run, for the pooled percentiles (8 bytes each).
 MAX_GAPS: Final = 2_000_000
 
 
 @dataclass(frozen=True)
+class AnswerShape:
+    """How an API shape's answers are read: what makes a streamed event a token, the
+    events that end a stream, and the field every whole answer has."""
+
+    name: str
+    token_event: re.Pattern[bytes]
+    stream_ends: tuple[bytes, ...]
+    whole_field: str
+    # The last event as an error names it when a stream ends without it.
+    last_event: str
+
+
+CHAT_ANSWERS: Final = AnswerShape("chat", TOKEN_EVENT, (b"data: [DONE]",), "choices", "[DONE]")
+ANSWER_SHAPES: Final = {
+    "/chat/completions": CHAT_ANSWERS,
+    "/completions": CHAT_ANSWERS,
+    "/responses": AnswerShape(
+        "responses",
+        re.compile(rb'"type": ?"response\.output_text\.delta"'),
+        (b"event: response.completed", b"event: response.incomplete"),
+        "output",
+        "response.completed",
+    ),
+    "/messages": AnswerShape(
+        "messages",
+        re.compile(rb'"type": ?"text_delta"'),
+        (b"event: message_stop",),
+        "content",
+        "message_stop",
+    ),
+}
+
+
+def answer_shape(endpoint: str) -> AnswerShape:
+    """How the answers of ``endpoint`` are read (chat completions' way by default)."""
+    for suffix, shape in ANSWER_SHAPES.items():
+        if endpoint.endswith(suffix):
+            return shape
+    return CHAT_ANSWERS
+
+
+@dataclass(frozen=True)
 class Workload:
-    """What every request of a run looks like."""
+    """What every request of a run looks like; ``body``, when given, is every request's
+    body as it is (with :data:`SERIAL` replaced), and ``stream`` only says how to read
+    the answers."""
 
     url: str
     model: str
@@ -68,6 +118,7 @@ class Workload:
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     timeout: float = 60.0
+    body: bytes | None = None
 
     @property
     def host(self) -> str:
@@ -81,6 +132,10 @@ class Workload:
     def path(self) -> str:
         return urlsplit(self.url).path.rstrip("/") + self.endpoint
 
+    @property
+    def answers(self) -> AnswerShape:
+        return answer_shape(self.endpoint)
+
 
 class RequestMaker:
     """The bytes of each request: fixed head, unique prompt prefix, JSON body."""
@@ -93,6 +148,7 @@ class RequestMaker:
         head += ["content-type: application/json", "accept: */*"]
         head += [f"{k}: {v}" for k, v in workload.headers.items()]
         self._head = ("\r\n".join(head) + "\r\n").encode()
+        self._parts = None if workload.body is None else workload.body.split(SERIAL)
 
     def _prompt(self) -> str:
         if not self.workload.unique_prompts:
@@ -101,6 +157,10 @@ class RequestMaker:
 
     def next(self) -> bytes:
         w = self.workload
+        if self._parts is not None:
+            serial = f"{self._run}-{next(self._serial)}".encode()
+            data = serial.join(self._parts)
+            return self._head + b"content-length: %d\r\n\r\n" % len(data) + data
         body: dict[str, Any] = {"model": w.model, "max_tokens": w.max_tokens}
         if w.endpoint.endswith("/chat/completions"):
             body["messages"] = [{"role": "user", "content": self._prompt()}]
@@ -135,6 +195,7 @@ class Connection(asyncio.Protocol):
         self.gaps = gaps
         self._done: asyncio.Future[None] | None = None
         self._sample: Sample | None = None
+        self._shape = CHAT_ANSWERS
         self._now = 0.0
         self._last_token = 0.0
         self._pending = b""
@@ -176,11 +237,18 @@ class Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
 
-    async def request(self, data: bytes, sample: Sample, started: float, timeout: float) -> None:
+    async def request(
+        self,
+        data: bytes,
+        sample: Sample,
+        started: float,
+        timeout: float,
+        shape: AnswerShape = CHAT_ANSWERS,
+    ) -> None:
         """Send ``data`` and fill ``sample`` in; ``started`` is the clock the times
-        count from."""
+        count from; ``shape`` says how to read the answer."""
         assert self.transport is not None
-        self._sample, self._pending, self._body = sample, b"", []
+        self._sample, self._pending, self._body, self._shape = sample, b"", [], shape
         self._done_seen, self._sse, self._start = False, False, started
         self._done = asyncio.get_running_loop().create_future()
         self.transport.write(data)
@@ -212,9 +280,10 @@ class Connection(asyncio.Protocol):
             self._pending = data
             return
         events, self._pending = data[: cut + 2], data[cut + 2 :]
-        if b"data: [DONE]" in events:
+        shape = self._shape
+        if any(end in events for end in shape.stream_ends):
             self._done_seen = True
-        tokens = len(TOKEN_EVENT.findall(events))
+        tokens = len(shape.token_event.findall(events))
         if not tokens:
             return
         now = self._now
@@ -240,10 +309,11 @@ class Connection(asyncio.Protocol):
             whole = b"".join(self._body)
             found = COMPLETION_TOKENS.search(whole)
             sample.tokens = int(found.group(1)) if found else 0
-            if b'"choices"' not in whole:
-                sample.error = "answer without choices"
+            named = self._shape.whole_field
+            if b'"%s"' % named.encode() not in whole:
+                sample.error = f"answer without {named}"
         elif not self._done_seen:
-            sample.error = "stream ended without [DONE]"
+            sample.error = f"stream ended without {self._shape.last_event}"
         if not self._done.done():
             self._done.set_result(None)
 
@@ -313,9 +383,10 @@ def percentile(ordered: Sequence[float], q: float) -> float:
 
 def _percentiles(ordered: Sequence[float]) -> dict[str, float | None]:
     if not ordered:
-        return {"p50": None, "p95": None, "p99": None, "mean": None}
+        return {"p50": None, "p90": None, "p95": None, "p99": None, "mean": None}
     return {
         "p50": percentile(ordered, 50) * 1000,
+        "p90": percentile(ordered, 90) * 1000,
         "p95": percentile(ordered, 95) * 1000,
         "p99": percentile(ordered, 99) * 1000,
         "mean": sum(ordered) / len(ordered) * 1000,
@@ -346,7 +417,7 @@ async def _send(
         try:
             if connection is None:
                 connection = await Connection.open(workload.host, workload.port, gaps)
-            await connection.request(data, sample, started, workload.timeout)
+            await connection.request(data, sample, started, workload.timeout, workload.answers)
         except (TimeoutError, OSError, httptools.HttpParserError) as exc:
             if connection is not None:
                 connection.close()

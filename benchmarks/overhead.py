@@ -134,7 +134,10 @@ def starter(name: str) -> Starter:
     if not revision:
         return STARTERS[name]
     options, tree = COMPARABLE[base], AGAINST[revision]
-    return lambda workdir, backends: slm_router(workdir, backends, tree=tree, **options)
+    telemetry, collector = options["telemetry"], options.get("collector", False)
+    return lambda workdir, backends: slm_router(
+        workdir, backends, telemetry=telemetry, collector=collector, tree=tree
+    )
 
 
 def with_against(targets: tuple[str, ...]) -> tuple[str, ...]:
@@ -173,7 +176,25 @@ async def measure_cell(
     workload = Workload(
         url=server.url, model=backend.model, stream=cell.stream, max_tokens=plan.chunks
     )
-    await closed_loop(workload, cell.concurrency, duration=plan.warmup)
+    summary = await measure_load(
+        server, backend, workload, cell.concurrency, plan.warmup, plan.duration
+    )
+    return {"cell": cell.key, "kind": cell.kind, "concurrency": cell.concurrency} | summary
+
+
+async def measure_load(
+    server: Server,
+    backend: Server,
+    workload: Workload,
+    concurrency: int,
+    warmup: float,
+    duration: float,
+) -> dict[str, Any]:
+    """``warmup`` seconds of ``workload`` unrecorded, then ``duration`` seconds recorded
+    at ``concurrency`` closed-loop clients on ``server`` (the gateway, or ``backend``
+    itself): the client's summary with the CPU time and memory of the server and the
+    backend, and the server's CPU per request and per streamed token."""
+    await closed_loop(workload, concurrency, duration=warmup)
     pids = {"server": server.pid}
     if backend.pid != server.pid:
         pids["backend"] = backend.pid
@@ -181,18 +202,19 @@ async def measure_cell(
         pids["companion"] = server.companion
     meter = ProcessMeter(pids)
     async with meter:
-        run = await closed_loop(workload, cell.concurrency, duration=plan.duration)
+        run = await closed_loop(workload, concurrency, duration=duration)
     summary = run.summary()
     processes = meter.result()
     served = processes["server"]
     tokens = summary["tokens_per_s"] * summary["wall_s"]
+    stream = workload.stream
     served["cpu_us_per_request"] = served["cpu_s"] / summary["ok"] * 1e6 if summary["ok"] else None
-    served["cpu_us_per_chunk"] = served["cpu_s"] / tokens * 1e6 if cell.stream and tokens else None
+    served["cpu_us_per_chunk"] = served["cpu_s"] / tokens * 1e6 if stream and tokens else None
     summary["server"] = served
     summary["backend"] = processes.get("backend", served)
     if "companion" in processes:
         summary["companion"] = processes["companion"]
-    return {"cell": cell.key, "kind": cell.kind, "concurrency": cell.concurrency} | summary
+    return summary
 
 
 def run_target(

@@ -6,6 +6,7 @@
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run affinity             # routing policies on two replicas
+    uv run python -m benchmarks.run agent_request        # a 20k-token agent request, 3 shapes
     uv run python -m benchmarks.run overhead --quick     # a short run to try things out
     uv run python -m benchmarks.run defaults --against HEAD~3  # that commit's router beside
 
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import affinity, overhead, real, recovery, swap
+from benchmarks import affinity, agent_request, overhead, real, recovery, swap
 from benchmarks.instructions import checkout
 from benchmarks.machine import describe_machine, load_average, source_digest, wait_for_quiet
 from benchmarks.report import DASH, Check, checks_table, machine_line, show, write_results
@@ -206,6 +207,22 @@ def run_affinity(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_agent_request(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = agent_request.QUICK if quick else agent_request.Plan(rounds=rounds)
+    bodies, runs = agent_request.run_rounds(plan, workdir, say)
+    found = overhead.Rounds(runs)
+    return Outcome(
+        "Agent-sized request: what slm_server adds on each API shape, beside the fast fake "
+        "asked directly",
+        asdict(plan) | {"preset": agent_request.PRESET, "bodies": bodies.sizes()},
+        runs,
+        agent_request.checks(found, plan),
+        agent_request.tables(found, plan, bodies),
+        overhead.csv_rows(runs),
+        agent_request.headlines(found, plan),
+    )
+
+
 SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "overhead": run_overhead,
     "defaults": run_defaults,
@@ -215,6 +232,7 @@ SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "recovery": run_recovery,
     "swap": run_swap,
     "affinity": run_affinity,
+    "agent_request": run_agent_request,
 }
 
 

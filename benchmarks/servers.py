@@ -114,12 +114,19 @@ def _process(
 
 @contextlib.contextmanager
 def fast_fake(
-    workdir: Path, chunks: int = 64, interval: float = 0.0, model: str = BENCH_MODEL
+    workdir: Path,
+    chunks: int = 64,
+    interval: float = 0.0,
+    model: str = BENCH_MODEL,
+    record: Path | None = None,
 ) -> Iterator[Server]:
-    """:mod:`benchmarks.fastfake` on a free port, to be registered as ``model``."""
+    """:mod:`benchmarks.fastfake` on a free port, to be registered as ``model``; with
+    ``record``, every request it gets is appended to that file."""
     port = free_port()
     argv = [sys.executable, "-m", "benchmarks.fastfake", "--port", str(port)]
     argv += ["--chunks", str(chunks), "--chunk-interval", str(interval)]
+    if record is not None:
+        argv += ["--record", str(record)]
     url = f"http://127.0.0.1:{port}"
     with _process(argv, workdir / f"fastfake-{port}.out", f"{url}/health", 30) as popen:
         yield Server("fastfake", popen.pid, url, model)
@@ -199,13 +206,20 @@ def slm_router(
     telemetry: bool = False,
     collector: bool = False,
     tree: Path = ROOT,
+    entries: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Iterator[Server]:
     """``python -m slm_server router`` in front of ``backends``, each registered under
     its ``model``; with ``collector``, spans go to a local OTLP sink answering 200 (the
     defaults a user gets: telemetry exporting, metrics, the INFO access log). ``tree``:
-    the checkout whose ``slm_server`` runs (another commit's, to compare)."""
+    the checkout whose ``slm_server`` runs (another commit's, to compare). ``entries``
+    adds fields to a model's registry entry (its aliases and preset), by model."""
     workdir.mkdir(parents=True, exist_ok=True)
-    registry = {"models": {b.model: bench_entry(b.model, b.port) for b in backends}}
+    more = entries or {}
+    registry = {
+        "models": {
+            b.model: bench_entry(b.model, b.port) | dict(more.get(b.model, {})) for b in backends
+        }
+    }
     (workdir / "models.yaml").write_text(yaml.safe_dump(registry, sort_keys=False))
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(otlp_sink(workdir)) if collector else None

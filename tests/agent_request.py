@@ -1,6 +1,13 @@
 """An agent-sized request, as coding agents send it: a system prompt of about 20k tokens
 and 20 tools, the same in each API shape's own form (chat completions, Responses,
-Messages). Deterministic: the same text on every run."""
+Messages). Deterministic: the same text on every run.
+
+    system = system_prompt(AGENT_RULES)      # about 19,800 tokens (Gemma's tokenizer)
+    chat_request("model", system, "Which tool lists a directory?", max_tokens=8)
+
+The three ``*_request`` builders give the whole body in each shape, as the real-model
+test sends it and the ``agent_request`` benchmark measures it.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +35,8 @@ TOOL_NAMES = (
     "search_symbols",
     "ask_user",
 )
+# Rules of the system prompt that make it about 19,800 tokens with Gemma's tokenizer.
+AGENT_RULES = 400
 PARAMS = (
     ("path", "string", "The absolute path of the file or directory to work on"),
     ("command", "string", "The shell command to run, exactly as it would be typed"),
@@ -156,3 +165,39 @@ def messages_tools() -> list[dict[str, Any]]:
         {"name": name, "description": _description(i, name), "input_schema": _schema(i)}
         for i, name in enumerate(TOOL_NAMES)
     ]
+
+
+def chat_request(model: str, system: str, ask: str, max_tokens: int) -> dict[str, Any]:
+    """A chat completions request: ``system`` as the system message, ``ask`` as the
+    user's, the 20 tools."""
+    return {
+        "model": model,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": ask}],
+        "tools": chat_tools(),
+        "max_tokens": max_tokens,
+    }
+
+
+def responses_request(model: str, system: str, ask: str, max_output_tokens: int) -> dict[str, Any]:
+    """The same request in the Responses API: ``system`` as ``instructions``, not stored
+    (as Codex CLI sends it)."""
+    return {
+        "model": model,
+        "instructions": system,
+        "input": [{"role": "user", "content": ask}],
+        "tools": responses_tools(),
+        "max_output_tokens": max_output_tokens,
+        "store": False,
+    }
+
+
+def messages_request(model: str, system: str, ask: str, max_tokens: int) -> dict[str, Any]:
+    """The same request in Anthropic's Messages API: ``system`` as the top-level
+    ``system``."""
+    return {
+        "model": model,
+        "system": system,
+        "messages": [{"role": "user", "content": ask}],
+        "tools": messages_tools(),
+        "max_tokens": max_tokens,
+    }

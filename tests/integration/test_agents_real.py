@@ -28,7 +28,13 @@ import openai
 import pytest
 from anthropic.types import MessageParam, ToolParam
 
-from tests.agent_request import chat_tools, messages_tools, responses_tools, system_prompt
+from tests.agent_request import (
+    AGENT_RULES,
+    chat_request,
+    messages_tools,
+    responses_request,
+    system_prompt,
+)
 from tests.anthropic_shapes import sse_events, strict_count, strict_error, strict_message
 from tests.anthropic_shapes import strict_events as strict_message_events
 from tests.integration.real_stack import Stack, example_registry, running_registry
@@ -49,7 +55,7 @@ CHAT_MODEL = "smollm2-135m-instruct"
 AGENT_MODEL = "gemma-3-270m"
 AGENT_CONTEXT = 32768
 # About 19,800 tokens of system prompt with Gemma's tokenizer (counted below).
-SYSTEM = system_prompt(400)
+SYSTEM = system_prompt(AGENT_RULES)
 ASK = "Which tool lists a directory? Answer with its name."
 HI: list[MessageParam] = [{"role": "user", "content": "Say hello in one short sentence."}]
 GREEDY = {"temperature": 0}  # the SDK's create() no longer names it; the API takes it
@@ -200,13 +206,7 @@ def test_an_agent_sized_request_through_all_three_api_shapes(
     assert 18_000 <= counted.input_tokens <= 24_000, counted
 
     started = time.monotonic()
-    chat_body: dict[str, Any] = {
-        "model": AGENT_MODEL,
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}],
-        "tools": chat_tools(),
-        "max_tokens": 8,
-        "temperature": 0,
-    }
+    chat_body = chat_request(AGENT_MODEL, SYSTEM, ASK, max_tokens=8) | GREEDY
     chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body, timeout=TIMEOUT)
     assert chat.status_code == 200, chat.text
     completion = strict_chat_completion(chat.json())
@@ -219,15 +219,7 @@ def test_an_agent_sized_request_through_all_three_api_shapes(
         assert streamed.status_code == 200
         strict_chat_chunks(data_lines(streamed))
 
-    responses_body: dict[str, Any] = {
-        "model": AGENT_MODEL,
-        "instructions": SYSTEM,
-        "input": [{"role": "user", "content": ASK}],
-        "tools": responses_tools(),
-        "max_output_tokens": 8,
-        "temperature": 0,
-        "store": False,
-    }
+    responses_body = responses_request(AGENT_MODEL, SYSTEM, ASK, max_output_tokens=8) | GREEDY
     whole = httpx.post(f"{url}/v1/responses", json=responses_body, timeout=TIMEOUT)
     assert whole.status_code == 200, whole.text
     response = strict_response(whole.json())
