@@ -145,8 +145,34 @@ def build_response(
     ``incomplete`` is the ``incomplete_details.reason``; ``error`` the ``{code, message}``
     of a failed response.
     """
+    state = response_state(
+        request,
+        response_id=response_id,
+        created_at=created_at,
+        status=status,
+        output=output,
+        usage=usage,
+        model=model,
+        incomplete=incomplete,
+        error=error,
+    )
+    return {**state, **echoed_settings(request)}
+
+
+def response_state(
+    request: dict[str, Any],
+    *,
+    response_id: str,
+    created_at: int,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    model: str | None,
+    incomplete: str | None,
+    error: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The fields of a Responses object that change as it goes (see :func:`build_response`)."""
     requested_model = request.get("model")
-    parallel = request.get("parallel_tool_calls")
     return {
         "id": response_id,
         "object": "response",
@@ -158,6 +184,15 @@ def build_response(
         "usage": usage,
         "error": error,
         "incomplete_details": {"reason": incomplete} if incomplete else None,
+    }
+
+
+def echoed_settings(request: dict[str, Any]) -> dict[str, Any]:
+    """The request's settings a Responses object repeats (see :func:`build_response`):
+    the same in every event of a stream. An agent's ``instructions`` and ``tools`` make
+    them most of an answer's bytes."""
+    parallel = request.get("parallel_tool_calls")
+    return {
         "instructions": request.get("instructions"),
         "max_output_tokens": request.get("max_output_tokens"),
         "metadata": request.get("metadata") or {},
@@ -173,6 +208,10 @@ def build_response(
         "background": False,
         "user": request.get("user"),
     }
+
+
+def _dumps(value: dict[str, Any]) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass
@@ -235,6 +274,8 @@ class ResponseStreamTranslator:
 
     def __init__(self, request: dict[str, Any]) -> None:
         self._request = request
+        # Serialised once: response.created, .in_progress and the last event repeat them.
+        self._settings = _dumps(echoed_settings(request))
         self._offer = offer_of(request)
         self._response_id = new_id("resp")
         self._created_at = int(time.time())
@@ -260,8 +301,8 @@ class ResponseStreamTranslator:
         self._started = True
         response = self._response("in_progress")
         return [
-            self._event("response.created", response=response),
-            self._event("response.in_progress", response=response),
+            self._response_event("response.created", response),
+            self._response_event("response.in_progress", response),
         ]
 
     def feed(self, chunk: dict[str, Any]) -> list[bytes]:
@@ -300,7 +341,7 @@ class ResponseStreamTranslator:
                 events += self._close(item, status)
         self._closed = True
         kind = "response.incomplete" if reason else "response.completed"
-        return [*events, self._event(kind, response=self._response(status, reason))]
+        return [*events, self._response_event(kind, self._response(status, reason))]
 
     def error(self, message: str) -> list[bytes]:
         """End the stream with ``response.failed`` carrying ``message``.
@@ -316,7 +357,7 @@ class ResponseStreamTranslator:
         self._closed = True
         failure = {"code": "server_error", "message": message}
         response = self._response("failed", None, failure)
-        return [*events, self._event("response.failed", response=response)]
+        return [*events, self._response_event("response.failed", response)]
 
     def _delta(self, delta: dict[str, Any]) -> list[bytes]:
         events: list[bytes] = []
@@ -428,8 +469,10 @@ class ResponseStreamTranslator:
 
     def _response(
         self, status: str, incomplete: str | None = None, error: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        return build_response(
+    ) -> str:
+        """The Responses object as JSON: its changing state serialised now, the echoed
+        settings spliced in as serialised once."""
+        state = response_state(
             self._request,
             response_id=self._response_id,
             created_at=self._created_at,
@@ -440,11 +483,20 @@ class ResponseStreamTranslator:
             incomplete=incomplete,
             error=error,
         )
+        return _dumps(state)[:-1] + "," + self._settings[1:]
+
+    def _response_event(self, kind: str, response: str) -> bytes:
+        head = _dumps({"type": kind, "sequence_number": self._sequence})
+        self._sequence += 1
+        return self._frame(kind, head[:-1] + ',"response":' + response + "}")
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        return self._frame(kind, _dumps(payload))
+
+    @staticmethod
+    def _frame(kind: str, data: str) -> bytes:
         return b"event: " + kind.encode() + b"\ndata: " + data.encode() + b"\n\n"
 
 

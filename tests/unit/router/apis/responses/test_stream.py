@@ -14,6 +14,7 @@ from openai.types.responses import (
     ResponseStreamEvent,
 )
 
+from slm_server.router.apis.responses.stream import build_response
 from slm_server.router.apis.responses.translate import ResponseStreamTranslator
 from tests.openai_shapes import strict_events
 
@@ -138,3 +139,35 @@ def test_a_failed_stream_keeps_the_custom_call_so_far() -> None:
     [item] = events[-1].response.output
     assert isinstance(item, ResponseCustomToolCall)
     assert item.input == "par"
+
+
+def test_every_response_event_carries_the_whole_object_with_its_settings_spliced_in() -> None:
+    """The echoed settings are serialised once per stream and spliced into each event
+    that carries the response: the object is still the one build_response gives, keys
+    in the same order, in created, in_progress and the last event (completed or failed)."""
+    request = {**REQUEST, "instructions": "Be brief.\n" * 50, "temperature": 0.2, "user": "u"}
+    for ending in ("finish", "error"):
+        translator = ResponseStreamTranslator(request)
+        raw = translator.start() + translator.feed(chunk({"content": "hi"}, "stop"))
+        raw += translator.finish() if ending == "finish" else translator.error("gone")
+        payloads = [json.loads(frame.split(b"\ndata: ", 1)[1]) for frame in raw]
+        carrying = [p for p in payloads if "response" in p]
+        assert [p["type"] for p in carrying][:2] == ["response.created", "response.in_progress"]
+        assert len(carrying) == 3
+        for payload in carrying:
+            response = payload["response"]
+            built = build_response(
+                request,
+                response_id=response["id"],
+                created_at=response["created_at"],
+                status=response["status"],
+                output=response["output"],
+                usage=response["usage"],
+                incomplete=(response["incomplete_details"] or {}).get("reason"),
+                error=response["error"],
+            )
+            built["completed_at"] = response["completed_at"]
+            assert list(payload) == ["type", "sequence_number", "response"]
+            assert list(response) == list(built)
+            assert response == json.loads(json.dumps(built))
+        strict_events(payloads)
