@@ -40,6 +40,7 @@ import httpx
 from benchmarks.report import DASH, Check, show, spread, table
 from benchmarks.servers import Launched, free_port, launcher, router_for
 from slm_server.settings import WatchdogSettings
+from tests import one_shot
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import FAKE_LLAMA_SERVER, FAST_WATCHDOG, fake_entry
 from tests.processes import pid_alive, poll
@@ -219,7 +220,7 @@ def stalled_trial(workdir: Path, index: int) -> dict[str, Any]:
 
     def stall(_pid: int) -> None:
         control = f"http://127.0.0.1:{entry['port']}/_control"
-        httpx.post(control, json={"stall": True}, timeout=5, trust_env=False).raise_for_status()
+        one_shot.post(control, json={"stall": True}, timeout=5).raise_for_status()
 
     return _wedged_trial("stalled", index, workdir, {ROLE: entry}, env, stall, lambda _pid: None)
 

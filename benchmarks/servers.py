@@ -32,6 +32,7 @@ import httpx
 import psutil
 import yaml
 
+from tests import one_shot
 from tests.processes import ROOT, Command, free_port, pid_alive, poll, running_router, start_command
 from tests.registry_entries import registry_entry
 
@@ -62,7 +63,7 @@ class Server:
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2.0, trust_env=False).status_code == 200
+        return one_shot.get(url, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 

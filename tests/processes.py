@@ -16,6 +16,7 @@ from typing import Protocol
 import httpx
 import yaml
 
+from tests import one_shot
 from tests.fakes import control as fake_control
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ def poll(predicate: Callable[[], bool], timeout: float, what: str, interval: flo
 
 def http_ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1.0).status_code == 200
+        return one_shot.get(url, timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -28,6 +28,7 @@ import openai
 import pytest
 from anthropic.types import MessageParam, ToolParam
 
+from tests import one_shot
 from tests.agent_request import (
     AGENT_RULES,
     chat_request,
@@ -121,7 +122,7 @@ def test_messages_create_whole_and_streamed(
     assert [block.type for block in message.content] == ["text"]
     _stack, url = gateway
     body = {"model": CHAT_MODEL, "max_tokens": 16, "temperature": 0, "messages": HI, "stream": True}
-    with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=TIMEOUT) as streamed:
+    with one_shot.stream("POST", f"{url}/v1/messages", json=body, timeout=TIMEOUT) as streamed:
         assert streamed.status_code == 200
         events = strict_message_events([data for _, data in sse_events(streamed.read())])
     text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
@@ -207,25 +208,25 @@ def test_an_agent_sized_request_through_all_three_api_shapes(
 
     started = time.monotonic()
     chat_body = chat_request(AGENT_MODEL, SYSTEM, ASK, max_tokens=8) | GREEDY
-    chat = httpx.post(f"{url}/v1/chat/completions", json=chat_body, timeout=TIMEOUT)
+    chat = one_shot.post(f"{url}/v1/chat/completions", json=chat_body, timeout=TIMEOUT)
     assert chat.status_code == 200, chat.text
     completion = strict_chat_completion(chat.json())
     assert completion.usage is not None
     assert completion.usage.prompt_tokens >= 18_000
     first = time.monotonic() - started
-    with httpx.stream(
+    with one_shot.stream(
         "POST", f"{url}/v1/chat/completions", json={**chat_body, "stream": True}, timeout=TIMEOUT
     ) as streamed:
         assert streamed.status_code == 200
         strict_chat_chunks(data_lines(streamed))
 
     responses_body = responses_request(AGENT_MODEL, SYSTEM, ASK, max_output_tokens=8) | GREEDY
-    whole = httpx.post(f"{url}/v1/responses", json=responses_body, timeout=TIMEOUT)
+    whole = one_shot.post(f"{url}/v1/responses", json=responses_body, timeout=TIMEOUT)
     assert whole.status_code == 200, whole.text
     response = strict_response(whole.json())
     assert response.status in ("completed", "incomplete")
     assert response.usage is not None and response.usage.input_tokens >= 18_000
-    with httpx.stream(
+    with one_shot.stream(
         "POST", f"{url}/v1/responses", json={**responses_body, "stream": True}, timeout=TIMEOUT
     ) as streamed:
         assert streamed.status_code == 200

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from tests import one_shot
 from tests.integration.watched import fake_entry, watched
 from tests.processes import poll
 
@@ -28,13 +29,13 @@ PRESET = {"max_output_tokens": 256, "default": {"top_k": 40}}
 
 def received(port: int) -> list[dict[str, Any]]:
     """The bodies of the chat requests the fake backend on ``port`` was sent."""
-    records = httpx.get(f"http://127.0.0.1:{port}/_requests", timeout=5).json()
+    records = one_shot.get(f"http://127.0.0.1:{port}/_requests", timeout=5).json()
     return [r["body"] for r in records if r["path"] == "/v1/chat/completions"]
 
 
 def chat(url: str, model: str, **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": HELLO, **extra}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    return one_shot.post(f"{url}/v1/chat/completions", json=body, timeout=30)
 
 
 def test_aliases_route_load_on_demand_list_and_share_one_process(tmp_path: Path) -> None:
@@ -50,7 +51,7 @@ def test_aliases_route_load_on_demand_list_and_share_one_process(tmp_path: Path)
         url, model_id, port = stack.url, stack.model_id("lazy"), stack.port("lazy")
 
         # Listed, each alias after its model, before anything is loaded.
-        listed = httpx.get(f"{url}/v1/models", timeout=5).json()["data"]
+        listed = one_shot.get(f"{url}/v1/models", timeout=5).json()["data"]
         assert [m["id"] for m in listed] == [model_id, "gpt-4o-mini", "lazy-think", "lazy-cold"]
         assert all(m["status"]["state"] == "unloaded" for m in listed)
         assert [m.get("alias_of") for m in listed] == [None, model_id, model_id, model_id]
@@ -61,7 +62,7 @@ def test_aliases_route_load_on_demand_list_and_share_one_process(tmp_path: Path)
         loaded = stack.wait_event("backend_loaded", role="lazy")
         pid = stack.pid("lazy")
         assert stack.state("lazy")["state"] == "ready"
-        shown = httpx.get(f"{url}/v1/models/lazy-cold", timeout=5).json()
+        shown = one_shot.get(f"{url}/v1/models/lazy-cold", timeout=5).json()
         assert (shown["id"], shown["alias_of"], shown["status"]["state"]) == (
             "lazy-cold",
             model_id,
@@ -87,11 +88,13 @@ def test_aliases_route_load_on_demand_list_and_share_one_process(tmp_path: Path)
         assert plain["max_tokens"] == 256
 
         # Unloaded and loaded again by an alias, as by the id.
-        unloaded = httpx.post(f"{url}/v1/models/unload", json={"model": "gpt-4o-mini"}, timeout=30)
+        unloaded = one_shot.post(
+            f"{url}/v1/models/unload", json={"model": "gpt-4o-mini"}, timeout=30
+        )
         assert unloaded.status_code == 200, unloaded.text
         assert unloaded.json()["status"]["state"] == "unloaded"
         poll(lambda: stack.state("lazy").get("pid") is None, 10, "the backend to exit")
-        reloaded = httpx.post(f"{url}/v1/models/load", json={"model": "lazy-think"}, timeout=30)
+        reloaded = one_shot.post(f"{url}/v1/models/load", json={"model": "lazy-think"}, timeout=30)
         assert reloaded.status_code == 200, reloaded.text
         assert reloaded.json()["status"]["state"] == "ready"
         poll(lambda: len(stack.events("backend_loaded")) == 2, 10, "the second load logged")

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
+from tests import one_shot
 from tests.fakes.control import FakeBackend
 from tests.integration.attack_wire import Wire, request
 from tests.processes import RunningRouter, StartRouter, poll
@@ -54,7 +55,7 @@ SMALL = body_of(0)
 
 def post(url: str, body: bytes, content_type: str | None = "application/json") -> httpx.Response:
     headers = {} if content_type is None else {"content-type": content_type}
-    return httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers, timeout=60)
+    return one_shot.post(f"{url}/v1/chat/completions", content=body, headers=headers, timeout=60)
 
 
 def budget_free(url: str, mib: float) -> bool:
@@ -108,7 +109,7 @@ def test_a_chunked_body_past_the_size_limit_is_413_and_gives_its_holding_back(
         for _ in range(MAX_BODY_MB + 2):
             yield b" " * MIB
 
-    response = httpx.post(
+    response = one_shot.post(
         f"{router}/v1/chat/completions",
         content=chunks(),
         headers={"content-type": "application/json"},
@@ -133,7 +134,7 @@ def test_a_chunked_body_past_the_budget_is_503_as_its_bytes_arrive(
             for _ in range(5):
                 yield b" " * MIB
 
-        response = httpx.post(
+        response = one_shot.post(
             f"{router}/v1/chat/completions",
             content=chunks(),
             headers={"content-type": "application/json"},

@@ -14,6 +14,7 @@ import httpx
 import psutil
 import pytest
 
+from tests import one_shot
 from tests.fakes.control import FakeBackend
 from tests.processes import RunningRouter, StartRouter, poll
 from tests.registry_entries import registry_entry
@@ -41,7 +42,7 @@ def big_body() -> bytes:
 
 def post(url: str, body: bytes) -> httpx.Response:
     headers = {"content-type": "application/json"}
-    return httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers, timeout=60)
+    return one_shot.post(f"{url}/v1/chat/completions", content=body, headers=headers, timeout=60)
 
 
 def test_a_body_past_the_budget_is_503_before_it_is_read(router: str, fake: FakeBackend) -> None:
@@ -93,4 +94,4 @@ def test_a_burst_of_large_bodies_leaves_memory_where_it_was(
         return process.memory_info().rss - before < 40 * 1024 * 1024
 
     poll(settled, 10, f"the router's RSS back near {before / 1e6:.0f} MB")
-    assert httpx.get(f"{url}/health", timeout=1).status_code == 200
+    assert one_shot.get(f"{url}/health", timeout=1).status_code == 200

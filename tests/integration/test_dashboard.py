@@ -24,6 +24,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from tests import one_shot
 from tests.integration.browser import BrowserMissing, browser_paths, headless_chromium
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, fake_entry, watched
@@ -100,7 +101,7 @@ class Page:
 def chat(stack: Watched, model: str) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     headers = {"authorization": f"Bearer {KEY}"}
-    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    return one_shot.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
 def exercise(stack: Watched, always: str, lazy: str) -> None:

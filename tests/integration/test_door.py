@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
+from tests import one_shot
 from tests.processes import free_port, poll, registry_env, running_router
 
 # Its module-scoped stack starts once: one worker runs the whole module.
@@ -65,7 +65,7 @@ def read_all(sock: socket.socket, timeout: float = 10.0) -> bytes:
 
 def healthy_within_a_second(url: str) -> bool:
     started = time.monotonic()
-    ok = httpx.get(f"{url}/health", timeout=1.0).status_code == 200
+    ok = one_shot.get(f"{url}/health", timeout=1.0).status_code == 200
     return ok and time.monotonic() - started < 1.0
 
 
@@ -186,9 +186,9 @@ def test_keep_alive_serves_several_requests_then_closes_when_idle(
 def test_requests_within_the_limits_pass(router: tuple[str, int]) -> None:
     url, _ = router
     headers = {f"X-H{i}": "v" * 200 for i in range(90)}  # 90 headers, about 19 KiB
-    response = httpx.get(f"{url}/health", headers=headers, timeout=10)
+    response = one_shot.get(f"{url}/health", headers=headers, timeout=10)
     assert response.status_code == 200
-    response = httpx.get(f"{url}/health?" + "q" * 7_000, timeout=10)
+    response = one_shot.get(f"{url}/health?" + "q" * 7_000, timeout=10)
     assert response.status_code == 200
 
 

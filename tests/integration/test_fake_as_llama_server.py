@@ -23,6 +23,7 @@ import yaml
 
 from slm_server.config import ModelEntry
 from slm_server.launch.llama_argv import ModelFiles, native_argv
+from tests import one_shot
 from tests.processes import ROOT, free_port, pid_alive, poll, start_command
 from tests.registry_entries import registry_entry
 
@@ -48,7 +49,7 @@ class FakeProcess:
     def health(self) -> httpx.Response | None:
         """GET /health if this process answers on the port, else None."""
         try:
-            response = httpx.get(f"{self.url}/health", timeout=1.0, trust_env=False)
+            response = one_shot.get(f"{self.url}/health", timeout=1.0)
         except httpx.TransportError:
             return None
         if response.headers.get("x-fake-pid") != str(self.popen.pid):
@@ -122,7 +123,7 @@ def fake_llama_server(
 
 
 def chat(url: str) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=5.0, trust_env=False)
+    return one_shot.post(f"{url}/v1/chat/completions", json=CHAT, timeout=5.0)
 
 
 def test_the_script_is_an_executable_shell_script() -> None:
@@ -217,7 +218,7 @@ def test_health_status_503_answers_503_until_scripted_otherwise(tmp_path: Path) 
         assert fake.wait_serving().status_code == 503
         second = fake.health()
         assert second is not None and second.status_code == 503
-        httpx.post(f"{fake.url}/_control", json={}, trust_env=False).raise_for_status()
+        one_shot.post(f"{fake.url}/_control", json={}).raise_for_status()
         healthy = fake.health()
         assert healthy is not None and healthy.status_code == 200
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from anthropic.types import MessageParam, ToolParam
 
+from tests import one_shot
 from tests.anthropic_shapes import (
     sse_events,
     strict_count,
@@ -243,5 +244,5 @@ def test_keys_are_accepted_in_x_api_key_and_refused_when_wrong(keyed_router: str
         bad.messages.create(model="claude", max_tokens=8, messages=HI)
     strict_error(refused.value.body, "authentication_error")
     chat = {"model": "claude", "messages": HI}
-    response = httpx.post(f"{keyed_router}{CHAT}", json=chat, headers={"x-api-key": "sekrit"})
+    response = one_shot.post(f"{keyed_router}{CHAT}", json=chat, headers={"x-api-key": "sekrit"})
     assert response.status_code == 200  # every route takes x-api-key

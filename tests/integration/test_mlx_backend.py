@@ -23,6 +23,7 @@ import psutil
 import pytest
 from anthropic.types import MessageParam
 
+from tests import one_shot
 from tests.anthropic_shapes import sse_events, strict_count, strict_events, strict_message
 from tests.integration.watched import Watched, watched
 from tests.models.tiny_qwen3 import build
@@ -79,7 +80,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
 def chat(url: str, **extra: Any) -> httpx.Response:
     # Greedy, so the random model's answer is the same on every run.
     body = {"model": MODEL_ID, "messages": HELLO, "max_tokens": 6, "temperature": 0, **extra}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    return one_shot.post(f"{url}/v1/chat/completions", json=body, timeout=60)
 
 
 def family(pid: int) -> list[int]:
@@ -116,7 +117,7 @@ def test_streamed_chat_completion_through_the_router(stack: Watched) -> None:
     events: list[dict[str, Any]] = []
     done = False
     body = {"model": MODEL_ID, "messages": HELLO, "max_tokens": 5, "temperature": 0, "stream": True}
-    with httpx.stream(
+    with one_shot.stream(
         "POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60
     ) as response:
         assert response.status_code == 200
@@ -137,7 +138,7 @@ def test_streamed_chat_completion_through_the_router(stack: Watched) -> None:
 
 
 def test_responses_api_through_the_router(stack: Watched) -> None:
-    reply = httpx.post(
+    reply = one_shot.post(
         f"{stack.url}/v1/responses",
         json={"model": MODEL_ID, "input": "Say hello.", "max_output_tokens": 6, "temperature": 0},
         timeout=60,
@@ -180,19 +181,19 @@ def test_messages_api_through_the_anthropic_sdk_translated(stack: Watched) -> No
         counted = sdk.messages.count_tokens(model=MODEL_ID, messages=hello)
         assert strict_count(counted.model_dump()).input_tokens >= 1
     body = {"model": MODEL_ID, "max_tokens": 6, "messages": hello, "stream": True, **greedy}
-    streamed = httpx.post(f"{stack.url}/v1/messages", json=body, timeout=60)
+    streamed = one_shot.post(f"{stack.url}/v1/messages", json=body, timeout=60)
     assert streamed.status_code == 200
     strict_events([data for _, data in sse_events(streamed.content)])
 
 
 def test_models_lists_the_mlx_entry(stack: Watched) -> None:
-    listed = httpx.get(f"{stack.url}/v1/models", timeout=10).json()["data"]
+    listed = one_shot.get(f"{stack.url}/v1/models", timeout=10).json()["data"]
     assert sorted(m["id"] for m in listed) == sorted([MODEL_ID, EMBED_ID])
 
 
 def test_embeddings_through_the_router(stack: Watched) -> None:
     texts = ["the quick brown fox", "yes", "the quick brown fox"]
-    reply = httpx.post(
+    reply = one_shot.post(
         f"{stack.url}/v1/embeddings", json={"model": EMBED_ID, "input": texts}, timeout=60
     )
     assert reply.status_code == 200, reply.text
@@ -206,7 +207,7 @@ def test_embeddings_through_the_router(stack: Watched) -> None:
 
 
 def test_chat_to_the_embeddings_entry_is_refused_by_the_router(stack: Watched) -> None:
-    reply = httpx.post(
+    reply = one_shot.post(
         f"{stack.url}/v1/chat/completions",
         json={"model": EMBED_ID, "messages": HELLO},
         timeout=10,

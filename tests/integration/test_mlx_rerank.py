@@ -24,6 +24,7 @@ import httpx
 import mlx_lm
 import pytest
 
+from tests import one_shot
 from tests.integration.watched import watched
 from tests.models.tiny_qwen3 import build
 from tests.processes import Command, free_port, poll, start_command
@@ -99,7 +100,7 @@ class Server:
     health_seen: list[tuple[int, Any]]
 
     def rerank(self, body: Any, path: str = "/v1/rerank") -> httpx.Response:
-        return httpx.post(f"{self.url}{path}", json=body, timeout=60)
+        return one_shot.post(f"{self.url}{path}", json=body, timeout=60)
 
     def ok(self, body: Any, path: str = "/v1/rerank") -> Any:
         response = self.rerank(body, path)
@@ -109,7 +110,7 @@ class Server:
 
 def health(url: str) -> tuple[int, Any] | None:
     try:
-        response = httpx.get(f"{url}/health", timeout=2)
+        response = one_shot.get(f"{url}/health", timeout=2)
     except httpx.HTTPError:
         return None
     return response.status_code, response.json()
@@ -183,7 +184,7 @@ def test_health_says_loading_and_then_ok(server: Server) -> None:
 
 
 def test_models_lists_the_model_id(server: Server) -> None:
-    answer = httpx.get(f"{server.url}/v1/models", timeout=10).json()
+    answer = one_shot.get(f"{server.url}/v1/models", timeout=10).json()
     assert [m["id"] for m in answer["data"]] == [MODEL_ID]
 
 
@@ -290,10 +291,10 @@ def test_bad_requests_get_400(server: Server, body: Any, message: str) -> None:
 
 
 def test_invalid_json_and_unknown_paths(server: Server) -> None:
-    response = httpx.post(f"{server.url}/v1/rerank", content=b"{oops", timeout=10)
+    response = one_shot.post(f"{server.url}/v1/rerank", content=b"{oops", timeout=10)
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "the request body is not valid JSON"
-    missing = httpx.get(f"{server.url}/v1/chat/completions", timeout=10)
+    missing = one_shot.get(f"{server.url}/v1/chat/completions", timeout=10)
     assert missing.status_code == 404
     assert missing.json()["error"]["type"] == "not_found_error"
 
@@ -383,10 +384,10 @@ def test_the_launcher_and_router_serve_an_mlx_rerank_entry(
         SLM_STOP_TIMEOUT_SECONDS="10",
     ) as stack:
         stack.wait_ready("rerank", timeout=START_TIMEOUT)
-        listed = httpx.get(f"{stack.url}/v1/models", timeout=10).json()["data"]
+        listed = one_shot.get(f"{stack.url}/v1/models", timeout=10).json()["data"]
         assert [m["id"] for m in listed] == [MODEL_ID]
         body = {"model": MODEL_ID, "query": QUERY, "documents": DOCUMENTS, "top_n": 4}
-        response = httpx.post(f"{stack.url}/v1/rerank", json=body, timeout=60)
+        response = one_shot.post(f"{stack.url}/v1/rerank", json=body, timeout=60)
         assert response.status_code == 200, response.text
         answer = response.json()
         assert answer["model"] == MODEL_ID

@@ -29,6 +29,7 @@ import httpx
 import psutil
 
 from slm_server.contracts.commands import socket_path
+from tests import one_shot
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import pid_alive, poll
 
@@ -111,17 +112,17 @@ def chat(
     stack: Watched, model_id: str, timeout: float = 20.0, headers: dict[str, str] | None = None
 ) -> httpx.Response:
     body = {"model": model_id, "messages": HELLO}
-    return httpx.post(
+    return one_shot.post(
         f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=timeout
     )
 
 
 def api(stack: Watched, op: str, model_id: str, timeout: float = 20.0) -> httpx.Response:
-    return httpx.post(f"{stack.url}/v1/models/{op}", json={"model": model_id}, timeout=timeout)
+    return one_shot.post(f"{stack.url}/v1/models/{op}", json={"model": model_id}, timeout=timeout)
 
 
 def status(stack: Watched, model_id: str) -> dict[str, Any]:
-    answer = httpx.get(f"{stack.url}/v1/models/{model_id}", timeout=5)
+    answer = one_shot.get(f"{stack.url}/v1/models/{model_id}", timeout=5)
     assert answer.status_code == 200, answer.text
     found: dict[str, Any] = answer.json()["status"]
     return found
@@ -129,7 +130,7 @@ def status(stack: Watched, model_id: str) -> dict[str, Any]:
 
 def gate(stack: Watched, role: str) -> dict[str, Any]:
     """``/v1/backends/health``'s view of ``role``: in_flight, queued, state."""
-    report: dict[str, Any] = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()
+    report: dict[str, Any] = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()
     item: dict[str, Any] = report[role]
     return item
 
@@ -162,7 +163,7 @@ def stream_chat(stack: Watched, model_id: str, first: threading.Event | None = N
     got = Streamed()
     body = {"model": model_id, "messages": HELLO, "stream": True}
     url = f"{stack.url}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, timeout=30) as response:
+    with one_shot.stream("POST", url, json=body, timeout=30) as response:
         got.status = response.status_code
         for line in response.iter_lines():
             if not line.startswith("data: "):
@@ -205,7 +206,7 @@ def raw_request(stack: Watched, model_id: str) -> socket.socket:
 
 def fake_requests(stack: Watched, role: str) -> list[dict[str, Any]]:
     """What the fake behind ``role`` was sent."""
-    answer = httpx.get(f"http://127.0.0.1:{stack.port(role)}/_requests", timeout=5)
+    answer = one_shot.get(f"http://127.0.0.1:{stack.port(role)}/_requests", timeout=5)
     found: list[dict[str, Any]] = answer.json()
     return found
 
@@ -294,7 +295,7 @@ def test_load_and_unload_api_and_the_status_object(tmp_path: Path) -> None:
         assert unloaded["memory_mb"]["budget"] == 1000
         assert unloaded["loaded_at"] is None and unloaded["idle_ttl"] == 300
         assert unloaded["idle_ttl_remaining"] is None
-        listed = httpx.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
+        listed = one_shot.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
         by_id = {m["id"]: m for m in listed}
         assert by_id["fake-base"]["status"]["state"] == "ready"
         assert by_id["fake-base"]["status"]["load"] == "always"
@@ -339,7 +340,7 @@ def test_load_and_unload_api_and_the_status_object(tmp_path: Path) -> None:
         refused = api(stack, "unload", "fake-base")
         assert refused.status_code == 409 and code_of(refused) == "model_conflict"
         for body in (b"", b"{", b"[]", b'{"model": 7}', b'{"nomodel": "fake-lazy"}'):
-            bad = httpx.post(
+            bad = one_shot.post(
                 f"{stack.url}/v1/models/load",
                 content=body,
                 headers={"content-type": "application/json"},
@@ -538,7 +539,7 @@ def test_a_model_larger_than_the_budget_is_refused_at_once(tmp_path: Path) -> No
         for path in ("/v1/chat/completions", "/v1/models/load"):
             body = {"model": "fake-huge", "messages": HELLO}
             started = time.monotonic()
-            answer = httpx.post(f"{stack.url}{path}", json=body, timeout=30)
+            answer = one_shot.post(f"{stack.url}{path}", json=body, timeout=30)
             assert time.monotonic() - started < 2, "refused only at the deadline"
             assert answer.status_code == 503 and code_of(answer) == "insufficient_memory"
             assert "SLM_MEMORY_BUDGET_MB" in answer.json()["error"]["message"], answer.text
@@ -706,7 +707,7 @@ def test_a_flood_of_first_requests_beyond_the_queue_is_refused_and_health_stays_
         assert max(seconds for _, seconds in refused) < 3, refused
         for _ in range(10):  # the router itself, and the always model, while loading
             started = time.monotonic()
-            assert httpx.get(f"{stack.url}/health", timeout=5).status_code == 200
+            assert one_shot.get(f"{stack.url}/health", timeout=5).status_code == 200
             assert time.monotonic() - started < 0.5
         started = time.monotonic()
         assert chat(stack, "fake-base", timeout=5).status_code == 200

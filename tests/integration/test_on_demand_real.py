@@ -12,6 +12,7 @@ import httpx
 import psutil
 import pytest
 
+from tests import one_shot
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, watched
 from tests.processes import free_port, pid_alive, poll
@@ -41,7 +42,7 @@ def chat(stack: Watched, model_id: str) -> httpx.Response:
         "max_tokens": 8,
         "temperature": 0,
     }
-    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=120)
+    return one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=120)
 
 
 def test_real_models_load_on_first_request_evict_under_a_budget_and_unload(
@@ -77,7 +78,7 @@ def test_real_models_load_on_first_request_evict_under_a_budget_and_unload(
         assert llama_servers(used_ports) == [gemma_pid]
         assert stack.state("standard")["state"] == "unloaded"
 
-        gone = httpx.post(f"{stack.url}/v1/models/unload", json={"model": gemma}, timeout=60)
+        gone = one_shot.post(f"{stack.url}/v1/models/unload", json={"model": gemma}, timeout=60)
         assert gone.status_code == 200, gone.text
         assert gone.json()["status"]["state"] == "unloaded"
         assert not pid_alive(gemma_pid)

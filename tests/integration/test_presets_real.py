@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import one_shot
 from tests.integration.real_stack import Stack, example_registry, running_registry
 from tests.processes import free_port, running_router
 
@@ -65,13 +66,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, s
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, timeout=120)
+    return one_shot.post(f"{url}{path}", json=body, timeout=120)
 
 
 def streamed(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The events of a streamed answer, ``[DONE]`` left out."""
     events: list[dict[str, Any]] = []
-    with httpx.stream("POST", f"{url}{path}", json=body, timeout=120) as answer:
+    with one_shot.stream("POST", f"{url}{path}", json=body, timeout=120) as answer:
         assert answer.status_code == 200, answer.read()
         for line in answer.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -169,7 +170,7 @@ def test_several_choices_are_each_capped(gateway: tuple[Stack, str]) -> None:
 def test_the_alias_and_the_id_are_one_process(gateway: tuple[Stack, str]) -> None:
     stack, url = gateway
     assert len(stack.pids()) == 1
-    listed = httpx.get(f"{url}/v1/models", timeout=5).json()["data"]
+    listed = one_shot.get(f"{url}/v1/models", timeout=5).json()["data"]
     assert [(m["id"], m.get("alias_of")) for m in listed] == [(MODEL, None), (ALIAS, MODEL)]
     answer = post(
         url,

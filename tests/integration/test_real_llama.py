@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import one_shot
 from tests.integration.real_stack import Stack, running_gateway
 from tests.openai_shapes import strict_events, strict_response
 from tests.processes import poll
@@ -46,9 +46,9 @@ def client(gateway: tuple[Stack, str]) -> Iterator[openai.OpenAI]:
 
 def test_every_default_model_is_listed_and_healthy(gateway: tuple[Stack, str]) -> None:
     _stack, url = gateway
-    models = httpx.get(f"{url}/v1/models").json()
+    models = one_shot.get(f"{url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [CHAT_MODEL, GEMMA_MODEL, EMBED_MODEL]
-    health = httpx.get(f"{url}/v1/backends/health").json()
+    health = one_shot.get(f"{url}/v1/backends/health").json()
     assert {role: item["status"] for role, item in health.items()} == {
         "standard": "healthy",
         "gemma": "healthy",
@@ -79,7 +79,7 @@ def test_chat_completion_streams_through_the_official_client(client: openai.Open
 def test_completions(gateway: tuple[Stack, str]) -> None:
     _stack, url = gateway
     body = {"model": GEMMA_MODEL, "prompt": "The capital of France is", "max_tokens": 8}
-    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    response = one_shot.post(f"{url}/v1/completions", json=body, timeout=60)
     assert response.status_code == 200
     assert response.json()["choices"][0]["text"]
 
@@ -116,8 +116,8 @@ def test_greedy_output_through_the_router_equals_direct(gateway: tuple[Stack, st
         "seed": 7,
     }
     direct_url = f"http://127.0.0.1:{stack.ports['standard']}/v1/chat/completions"
-    direct = httpx.post(direct_url, json=body, timeout=60).json()
-    routed = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    direct = one_shot.post(direct_url, json=body, timeout=60).json()
+    routed = one_shot.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
     text = direct["choices"][0]["message"]["content"]
     assert text
     assert routed["choices"][0]["message"]["content"] == text
@@ -125,7 +125,7 @@ def test_greedy_output_through_the_router_equals_direct(gateway: tuple[Stack, st
 
 def test_wrong_endpoint_for_the_model_type_is_a_clear_400(gateway: tuple[Stack, str]) -> None:
     _stack, url = gateway
-    response = httpx.post(f"{url}/v1/embeddings", json={"model": CHAT_MODEL, "input": "x"})
+    response = one_shot.post(f"{url}/v1/embeddings", json={"model": CHAT_MODEL, "input": "x"})
     assert response.status_code == 400
     assert "model_type 'lm'" in response.json()["error"]["message"]
 
@@ -135,7 +135,7 @@ def test_a_client_leaving_mid_stream_stops_generation(gateway: tuple[Stack, str]
     slots_url = f"http://127.0.0.1:{stack.ports['standard']}/slots"
 
     def busy_slots() -> int:
-        return sum(1 for slot in httpx.get(slots_url, timeout=5).json() if slot["is_processing"])
+        return sum(1 for slot in one_shot.get(slots_url, timeout=5).json() if slot["is_processing"])
 
     body = {
         "model": CHAT_MODEL,
@@ -144,7 +144,7 @@ def test_a_client_leaving_mid_stream_stops_generation(gateway: tuple[Stack, str]
         "stream": True,
         "ignore_eos": True,
     }
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+    with one_shot.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         received = [line for line, _ in zip(lines, range(12), strict=False)]
         assert any(line.startswith("data: {") for line in received)
@@ -152,7 +152,7 @@ def test_a_client_leaving_mid_stream_stops_generation(gateway: tuple[Stack, str]
     left = time.monotonic()
     poll(lambda: busy_slots() == 0, 5, "llama-server to stop generating")
     assert time.monotonic() - left < 2
-    health = httpx.get(f"{url}/v1/backends/health", timeout=5).json()["standard"]
+    health = one_shot.get(f"{url}/v1/backends/health", timeout=5).json()["standard"]
     assert health["in_flight"] == 0
 
 
@@ -179,9 +179,9 @@ def test_responses_are_strictly_openai_shaped(
         # Greedy: a sampled answer could end by itself within four tokens.
         "temperature": 0,
     }
-    raw = httpx.post(f"{url}/v1/responses", json=body, timeout=60).json()
+    raw = one_shot.post(f"{url}/v1/responses", json=body, timeout=60).json()
     response = strict_response(raw)
-    streamed = httpx.post(f"{url}/v1/responses", json={**body, "stream": True}, timeout=60)
+    streamed = one_shot.post(f"{url}/v1/responses", json={**body, "stream": True}, timeout=60)
     events = strict_events(sse_events(streamed.text))
     final = events[-1]
     assert final.type in ("response.completed", "response.incomplete")
@@ -215,7 +215,7 @@ def test_llama_server_s_own_responses_api_is_not_openai_shaped(
     stack, _url = gateway
     direct = f"http://127.0.0.1:{stack.ports['standard']}/v1/responses"
     body = {"model": CHAT_MODEL, "input": "Say hi.", "max_output_tokens": 8, "stream": True}
-    reply = httpx.post(direct, json=body, timeout=60)
+    reply = one_shot.post(direct, json=body, timeout=60)
     assert reply.status_code == 200
     with pytest.raises((AssertionError, ValueError)):
         strict_events(sse_events(reply.text))
@@ -223,12 +223,12 @@ def test_llama_server_s_own_responses_api_is_not_openai_shaped(
 
 def test_each_llama_server_s_own_metrics_are_in_the_router_s(gateway: tuple[Stack, str]) -> None:
     _stack, url = gateway
-    assert httpx.post(
+    assert one_shot.post(
         f"{url}/v1/chat/completions",
         json={"model": CHAT_MODEL, "messages": HELLO, "max_tokens": 4},
         timeout=60,
     ).is_success
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = one_shot.get(f"{url}/metrics", timeout=10).text
     engine = {
         f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("llamacpp:")
     }

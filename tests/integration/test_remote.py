@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from slm_server.contracts.restart_requests import RestartRequest, write_request
+from tests import one_shot
 from tests.fakes.control import FakeBackend
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, fake_entry, watched
@@ -55,7 +56,7 @@ def far() -> Iterator[FakeBackend]:
 
 def chat(stack: Watched, model: str = "far-chat") -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=15)
+    return one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=15)
 
 
 def chats(fake: FakeBackend) -> list[dict[str, Any]]:
@@ -86,7 +87,7 @@ def test_a_remote_is_served_with_its_key_and_its_own_model_name(
         assert sent["body"]["model"] == "upstream-name"
         state = stack.state("far")
         assert (state["state"], state["pid"], state["url"]) == ("ready", None, f"{far.url}/v1")
-        listed = httpx.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
+        listed = one_shot.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
         assert [(m["id"], m["backend"], m["port"]) for m in listed] == [
             ("far-chat", "remote", None)
         ]
@@ -96,7 +97,7 @@ def test_a_remote_is_served_with_its_key_and_its_own_model_name(
             f"{far.url}/v1",
             None,
         )
-        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["far"]
+        health = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()["far"]
         assert (health["status"], health["state"], health["url"]) == (
             "healthy",
             "ready",
@@ -105,7 +106,7 @@ def test_a_remote_is_served_with_its_key_and_its_own_model_name(
         assert "pid" not in health and "restart_budget" not in health
         probes = [r for r in far.requests() if r["path"] == "/v1/models"]
         assert probes and probes[-1]["headers"]["authorization"] == f"Bearer {KEY}"
-        metrics = httpx.get(f"{stack.url}/metrics", timeout=5).text
+        metrics = one_shot.get(f"{stack.url}/metrics", timeout=5).text
         assert 'slm_backend_state{model="far-chat",replica="1",role="far",state="ready"} 1.0' in (
             metrics
         )
@@ -139,9 +140,9 @@ def test_400s_never_eject_a_remote_and_confirmed_5xx_do_until_it_answers_again(
         assert refused.status_code == 503
         assert float(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["code"] == "backend_ejected"
-        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["far"]
+        health = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()["far"]
         assert health["state"] == "ejected" and health["ejected_until"] > 0
-        metrics = httpx.get(f"{stack.url}/metrics", timeout=5).text
+        metrics = one_shot.get(f"{stack.url}/metrics", timeout=5).text
         ejected_line = 'slm_backend_state{model="far-chat",replica="1",role="far",state="ejected"}'
         assert f"{ejected_line} 1.0" in metrics
         # Still failing when the second wait is over: ejected again, for twice as long.
@@ -181,7 +182,7 @@ def test_a_mixed_model_serves_from_its_local_replica_while_the_remote_is_ejected
     # requests on a loaded machine outlasted it and the trial request after it reached
     # the remote again, as it should.
     with remote_stack(tmp_path, models, SLM_REMOTE_EJECT_BASE_SECONDS="60") as stack:
-        replicas = httpx.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
+        replicas = one_shot.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
         assert [r["role"] for r in replicas[0]["status"]["replicas"]] == ["chat", "far"]
         for _ in range(4):
             assert chat(stack, "fake-chat").status_code == 200
@@ -209,7 +210,7 @@ def test_another_slm_server_is_a_remote_and_gets_the_key_its_door_asks_for(
     far_models = {"chat": fake_entry(tmp_path / "far", "chat")}
     with watched(tmp_path / "far", far_models, SLM_API_KEYS=KEY) as far:
         body = {"model": "fake-chat", "messages": [{"role": "user", "content": "hi"}]}
-        keyless = httpx.post(f"{far.url}/v1/chat/completions", json=body, timeout=10)
+        keyless = one_shot.post(f"{far.url}/v1/chat/completions", json=body, timeout=10)
         assert keyless.status_code == 401
         near_models = {
             "far": remote_entry(far.url, remote_model="fake-chat"),
@@ -219,7 +220,7 @@ def test_another_slm_server_is_a_remote_and_gets_the_key_its_door_asks_for(
             answer = chat(near)
             assert answer.status_code == 200, answer.text
             assert answer.json()["model"] == "fake-chat"
-            health = httpx.get(f"{near.url}/v1/backends/health", timeout=5).json()["far"]
+            health = one_shot.get(f"{near.url}/v1/backends/health", timeout=5).json()["far"]
             assert (health["status"], health["state"]) == ("healthy", "ready")
             # The far gateway's own 404 (a model it does not know) is a client error
             # here too: it never counts, so it never ejects.
@@ -266,7 +267,7 @@ def test_a_real_llama_server_elsewhere_is_served_ejected_when_gone_and_readmitte
     url = f"http://127.0.0.1:{port}"
     models = {"far": remote_entry(url, remote_model="anything", default_timeout=60)}
     with real_llama_server(port, log) as server:
-        keyless = httpx.get(f"{url}/v1/models", timeout=10)
+        keyless = one_shot.get(f"{url}/v1/models", timeout=10)
         assert keyless.status_code == 401  # so a 200 below means the key arrived
         with remote_stack(tmp_path, models) as stack:
             answer = chat(stack)

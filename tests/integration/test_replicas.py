@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import one_shot
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import poll
@@ -69,13 +70,13 @@ def wait_all_ready(stack: Watched, count: int) -> None:
 
 def control(stack: Watched, role: str, **script: Any) -> None:
     url = f"http://127.0.0.1:{port_of(stack, role)}/_control"
-    httpx.post(url, json=script, timeout=5).raise_for_status()
+    one_shot.post(url, json=script, timeout=5).raise_for_status()
 
 
 def received(stack: Watched, role: str) -> list[dict[str, Any]]:
     """The chat requests one replica's fake backend was sent."""
     url = f"http://127.0.0.1:{port_of(stack, role)}/_requests"
-    records: list[dict[str, Any]] = httpx.get(url, timeout=5).json()
+    records: list[dict[str, Any]] = one_shot.get(url, timeout=5).json()
     return [r for r in records if r["path"] == "/v1/chat/completions"]
 
 
@@ -84,11 +85,11 @@ def chat(stack: Watched, content: str = "hello", system: str | None = None) -> h
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
     body = {"model": MODEL, "messages": messages, "max_tokens": 4}
-    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=15)
+    return one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=15)
 
 
 def outstanding(stack: Watched) -> dict[str, int]:
-    health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()
+    health = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()
     return {role: item.get("in_flight", 0) + item.get("queued", 0) for role, item in health.items()}
 
 
@@ -119,10 +120,10 @@ def test_replicas_run_as_their_own_backends_and_share_the_traffic(tmp_path: Path
         for _ in range(6):
             assert chat(stack).status_code == 200
         assert [len(received(stack, role)) for role in roles(3)] == [4, 4, 4]
-        listed = httpx.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
+        listed = one_shot.get(f"{stack.url}/v1/models", timeout=5).json()["data"]
         assert [m["id"] for m in listed] == [MODEL]
         assert [r["state"] for r in listed[0]["status"]["replicas"]] == ["ready"] * 3
-        assert httpx.get(f"{stack.url}/health", timeout=5).json()["models"] == 1
+        assert one_shot.get(f"{stack.url}/health", timeout=5).json()["models"] == 1
         table = subprocess.run(
             [sys.executable, "-m", "slm_server", "status"],
             env={**os.environ, **stack.env},
@@ -140,7 +141,7 @@ def test_replicas_run_as_their_own_backends_and_share_the_traffic(tmp_path: Path
                 "ready",
                 str(stack.pid(role)),
             ]
-        scrape = httpx.get(f"{stack.url}/metrics", timeout=5).text
+        scrape = one_shot.get(f"{stack.url}/metrics", timeout=5).text
         for number in (1, 2, 3):
             assert (
                 f'slm_backend_state{{model="{MODEL}",replica="{number}",'
@@ -279,7 +280,7 @@ def test_two_real_llama_server_replicas_serve_and_survive_a_kill(tmp_path: Path)
 
     def ask(stack: Watched) -> int:
         url = f"{stack.url}/v1/chat/completions"
-        return httpx.post(url, json=body, timeout=30).status_code
+        return one_shot.post(url, json=body, timeout=30).status_code
 
     with watched(tmp_path, models, llama_server=llama_server_bin()) as stack:
         stack.wait_ready("standard.2", timeout=60)
@@ -287,15 +288,15 @@ def test_two_real_llama_server_replicas_serve_and_survive_a_kill(tmp_path: Path)
         # replica is asked once directly, so that no test request waits on that.
         for port in (entry["port"], entry["port"] + 1):
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            assert httpx.post(url, json=body, timeout=60).status_code == 200
+            assert one_shot.post(url, json=body, timeout=60).status_code == 200
         with ThreadPoolExecutor(2) as pool:
             assert list(pool.map(lambda _n: ask(stack), range(6))) == [200] * 6
-        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()
+        health = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()
         assert {role: item["state"] for role, item in health.items()} == {
             "standard": "ready",
             "standard.2": "ready",
         }
-        scrape = httpx.get(f"{stack.url}/metrics", timeout=5).text
+        scrape = one_shot.get(f"{stack.url}/metrics", timeout=5).text
         served = [
             line
             for line in scrape.splitlines()

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import one_shot
 from tests.integration.real_stack import Stack, running_registry
 from tests.models.tiny_rerank_gguf import N_CTX_TRAIN, Reference, build
 from tests.processes import free_port, running_router
@@ -59,7 +60,7 @@ class Gateway:
     reference: Reference
 
     def rerank(self, body: dict[str, Any]) -> httpx.Response:
-        return httpx.post(f"{self.url}/v1/rerank", json=body, timeout=60)
+        return one_shot.post(f"{self.url}/v1/rerank", json=body, timeout=60)
 
     def ok(self, body: dict[str, Any]) -> dict[str, Any]:
         response = self.rerank(body)
@@ -96,9 +97,9 @@ def scores_by_index(answer: dict[str, Any]) -> dict[int, float]:
 
 
 def test_the_entry_is_listed_healthy_and_started_for_reranking(gateway: Gateway) -> None:
-    models = httpx.get(f"{gateway.url}/v1/models").json()
+    models = one_shot.get(f"{gateway.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL, MODEL_FA]
-    health = httpx.get(f"{gateway.url}/v1/backends/health").json()
+    health = one_shot.get(f"{gateway.url}/v1/backends/health").json()
     assert {role: item["status"] for role, item in health.items()} == {
         "rerank": "healthy",
         "rerank_fa": "healthy",
@@ -108,7 +109,7 @@ def test_the_entry_is_listed_healthy_and_started_for_reranking(gateway: Gateway)
 def test_the_reference_tokenizer_is_llama_cpp_s(gateway: Gateway) -> None:
     tokenize_url = f"http://127.0.0.1:{gateway.stack.ports['rerank']}/tokenize"
     for text in [*QUERIES, *DOCUMENTS, "Cats, DOGS & trees: played/baking?! x-ray"]:
-        answer = httpx.post(tokenize_url, json={"content": text}, timeout=10).json()
+        answer = one_shot.post(tokenize_url, json={"content": text}, timeout=10).json()
         assert answer["tokens"] == gateway.reference.tokenize(text), text
 
 

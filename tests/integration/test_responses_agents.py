@@ -22,6 +22,7 @@ from openai.types.responses import (
     ToolParam,
 )
 
+from tests import one_shot
 from tests.fakes.control import FakeBackend
 from tests.integration.real_stack import running_backends
 from tests.openai_shapes import strict_events, strict_response
@@ -104,7 +105,7 @@ def test_every_streamed_event_is_strictly_typed_and_the_custom_input_streams(
 ) -> None:
     fake.script(tool_calls=CALLS)
     body = {"model": MODEL, "input": "Look up ACME", "tools": TOOLS, "stream": True}
-    with httpx.stream("POST", f"{router}/v1/responses", json=body, timeout=30) as streamed:
+    with one_shot.stream("POST", f"{router}/v1/responses", json=body, timeout=30) as streamed:
         assert streamed.headers["x-slm-dropped-tools"] == "web_search"
         lines = [line[5:] for line in streamed.iter_lines() if line.startswith("data:")]
     events = strict_events([json.loads(line) for line in lines])
@@ -310,7 +311,7 @@ def test_the_real_llama_server_serves_an_agent_s_turns(tmp_path: Path) -> None:
             "temperature": 0,
             "stream": True,
         }
-        with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=120) as streamed:
+        with one_shot.stream("POST", f"{url}/v1/responses", json=body, timeout=120) as streamed:
             assert streamed.status_code == 200
             assert streamed.headers["x-slm-dropped-tools"] == "web_search"
             lines = [line[5:] for line in streamed.iter_lines() if line.startswith("data:")]

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests import one_shot
 from tests.fakes.control import FakeBackend
 from tests.openai_shapes import strict_events, strict_response
 from tests.processes import RunningRouter, StartRouter, free_port
@@ -272,7 +273,7 @@ def test_models_retrieve_finds_an_id_with_a_slash(router: str) -> None:
     client = openai.OpenAI(base_url=f"{router}/v1", api_key="unused", max_retries=0)
     model = client.models.retrieve("org/slashed-model")
     assert (model.id, model.object, model.owned_by) == ("org/slashed-model", "model", "slm_server")
-    raw = httpx.get(f"{router}/v1/models/org/slashed-model", timeout=5).json()
+    raw = one_shot.get(f"{router}/v1/models/org/slashed-model", timeout=5).json()
     openai.types.Model.model_validate(raw, strict=True)
     assert raw["role"] == "slashed"
     with pytest.raises(openai.NotFoundError) as missing:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from tests import one_shot
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.processes import ROOT, free_port, pid_alive, poll
 
@@ -68,7 +69,7 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
             assert f"model {model['id']}" in text
             if model.get("model_type") == "embeddings":
                 body = {"model": model["id"], "input": "hello"}
-                reply = httpx.post(f"{url}/v1/embeddings", json=body, timeout=60).json()
+                reply = one_shot.post(f"{url}/v1/embeddings", json=body, timeout=60).json()
                 assert reply["data"][0]["embedding"]
             else:
                 body = {
@@ -76,7 +77,7 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
                     "messages": [{"role": "user", "content": "Hi"}],
                     "max_tokens": 12,
                 }
-                reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+                reply = one_shot.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
                 assert reply["choices"][0]["message"]["content"]
         state = json.loads((tmp_path / "logs" / "backends.state.json").read_text())
         pids = [b["pid"] for b in state["backends"]]
@@ -90,7 +91,7 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
     assert status == 130, output.read_text()[-3000:]
     poll(lambda: not any(pid_alive(pid) for pid in pids), 15, "every backend to exit")
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{url}/health", timeout=2)
+        one_shot.get(f"{url}/health", timeout=2)
     assert "[start] stopped" in output.read_text()
 
 

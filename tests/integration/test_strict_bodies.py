@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from slm_server.contracts.restart_requests import RestartRequest, write_request
+from tests import one_shot
 from tests.fakes.control import FakeBackend
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import poll
@@ -52,7 +53,7 @@ PAIRS = 2
 
 def fake_requests(stack: Watched) -> list[dict[str, object]]:
     url = f"http://127.0.0.1:{stack.port('standard')}/_requests"
-    records: list[dict[str, object]] = httpx.get(url, timeout=5).json()
+    records: list[dict[str, object]] = one_shot.get(url, timeout=5).json()
     return records
 
 
@@ -70,7 +71,9 @@ def a_sweep_has_passed(stack: Watched) -> None:
 def test_the_fake_answers_garbage_as_llama_server_does(name: str) -> None:
     # What the router must never forward: each of these is a 500 from llama-server.
     with FakeBackend.start(model_id=MODEL) as fake:
-        response = httpx.post(f"{fake.url}/v1/chat/completions", content=GARBAGE[name], timeout=10)
+        response = one_shot.post(
+            f"{fake.url}/v1/chat/completions", content=GARBAGE[name], timeout=10
+        )
         assert response.status_code == 500
         error = response.json()["error"]
         assert error["type"] == "server_error"

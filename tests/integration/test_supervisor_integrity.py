@@ -19,13 +19,14 @@ from pathlib import Path
 import httpx
 
 from slm_server.contracts.restart_requests import RestartRequest, write_request
+from tests import one_shot
 from tests.integration.watched import fake_entry, watched
 from tests.processes import pid_alive, poll
 
 
 def chat(url: str, model: str) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10)
+    return one_shot.post(f"{url}/v1/chat/completions", json=body, timeout=10)
 
 
 def event_wall(record: dict[str, object]) -> float:
@@ -133,5 +134,5 @@ def test_the_state_file_publishes_what_was_planned_for_the_router(tmp_path: Path
             "/health",
             {},
         )
-        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["chat"]
+        health = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()["chat"]
         assert health["status"] == "healthy"

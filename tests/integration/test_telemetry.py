@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import one_shot
 from tests.fakes.control import FakeBackend
 from tests.integration.otlp_receiver import (
     SPAN_KIND_CLIENT,
@@ -286,7 +287,7 @@ def test_requests_refused_before_routing_get_a_span(
 ) -> None:
     header, trace_id, _ = traceparent()
     request_id = f"bad-{uuid.uuid4().hex[:8]}"
-    response = httpx.post(
+    response = one_shot.post(
         f"{router}{CHAT}",
         content=content,
         headers={
@@ -450,12 +451,12 @@ def test_disabled_telemetry_exports_nothing_and_says_so(
         SLM_OTEL_SERVICE_NAME="quiet",
     )
     with running_router(env, tmp_path) as (_process, url):
-        config = httpx.get(f"{url}/v1/telemetry/effective-config").json()
+        config = one_shot.get(f"{url}/v1/telemetry/effective-config").json()
         assert config["telemetry_enabled"] is False
         assert config["tracer_provider_initialised"] is False
         assert config["service_name"] == "quiet"
         body = {"model": "alpha", "messages": HELLO}
-        response = httpx.post(f"{url}{CHAT}", json=body, headers={"x-request-id": "untraced"})
+        response = one_shot.post(f"{url}{CHAT}", json=body, headers={"x-request-id": "untraced"})
         assert response.status_code == 200
         assert "traceparent" not in fakes["alpha"].requests()[-1]["headers"]
     assert not [s for s in receiver.spans() if s.attributes["slm.request_id"] == "untraced"]
@@ -471,7 +472,7 @@ def test_json_logs_are_one_object_per_line(fakes: dict[str, FakeBackend], tmp_pa
     )
     with running_router(env, tmp_path) as (process, url):
         body = {"model": "alpha", "messages": HELLO}
-        httpx.post(f"{url}{CHAT}", json=body, headers={"x-request-id": "json-1"})
+        one_shot.post(f"{url}{CHAT}", json=body, headers={"x-request-id": "json-1"})
         poll(lambda: "json-1" in process.text(), 5, "the access log line")
     records = [json.loads(line) for line in process.text().splitlines() if line.strip()]
     assert all({"ts", "level", "logger", "message", "process"} <= set(r) for r in records)
@@ -505,13 +506,13 @@ def test_without_a_collector_requests_succeed_and_shutdown_is_prompt(
         body = {"model": "alpha", "messages": HELLO}
         stream = {**body, "stream": True}
         for _ in range(5):
-            assert httpx.post(f"{url}{CHAT}", json=body).status_code == 200
-            with httpx.stream("POST", f"{url}{CHAT}", json=stream) as response:
+            assert one_shot.post(f"{url}{CHAT}", json=body).status_code == 200
+            with one_shot.stream("POST", f"{url}{CHAT}", json=stream) as response:
                 assert response.status_code == 200
                 assert list(response.iter_lines())
         poll(lambda: bool(export_warnings()), 15, "the export warning")
         for _ in range(20):
-            assert httpx.post(f"{url}{CHAT}", json=body).status_code == 200
+            assert one_shot.post(f"{url}{CHAT}", json=body).status_code == 200
         # Spans are still queued (or being retried) when the signal comes.
         started = time.monotonic()
         process.popen.send_signal(signal.SIGTERM)

@@ -9,10 +9,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import one_shot
 from tests.integration.otlp_receiver import SPAN_KIND_CLIENT, OtlpReceiver
 from tests.integration.real_stack import Stack, running_gateway
 
@@ -56,7 +56,7 @@ def test_a_streamed_chat_is_one_child_span_with_usage(
         "stream": True,
     }
     headers = {"traceparent": f"00-{trace_id}-{parent_id}-01", "x-request-id": request_id}
-    with httpx.stream(
+    with one_shot.stream(
         "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120
     ) as response:
         assert response.status_code == 200
@@ -90,7 +90,7 @@ def test_a_streamed_chat_is_one_child_span_with_usage(
     assert 0 < attrs["gen_ai.response.time_to_first_chunk"] < (span.end_ns - span.start_ns) / 1e9
     assert "error.type" not in attrs
 
-    metrics = httpx.get(f"{url}/metrics").text
+    metrics = one_shot.get(f"{url}/metrics").text
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(metrics)
@@ -111,7 +111,7 @@ def test_a_streamed_chat_is_one_child_span_with_usage(
 def test_real_embeddings_span(gateway: tuple[Stack, str], receiver: OtlpReceiver) -> None:
     _stack, url = gateway
     request_id = f"real-embed-{uuid.uuid4().hex[:8]}"
-    response = httpx.post(
+    response = one_shot.post(
         f"{url}/v1/embeddings",
         json={"model": EMBED_MODEL, "input": ["hello world"]},
         headers={"x-request-id": request_id},

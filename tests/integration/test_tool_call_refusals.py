@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import one_shot
 from tests.integration.real_stack import Stack, example_registry, running_registry
 from tests.processes import ROOT, free_port, poll, running_router
 
@@ -276,7 +276,7 @@ def test_the_backend_answers_it_5xx_and_the_gateway_400_counting_nothing(
     body = body_for(finding)
     failed_before = gateway.exceptions(finding.role)
 
-    refused = httpx.post(f"{gateway.url}{finding.path}", json=body, timeout=60)
+    refused = one_shot.post(f"{gateway.url}{finding.path}", json=body, timeout=60)
     assert refused.status_code == 400, refused.text
     if finding.path == MESSAGES:
         assert refused.json()["type"] == "error"
@@ -288,7 +288,7 @@ def test_the_backend_answers_it_5xx_and_the_gateway_400_counting_nothing(
         assert error["type"] == "invalid_request_error"
         assert error["param"] == finding.param, error
 
-    direct = httpx.post(f"{gateway.direct(finding.role)}{finding.path}", json=body, timeout=60)
+    direct = one_shot.post(f"{gateway.direct(finding.role)}{finding.path}", json=body, timeout=60)
     assert direct.status_code >= 500, direct.text[:300]
 
     # llama-server logs every request it fails on, in order: the direct one's line is
@@ -296,7 +296,7 @@ def test_the_backend_answers_it_5xx_and_the_gateway_400_counting_nothing(
     poll(lambda: gateway.exceptions(finding.role) > failed_before, 10, "the backend's log line")
     assert gateway.exceptions(finding.role) == failed_before + 1
     assert gateway.watchdog_events() == []
-    health = httpx.get(f"{gateway.url}/v1/backends/health", timeout=10).json()
+    health = one_shot.get(f"{gateway.url}/v1/backends/health", timeout=10).json()
     assert health[finding.role]["failure_streak"] == 0
     assert health[finding.role]["restarts"] == 0
 
@@ -309,12 +309,12 @@ def test_a_tool_round_trip_still_reaches_both_backends(gateway: Gateway) -> None
             **round_trip([call(arguments='{"city": "Paris"}')]),
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
         }
-        answer = httpx.post(f"{gateway.url}{CHAT}", json=body, timeout=60)
+        answer = one_shot.post(f"{gateway.url}{CHAT}", json=body, timeout=60)
         assert answer.status_code == 200, answer.text
 
 
 def test_nothing_was_counted_against_either_backend(gateway: Gateway) -> None:
-    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    metrics = one_shot.get(f"{gateway.url}/metrics", timeout=10).text
     failures = [
         line
         for line in metrics.splitlines()

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import one_shot
 from tests.integration.raw_stack import SSE_HEAD, Raw, raw_stack
 
 # Its module-scoped stack starts once: one worker runs the whole module.
@@ -50,7 +51,7 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
 @pytest.mark.parametrize("status", [600, 999])
 def test_a_status_outside_100_to_599_is_a_502(raw: Raw, status: int) -> None:
     raw.script({"send": f"HTTP/1.1 {status} Odd\r\nContent-Length: 2\r\n\r\n{{}}"})
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO})
+    response = one_shot.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO})
     assert response.status_code == 502
     error = error_of(response)
     assert error["code"] == "upstream_invalid"
@@ -117,7 +118,7 @@ def test_an_endless_sse_event_ends_in_band_and_memory_stays_bounded(raw: Raw) ->
     )
     body = {"model": MODEL, "messages": HELLO, "stream": True}
     started = time.monotonic()
-    with httpx.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=30) as response:
+    with one_shot.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=30) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line.startswith("data:")]
     assert time.monotonic() - started < 10
@@ -160,7 +161,9 @@ def test_a_non_streaming_answer_past_the_cap_is_a_502(
     before = raw.rss_mb()
     raw.script(*steps)
     started = time.monotonic()
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=30)
+    response = one_shot.post(
+        f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=30
+    )
     assert time.monotonic() - started < 10
     assert response.status_code == 502
     error = error_of(response)
@@ -178,7 +181,7 @@ def test_deep_json_in_an_answer_is_passed_through(raw: Raw) -> None:
         {"send": "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(DEEP)}\r\n\r\n{DEEP}"}
     )  # fmt: skip
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO})
+    response = one_shot.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO})
     assert response.status_code == 200
     assert response.content == DEEP.encode()
 
@@ -194,11 +197,11 @@ def test_deep_json_the_router_must_read_is_a_clean_502(raw: Raw) -> None:
                  f"Content-Length: {len(nested)}\r\n\r\n{nested}"},
         by_path={"/v1/responses": missing},
     )  # fmt: skip
-    response = httpx.post(
+    response = one_shot.post(
         f"{raw.url}/v1/chat/completions", json={"model": MODEL, "messages": HELLO}
     )
     assert response.status_code == 200  # passed through untouched
-    response = httpx.post(f"{raw.url}/v1/responses", json={"model": MODEL, "input": "hi"})
+    response = one_shot.post(f"{raw.url}/v1/responses", json={"model": MODEL, "input": "hi"})
     assert response.status_code == 502, response.text[:300]
     assert error_of(response)["type"] == "backend_error"
     assert raw.healthy_within()
@@ -213,7 +216,7 @@ def test_deep_json_in_a_stream_event_is_relayed(raw: Raw) -> None:
         {"send": "0\r\n\r\n"},
     )
     body = {"model": MODEL, "messages": HELLO, "stream": True}
-    with httpx.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=30) as response:
+    with one_shot.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=30) as response:
         lines = [line for line in response.iter_lines() if line.startswith("data:")]
     assert lines == [f"data: {DELTA}", f"data: {DEEP}", "data: [DONE]"]
     assert raw.healthy_within()
@@ -231,7 +234,7 @@ def gzipped_reply(body: bytes, content_type: str) -> dict[str, str]:
 def test_a_gzip_answer_keeps_its_content_encoding(raw: Raw) -> None:
     answer = {"id": "c1", "object": "chat.completion", "choices": []}
     raw.script(gzipped_reply(json.dumps(answer).encode(), "application/json"))
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO})
+    response = one_shot.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO})
     assert response.status_code == 200
     assert response.headers["content-encoding"] == "gzip"
     assert response.json() == answer  # httpx decoded it: the bytes and the header agree
@@ -241,7 +244,7 @@ def test_a_gzip_stream_keeps_its_content_encoding(raw: Raw) -> None:
     events = f"data: {DELTA}\n\ndata: [DONE]\n\n".encode()
     raw.script(gzipped_reply(events, "text/event-stream"))
     body = {"model": MODEL, "messages": HELLO, "stream": True}
-    with httpx.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=30) as response:
+    with one_shot.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=30) as response:
         assert response.headers["content-encoding"] == "gzip"
         assert response.read() == events
 
@@ -249,7 +252,7 @@ def test_a_gzip_stream_keeps_its_content_encoding(raw: Raw) -> None:
 def test_a_gzip_answer_the_router_must_translate_is_a_clean_502(raw: Raw) -> None:
     missing = [{"send": "HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}"}]
     raw.script(gzipped_reply(b"{}", "application/json"), by_path={"/v1/responses": missing})
-    response = httpx.post(f"{raw.url}/v1/responses", json={"model": MODEL, "input": "hi"})
+    response = one_shot.post(f"{raw.url}/v1/responses", json={"model": MODEL, "input": "hi"})
     assert response.status_code == 502
     assert error_of(response)["code"] == "upstream_encoded"
     assert raw.healthy_within()
@@ -272,7 +275,9 @@ def test_a_monstrous_response_head_is_a_quick_502(raw: Raw, steps: list[dict[str
     before = raw.rss_mb()
     raw.script(*steps)
     started = time.monotonic()
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=30)
+    response = one_shot.post(
+        f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=30
+    )
     assert time.monotonic() - started < 5
     assert response.status_code == 502
     assert "response head" in error_of(response)["message"]

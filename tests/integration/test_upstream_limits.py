@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import one_shot
 from tests.integration.raw_stack import SSE_HEAD, Raw, delta, raw_stack, repeated_stream
 from tests.processes import http_ok
 
@@ -40,7 +40,7 @@ def raw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Raw]:
 
 def stream(raw: Raw) -> bytes:
     body = {"model": MODEL, "messages": HELLO, "stream": True}
-    with httpx.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=20) as response:
+    with one_shot.stream("POST", f"{raw.url}{CHAT}", json=body, timeout=20) as response:
         assert response.status_code == 200
         return response.read()
 
@@ -76,7 +76,9 @@ def test_a_flood_of_interim_responses_is_a_502(raw: Raw) -> None:
         {"repeat": "HTTP/1.1 100 Continue\r\nX-Pad: p\r\n\r\n", "times": 200_000},
         {"send": "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"},
     )
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20)
+    response = one_shot.post(
+        f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20
+    )
     assert response.status_code == 502
     assert response.json()["error"]["type"] == "backend_error"
     assert http_ok(f"{raw.url}/health")
@@ -88,7 +90,9 @@ def test_headers_spread_over_interim_heads_are_bounded_by_bytes(raw: Raw) -> Non
         {"repeat": interim, "times": 100},  # 20,000 headers, 200 per head
         {"send": "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"},
     )
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20)
+    response = one_shot.post(
+        f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20
+    )
     assert response.status_code == 502
 
 
@@ -99,7 +103,9 @@ def test_a_few_interim_heads_then_an_answer_pass(raw: Raw) -> None:
         {"send": f"HTTP/1.1 200 OK\r\nContent-Length: {len(answer)}\r\n"},
         {"send": f"Content-Type: application/json\r\n\r\n{answer}"},
     )
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20)
+    response = one_shot.post(
+        f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20
+    )
     assert response.status_code == 200
     assert response.json()["object"] == "chat.completion"
 
@@ -114,7 +120,9 @@ def test_an_answer_over_the_cap_without_a_content_length_is_502(raw: Raw, framin
         head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close"
         steps = [{"send": head + "\r\n\r\n"}, {"repeat": "x", "times": 4 * ANSWER_LIMIT}]
     raw.script(*steps)
-    response = httpx.post(f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20)
+    response = one_shot.post(
+        f"{raw.url}{CHAT}", json={"model": MODEL, "messages": HELLO}, timeout=20
+    )
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_too_large"
 

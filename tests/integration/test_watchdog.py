@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from slm_server.contracts.restart_requests import RestartRequest, write_request
+from tests import one_shot
 from tests.integration.watched import Watched, fake_entry, seconds_between, watched
 from tests.processes import ROOT, pid_alive, poll
 
@@ -27,7 +28,7 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 def chat(stack: Watched, role: str, timeout: float = 10.0, **extra: Any) -> httpx.Response:
     body = {"model": stack.model_id(role), "messages": HELLO, **extra}
-    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=timeout)
+    return one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=timeout)
 
 
 def wait_past_grace(stack: Watched, role: str, grace: float = 0.5) -> None:
@@ -115,7 +116,7 @@ def test_a_wedged_backend_trips_on_the_first_byte_stall(tmp_path: Path) -> None:
 
         body = {"model": stack.model_id("standard"), "messages": HELLO, "stream": True}
         started = time.monotonic()
-        with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30):
+        with one_shot.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30):
             pass
         assert time.monotonic() - started < 15
         requested = stack.wait_event("restart_requested", reason="stall")
@@ -141,7 +142,8 @@ def test_a_trip_the_canary_disproves_is_not_a_restart(tmp_path: Path) -> None:
         for _ in range(2):
             body = {"model": stack.model_id("standard"), "prompt": "poison", "max_tokens": 4}
             assert (
-                httpx.post(f"{stack.url}/v1/completions", json=body, timeout=10).status_code == 500
+                one_shot.post(f"{stack.url}/v1/completions", json=body, timeout=10).status_code
+                == 500
             )
         stack.wait_event("restart_requested")
         refused = stack.wait_event("restart_not_confirmed")
@@ -177,7 +179,7 @@ def test_status_streaks(tmp_path: Path, statuses: list[int], restarts: bool) -> 
         assert [e["status"] for e in failures] == [s for s in statuses if s in (429, 500)]
         ignored = stack.events("unclassified_status")
         assert [e["status"] for e in ignored] == [s for s in statuses if s == 418]
-        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["standard"]
+        health = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()["standard"]
         if statuses[-1] == 500 and not restarts:
             assert health["state"] == "degraded"
             assert health["failure_streak"] == 1
@@ -231,7 +233,7 @@ def test_a_backend_that_crashes_on_every_start_is_abandoned(tmp_path: Path) -> N
         assert error["code"] == "backend_abandoned"
         assert "abandoned by the watchdog: 5 restarts within 600s" in error["message"]
         assert chat(stack, "good").status_code == 200
-        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()
+        health = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()
         assert health["broken"]["state"] == "abandoned"
         assert health["good"]["state"] == "ready"
         request = RestartRequest("broken", "fake-broken", stack.port("broken"), "5xx", time.time())
@@ -322,7 +324,7 @@ def cut_stream(stack: Watched, role: str, path: str = "/v1/chat/completions") ->
     """Stream one answer to its end; the ``data:`` lines the client got."""
     key = "messages" if path == "/v1/chat/completions" else "input"
     body = {"model": stack.model_id(role), key: HELLO, "stream": True}
-    with httpx.stream("POST", f"{stack.url}{path}", json=body, timeout=30) as response:
+    with one_shot.stream("POST", f"{stack.url}{path}", json=body, timeout=30) as response:
         assert response.status_code == 200
         return [line for line in response.iter_lines() if line.startswith("data:")]
 
@@ -455,7 +457,7 @@ def test_a_deadline_the_queue_used_up_never_counts(tmp_path: Path) -> None:
                 long = [{"role": "user", "content": "a long answer"}]
                 body = {"model": stack.model_id("standard"), "messages": long, "stream": True}
                 url = f"{stack.url}/v1/chat/completions"
-                with httpx.stream("POST", url, json=body, timeout=30) as response:
+                with one_shot.stream("POST", url, json=body, timeout=30) as response:
                     for line in response.iter_lines():
                         lines.append(line)
                         if len(lines) >= 10:  # about 1 s in: 5 chunks, 0.2 s apart

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
+from tests import one_shot
 from tests.integration.watched import Watched, fake_entry, seconds_between, watched
 from tests.processes import pid_alive
 
@@ -20,7 +19,7 @@ LOAD_SECONDS = 10.0  # a fake llama-server's start-up, generously (a loaded CI m
 def stream_once(stack: Watched, role: str) -> None:
     """One streaming request; the router ends it at its first-byte stall threshold."""
     body = {"model": stack.model_id(role), "messages": HELLO, "stream": True}
-    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30) as r:
+    with one_shot.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30) as r:
         r.read()
 
 
@@ -49,7 +48,7 @@ def test_a_backend_that_accepts_and_never_answers_health_included_is_restarted(
         restarted_within_bound(stack, old_pid, "stall", "health_failed")
         assert stack.pid("standard") != old_pid
         body = {"model": stack.model_id("standard"), "messages": HELLO}
-        reply = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=10)
+        reply = one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=10)
         assert reply.status_code == 200
 
 
@@ -59,7 +58,7 @@ def test_health_ok_but_every_completion_stalls_is_restarted(tmp_path: Path) -> N
         stack.past_startup_grace("standard")
         old_pid = stack.pid("standard")
         stack.control("standard", stall=True)
-        assert httpx.get(f"http://127.0.0.1:{stack.port('standard')}/health").status_code == 200
+        assert one_shot.get(f"http://127.0.0.1:{stack.port('standard')}/health").status_code == 200
         stream_once(stack, "standard")
         restarted_within_bound(stack, old_pid, "stall", "canary_unanswered_idle")
         confirmed = stack.wait_event("restart_confirmed")
@@ -78,7 +77,7 @@ def test_429s_from_slots_busy_with_progressing_generations_are_not_a_restart(
         stack.control("standard", status=429, slots=2, busy_slots=2)
         body = {"model": stack.model_id("standard"), "messages": HELLO}
         for _ in range(2):
-            reply = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=10)
+            reply = one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=10)
             assert reply.status_code == 429
         stack.wait_event("restart_requested", reason="saturated")
         refused = stack.wait_event("restart_not_confirmed", timeout=CONFIRM_SECONDS + 10)
@@ -86,12 +85,12 @@ def test_429s_from_slots_busy_with_progressing_generations_are_not_a_restart(
         assert not stack.events("restart_started")
         assert stack.pid("standard") == old_pid
         # The streak was reset: one more 429 is not a second trip.
-        reply = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=10)
+        reply = one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=10)
         assert reply.status_code == 429
-        health = httpx.get(f"{stack.url}/v1/backends/health", timeout=5).json()["standard"]
+        health = one_shot.get(f"{stack.url}/v1/backends/health", timeout=5).json()["standard"]
         assert health["failure_streak"] <= 1, health
         stack.control("standard")
-        reply = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=10)
+        reply = one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=10)
         assert reply.status_code == 200
         assert len(stack.events("restart_requested")) == 1
         assert stack.pid("standard") == old_pid

@@ -9,8 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-import httpx
-
+from tests import one_shot
 from tests.fakes.fake_llama_cpp_server import write_shim
 from tests.integration.watched import fake_entry, watched
 from tests.processes import ROOT
@@ -51,7 +50,7 @@ def test_a_python_fallback_busy_with_a_long_generation_is_not_restarted(
         # ~30 s of generation each: far past the deadline, the confirmation and the test.
         body = {"model": stack.model_id("standard"), "messages": HELLO, "max_tokens": 300}
         url = f"{stack.url}/v1/chat/completions"
-        statuses = [httpx.post(url, json=body, timeout=30).status_code for _ in range(2)]
+        statuses = [one_shot.post(url, json=body, timeout=30).status_code for _ in range(2)]
         assert statuses == [504, 504]
         stack.wait_event("restart_requested", reason="timeout")
         refused = stack.wait_event("restart_not_confirmed", timeout=CONFIRM_SECONDS + 10)

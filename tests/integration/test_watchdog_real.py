@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from slm_server.contracts.restart_requests import RestartRequest, write_request
+from tests import one_shot
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, seconds_between, watched
 from tests.processes import free_port, pid_alive, poll
@@ -34,7 +35,7 @@ def smollm(tmp_path: Path) -> dict[str, dict[str, object]]:
 
 def chat(stack: Watched, stream: bool = False) -> httpx.Response:
     body = {"model": "smollm2-135m-instruct", "messages": HELLO, "max_tokens": 8, "stream": stream}
-    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30)
+    return one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30)
 
 
 def answers(stack: Watched, what: str) -> None:
@@ -63,7 +64,7 @@ def test_real_llama_server_stopped_is_caught_by_the_stall(tmp_path: Path) -> Non
         try:
             timed_out = chat(stack)
             assert timed_out.status_code == 504
-            with httpx.stream(
+            with one_shot.stream(
                 "POST",
                 f"{stack.url}/v1/chat/completions",
                 timeout=60,

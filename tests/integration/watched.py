@@ -13,9 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
+from tests import one_shot
 from tests.processes import ROOT, Command, free_port, pid_alive, poll, running_router, start_command
 from tests.registry_entries import registry_entry
 
@@ -117,7 +117,7 @@ class Watched:
     def control(self, role: str, **script: Any) -> None:
         """Script the fake backend behind ``role`` directly on its port."""
         url = f"http://127.0.0.1:{self.port(role)}/_control"
-        httpx.post(url, json=script, timeout=5).raise_for_status()
+        one_shot.post(url, json=script, timeout=5).raise_for_status()
 
     def model_id(self, role: str) -> str:
         model_id = self.models[role]["id"]
