@@ -220,12 +220,12 @@ class Proxy:
                 capped=intake.capped,
             )
             if endpoint == RESPONSES:
-                return await self.responses_api(call, intake.payload, intake.raw)
+                return await self.responses_api(call, intake.payload, intake.body)
             if chat is not None and endpoint == MESSAGES:
                 return await self.messages_api.create(call, chat, intake.payload)
             if chat is not None:
-                return await self.messages_api.count_tokens(call, chat, intake.raw)
-            return await self.passthrough(call, endpoint, intake.raw)
+                return await self.messages_api.count_tokens(call, chat, await intake.body())
+            return await self.passthrough(call, endpoint, await intake.body())
         except BaseException:
             slot.release()
             raise

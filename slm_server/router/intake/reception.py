@@ -47,10 +47,11 @@ OFF_LOOP_BYTES = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Intake:
-    """A request taken in: the model it names, its parsed fields and the bytes to send
-    (re-serialised when defaults were applied), whether the router asked a stream
-    for usage the client did not, the alias the client named the model by, and whether
-    the preset's cap, not the client's own bound, limits the output."""
+    """A request taken in: the model it names, its parsed fields and the bytes it came
+    as, whether the router asked a stream for usage the client did not, the alias the
+    client named the model by, whether the preset's cap, not the client's own bound,
+    limits the output, and whether the router changed the fields (an alias, a preset,
+    defaults, usage), so that :meth:`body` serialises them anew."""
 
     spec: ModelSpec
     payload: dict[str, Any]
@@ -58,6 +59,19 @@ class Intake:
     hidden_usage: bool
     alias: str | None = None
     capped: bool = False
+    rewritten: bool = False
+
+    async def body(self) -> bytes:
+        """The request in its own shape as the backend is sent it: the bytes as they
+        came, or the changed fields serialised (off the event loop when large). Built
+        only by the paths that send it: a translated request (Messages, Responses on a
+        backend without its own) sends its translation instead, and an agent's 90 KB
+        body is not serialised for nothing."""
+        if not self.rewritten:
+            return self.raw
+        if len(self.raw) > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(dumps_body, self.payload)
+        return dumps_body(self.payload)
 
 
 class Reception:
@@ -165,10 +179,7 @@ class Reception:
         check_fields(payload, endpoint)
         changed = apply_defaults(payload, endpoint, self.sampling_defaults(spec)) or changed
         hidden_usage = ask_for_usage(payload, endpoint)
-        if changed or hidden_usage:
-            large = len(raw) > OFF_LOOP_BYTES
-            raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
-        return Intake(spec, payload, raw, hidden_usage, alias, capped)
+        return Intake(spec, payload, raw, hidden_usage, alias, capped, changed or hidden_usage)
 
     async def for_backend(self, intake: Intake, spec: ModelSpec, endpoint: str) -> Intake:
         """The request as ``spec``'s backend is sent it: a remote that knows the model
@@ -180,9 +191,7 @@ class Reception:
         if endpoint in FORM_ENDPOINTS:
             return intake
         payload = {**intake.payload, "model": entry.upstream_model}
-        large = len(intake.raw) > OFF_LOOP_BYTES
-        raw = await asyncio.to_thread(dumps_body, payload) if large else dumps_body(payload)
-        return replace(intake, payload=payload, raw=raw)
+        return replace(intake, payload=payload, rewritten=True)
 
     def refuse_if_down(self, spec: ModelSpec) -> None:
         """Answer for the supervisor when it says the backend cannot serve (see

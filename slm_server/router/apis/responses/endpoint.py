@@ -7,7 +7,7 @@ them in the answer's ``x-slm-dropped-tools`` header and the access line."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -48,15 +48,18 @@ class ResponsesApi:
         self.passthrough = passthrough
         self.sampling_defaults = sampling_defaults
 
-    async def __call__(self, call: Call, payload: dict[str, Any], raw: bytes) -> Response | ASGIApp:
+    async def __call__(
+        self, call: Call, payload: dict[str, Any], body: Callable[[], Awaitable[bytes]]
+    ) -> Response | ASGIApp:
         """The backend's own ``/v1/responses`` where it is OpenAI-shaped (see
         ``OWN_RESPONSES_BACKENDS``) and the request needs no translation, unless it
         answers 404/422; otherwise the request converted to chat completions and the
-        answer converted back."""
+        answer converted back. ``body`` gives the request's bytes, built only for the
+        backend's own route."""
         spec = call.spec
         if spec.entry.backend in OWN_RESPONSES_BACKENDS and not needs_translation(payload):
             progress = self.sender.progress(call)
-            probe, timer = await self.sender.open(call, "/v1/responses", raw, progress)
+            probe, timer = await self.sender.open(call, "/v1/responses", await body(), progress)
             if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
                 return await self.replies.reply(call, probe, timer, progress)
             timer.cancel()
