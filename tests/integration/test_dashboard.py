@@ -1,8 +1,9 @@
 """The dashboard in a real headless browser (Debian's chromium and chromedriver, driven
 by selenium): the real launcher and router, with fake llama-servers and with the real
-one. The page must show every model with its state, a ``kill -9`` must appear in the
-timeline and change the row without a reload, and the load and unload buttons must work.
-Everything waits on conditions in the page (WebDriverWait), never on fixed sleeps.
+one. The page must show every model with its state and each recent request (one sent
+by an alias as such), a ``kill -9`` must appear in the timeline and change the row
+without a reload, and the load and unload buttons must work. Everything waits on
+conditions in the page (WebDriverWait), never on fixed sleeps.
 
 ``SLM_DASHBOARD_SCREENSHOT=<path>`` saves a screenshot of the page there (how
 docs/dashboard.png is made)."""
@@ -104,15 +105,16 @@ def chat(stack: Watched, model: str) -> httpx.Response:
     return one_shot.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
-def exercise(stack: Watched, always: str, lazy: str) -> None:
-    """Every acceptance line of the dashboard against a running stack."""
+def exercise(stack: Watched, always: str, lazy: str, alias: str | None = None) -> None:
+    """Every acceptance line of the dashboard against a running stack (``alias``: one
+    of ``always``'s aliases)."""
     always_id, lazy_id = stack.model_id(always), stack.model_id(lazy)
     with browser() as driver:
         page = Page(driver, stack.url)
         page.open_with_key()
         page.until(lambda: page.cell(always, "state") == "ready", f"{always} shown ready")
         page.until(lambda: page.cell(lazy, "state") == "unloaded", f"{lazy} shown unloaded")
-        assert page.cell(always, "model") == always_id
+        assert page.cell(always, "model") == always_id + (f" ({alias})" if alias else "")
         assert page.cell(always, "pid") == str(stack.pid(always))
         assert page.cell(always, "restarts").startswith("0 /")
         page.until(lambda: page.events("supervisor_started"), "the timeline's first events")
@@ -122,6 +124,15 @@ def exercise(stack: Watched, always: str, lazy: str) -> None:
             lambda: always_id in driver.find_element(By.ID, "requests").text,
             "the request among the recent ones",
         )
+        if alias is not None:
+            assert chat(stack, alias).status_code == 200
+            page.until(
+                lambda: (
+                    f"{alias} \N{RIGHTWARDS ARROW} {always_id}"
+                    in driver.find_element(By.ID, "requests").text
+                ),
+                "the request by an alias among the recent ones, with its alias",
+            )
 
         page.mark()
         old_pid = stack.pid(always)
@@ -167,11 +178,11 @@ def exercise(stack: Watched, always: str, lazy: str) -> None:
 
 def test_the_dashboard_with_fake_backends(tmp_path: Path) -> None:
     models = {
-        "chat": fake_entry(tmp_path, "chat"),
+        "chat": fake_entry(tmp_path, "chat", aliases=["gpt-4o-mini"]),
         "lazy": fake_entry(tmp_path, "lazy", load="on_demand", memory_mb=64),
     }
     with watched(tmp_path, models, SLM_API_KEYS=KEY) as stack:
-        exercise(stack, "chat", "lazy")
+        exercise(stack, "chat", "lazy", alias="gpt-4o-mini")
 
 
 @pytest.mark.real_model

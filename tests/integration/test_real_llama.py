@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("test_real_llama")
 
 CHAT_MODEL = "smollm2-135m-instruct"
 GEMMA_MODEL = "gemma-3-270m"
+AGENT_ALIAS = "gemma-3-270m-agent"  # the coding agents' recipes name it (docs/agents.md)
+AGENT_CAP = 256
 EMBED_MODEL = "gemma-3-270m-embed"
 HELLO: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Say hello in one short sentence."}
@@ -47,7 +49,13 @@ def client(gateway: tuple[Stack, str]) -> Iterator[openai.OpenAI]:
 def test_every_default_model_is_listed_and_healthy(gateway: tuple[Stack, str]) -> None:
     _stack, url = gateway
     models = one_shot.get(f"{url}/v1/models").json()
-    assert [m["id"] for m in models["data"]] == [CHAT_MODEL, GEMMA_MODEL, EMBED_MODEL]
+    listed = [(m["id"], m.get("alias_of")) for m in models["data"]]
+    assert listed == [
+        (CHAT_MODEL, None),
+        (GEMMA_MODEL, None),
+        (AGENT_ALIAS, GEMMA_MODEL),
+        (EMBED_MODEL, None),
+    ]
     health = one_shot.get(f"{url}/v1/backends/health").json()
     assert {role: item["status"] for role, item in health.items()} == {
         "standard": "healthy",
@@ -74,6 +82,28 @@ def test_chat_completion_streams_through_the_official_client(client: openai.Open
     ]
     assert len(deltas) >= 2
     assert "".join(deltas).strip()
+
+
+def test_the_agents_alias_has_gemma_s_whole_context_and_caps_each_answer(
+    gateway: tuple[Stack, str],
+) -> None:
+    stack, url = gateway
+    backend = f"http://127.0.0.1:{stack.ports['gemma']}"
+    props = one_shot.get(f"{backend}/props", timeout=10).json()
+    assert props["default_generation_settings"]["n_ctx"] == 32768
+    body = {
+        "model": AGENT_ALIAS,
+        "max_tokens": 32000,  # what the agents ask for
+        "temperature": 0,
+        # A word is enough: the bound the backend was sent is read from its slot below.
+        "stop_sequences": [" ", "\n", ".", "!", ","],
+        "messages": [{"role": "user", "content": "Say hello."}],
+    }
+    answer = one_shot.post(f"{url}/v1/messages", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert 0 < answer.json()["usage"]["output_tokens"] <= AGENT_CAP
+    [slot] = one_shot.get(f"{backend}/slots", timeout=10).json()  # one slot: max_concurrency 1
+    assert slot["params"]["n_predict"] == AGENT_CAP
 
 
 def test_completions(gateway: tuple[Stack, str]) -> None:

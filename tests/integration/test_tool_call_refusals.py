@@ -1,6 +1,7 @@
 """Tool-call mistakes are the client's: every tool-call input found to make the pinned
-llama-server answer 5xx is answered 5xx by the backend when sent to it directly, and
-400 naming the field by the gateway, which sends nothing to the backend and counts
+llama-server answer 5xx (and an image or audio sent to a model without a projector) is
+answered 5xx by the backend when sent to it directly, and 400 naming the field by the
+gateway, which sends nothing to the backend and counts
 nothing against it (no failure in the watchdog's log or counters, no restart).
 
 Real processes: the launcher running llama-server on the default SmolLM2 GGUF twice,
@@ -42,6 +43,13 @@ CALL: dict[str, Any] = {
     "function": {"name": "get_weather", "arguments": "{}"},
 }
 RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+# A 1x1 PNG, and a few bytes of audio: llama-server refuses both before decoding them.
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AA"
+    "AAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+IMAGE = {"type": "image_url", "image_url": {"url": PNG}}
+AUDIO = {"data": "UklGRiQAAABXQVZF", "format": "wav"}
 
 
 def call(**fields: Any) -> dict[str, Any]:
@@ -219,6 +227,35 @@ FINDINGS: dict[str, Finding] = {
             "tools": [{"name": "f", "input_schema": {"properties": {"a": {"$ref": "#/nope"}}}}],
         },
         "tools[0].input_schema",
+    ),
+    # Media for a model that reads text only (llama-server without --mmproj).
+    "an image part": Finding(
+        PLAIN,
+        CHAT,
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "What is it?"}, IMAGE]}
+            ]
+        },
+        "messages[0].content[1]",
+    ),
+    "an audio part": Finding(
+        PLAIN,
+        CHAT,
+        {
+            "messages": [
+                USER,
+                {"role": "assistant", "content": "Sunny."},
+                {"role": "user", "content": [{"type": "input_audio", "input_audio": AUDIO}]},
+            ]
+        },
+        "messages[2].content[0]",
+    ),
+    "responses: an input_image": Finding(
+        PLAIN,
+        RESPONSES,
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": PNG}]}]},
+        "input[0].content[0]",
     ),
 }
 

@@ -20,6 +20,7 @@ FIELDS: Final = (
     "time",
     "request_id",
     "model",
+    "alias",
     "endpoint",
     "status",
     "queue_seconds",
@@ -36,6 +37,7 @@ FIELDS: Final = (
 Row = tuple[
     float,
     str,
+    str | None,
     str | None,
     str,
     int | None,
@@ -62,13 +64,15 @@ class RecentRequests:
         self.rows: deque[Row] = deque(maxlen=capacity)
 
     def record(self, exchange: Exchange) -> None:
-        """Keep one finished exchange (its model as routed, else as asked for)."""
+        """Keep one finished exchange: its model as routed (else as asked for), and
+        the alias the client named it by."""
         spec = exchange.spec
         self.rows.append(
             (
                 time.time(),
                 exchange.request_id,
                 spec.entry.id if spec is not None else exchange.model,
+                exchange.alias,
                 exchange.path,
                 exchange.status,
                 exchange.queue_seconds,
@@ -92,9 +96,9 @@ class RecentRequests:
             item["time"] = round(row[0], 3)
             if isinstance(row[2], str) and len(row[2]) > MAX_MODEL_CHARS:
                 item["model"] = row[2][:MAX_MODEL_CHARS]  # a client's string, unchecked
-            item["queue_seconds"] = _rounded(row[5])
-            item["ttft_seconds"] = _rounded(row[6])
-            item["duration_seconds"] = _rounded(row[7])
+            item["queue_seconds"] = _rounded(row[6])
+            item["ttft_seconds"] = _rounded(row[7])
+            item["duration_seconds"] = _rounded(row[8])
             shown.append(item)
         return shown
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from slm_server.errors import InvalidRequest, UnsupportedMediaType
 from slm_server.router.intake import strict_json
+from slm_server.router.intake.media_parts import check_media
 from slm_server.router.intake.tool_calls import check_tool_calls
 
 SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -78,13 +79,16 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 GRAMMAR_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 
-def check_fields(payload: dict[str, Any], endpoint: str) -> None:
+def check_fields(payload: dict[str, Any], endpoint: str, *, model_type: str) -> None:
     """Refuse values a backend would fail on with a 5xx of its own (which the watchdog
     would count against a healthy backend): a rerank ``top_n`` that is not a positive
     integer (llama-server throws on a negative one; 0 would rank nothing), both a
-    ``json_schema`` and a ``grammar`` (llama-server answers them 500), and on chat
+    ``json_schema`` and a ``grammar`` (llama-server answers them 500), images and audio
+    for a model whose ``model_type`` is not multimodal
+    (:func:`~slm_server.router.intake.media_parts.check_media`), and on chat
     completions the tool calls, tool results and tools it fails on
     (:func:`~slm_server.router.intake.tool_calls.check_tool_calls`)."""
+    check_media(payload, endpoint, model_type)
     if endpoint == CHAT_ENDPOINT:
         check_tool_calls(payload)
     if (

@@ -176,7 +176,7 @@ class Reception:
                     payload, changed = preset, True
                     exchange.note_sampling(payload)
         # Checked as it will be sent: a preset may add what the backend would fail on.
-        check_fields(payload, endpoint)
+        check_fields(payload, endpoint, model_type=spec.entry.model_type)
         changed = apply_defaults(payload, endpoint, self.sampling_defaults(spec)) or changed
         hidden_usage = ask_for_usage(payload, endpoint)
         return Intake(spec, payload, raw, hidden_usage, alias, capped, changed or hidden_usage)

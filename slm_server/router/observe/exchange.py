@@ -132,6 +132,15 @@ class Exchange:
         """Whether the request reached the point of naming a known model."""
         return self.spec is not None
 
+    @property
+    def alias(self) -> str | None:
+        """The name the client gave the model it was routed to when that is not the
+        entry's id (one of its aliases); None otherwise, or when it was not routed."""
+        spec, asked = self.spec, self.model
+        if spec is None or asked is None or asked == spec.entry.id:
+            return None
+        return asked
+
     def note_request(self, payload: dict[str, Any]) -> None:
         """The request fields telemetry reports."""
         model = payload.get("model")

@@ -217,10 +217,9 @@ class RequestObserver:
             "duration_ms": duration_ms,
             "outcome": outcome,
         }
-        asked = exchange.model
-        if exchange.spec is not None and asked is not None and asked != exchange.spec.entry.id:
-            # The model was named by an alias: the line says by which.
-            fields["alias"] = shown(asked)
+        alias = exchange.alias
+        if alias is not None:  # the model was named by an alias: the line says by which
+            fields["alias"] = shown(alias)
             message += f" alias={fields['alias']}"
         rule = exchange.routing_rule
         if rule is not None and exchange.spec is not None:

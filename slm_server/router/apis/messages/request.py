@@ -55,6 +55,8 @@ NUMBER_FIELDS = ("temperature", "top_p", "top_k")
 BILLING_HEADER = "x-anthropic-billing-header:"
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 TOOL_RESULT_ERROR_PREFIX = "Error: "
+# The least thinking budget Anthropic's API takes with ``thinking.type: enabled``.
+MIN_THINKING_BUDGET = 1024
 
 
 def messages_to_chat(
@@ -416,6 +418,8 @@ def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
 
 
 def _thinking(value: Any, chat: dict[str, Any]) -> None:
+    """``thinking`` as ``chat_template_kwargs.enable_thinking``; its ``budget_tokens``
+    checked (:func:`_check_budget`) and not sent on."""
     if value is None:
         return
     kind = value.get("type") if isinstance(value, dict) else None
@@ -429,12 +433,35 @@ def _thinking(value: Any, chat: dict[str, Any]) -> None:
         raise InvalidRequest(
             "`thinking.budget_tokens` must be an integer", param="thinking.budget_tokens"
         )
+    if kind == "enabled":
+        _check_budget(budget)
     kwargs = chat.get("chat_template_kwargs", {})
     if not isinstance(kwargs, dict):
         raise InvalidRequest(
             "`chat_template_kwargs` must be an object", param="chat_template_kwargs"
         )
     chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled", **kwargs}
+
+
+def _check_budget(budget: int | None) -> None:
+    """Refuse an ``enabled`` thinking's budget as Anthropic's API does: required, at
+    least :data:`MIN_THINKING_BUDGET`. Not refused: a budget at or past ``max_tokens``,
+    which Anthropic's API takes with interleaved thinking (which Claude Code asks for),
+    and which a preset's cap on ``max_tokens`` would otherwise turn into a refusal of a
+    request the client sent right. The budget bounds nothing here: no backend is sent a
+    per-request thinking budget (the pinned llama-server's own changed nothing when
+    measured), so ``max_tokens`` alone bounds thinking and answer together."""
+    if budget is None:
+        raise InvalidRequest(
+            "`thinking.budget_tokens` is required when `thinking.type` is enabled (an "
+            f"integer of at least {MIN_THINKING_BUDGET})",
+            param="thinking.budget_tokens",
+        )
+    if budget < MIN_THINKING_BUDGET:
+        raise InvalidRequest(
+            f"`thinking.budget_tokens` must be at least {MIN_THINKING_BUDGET}, got {budget}",
+            param="thinking.budget_tokens",
+        )
 
 
 __all__ = ["messages_to_chat"]

@@ -174,7 +174,8 @@ function renderRequests(list) {
     const row = document.createElement("tr");
     const time = new Date(r.time * 1000).toLocaleTimeString();
     const tokens = dash(r.input_tokens) + " / " + dash(r.output_tokens);
-    const model = r.replica ? r.model + " (" + r.replica + ")" : r.model;
+    const named = r.alias ? r.alias + " \u2192 " + r.model : r.model;
+    const model = r.replica ? named + " (" + r.replica + ")" : named;
     for (const value of [time, model, r.endpoint, r.status, r.queue_seconds,
       r.ttft_seconds, r.duration_seconds, tokens]) {
       row.appendChild(el("td", dash(value)));

@@ -299,6 +299,26 @@ def test_recent_requests_are_kept_newest_first_and_bounded(tmp_path: Path) -> No
     run(scenario())
 
 
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
+def test_a_recent_request_names_the_alias_it_was_sent_by(tmp_path: Path) -> None:
+    router = make_router(tmp_path, answer, chat="    aliases: [gpt-4o-mini]\n")
+    hi = [{"role": "user", "content": "hi"}]
+
+    async def scenario() -> None:
+        async with serving(router):
+            for model in ("gpt-4o-mini", MODEL):
+                body = {"model": model, "messages": hi}
+                assert (await call(router.app, CHAT, body)).status == 200
+            unknown = {"model": "gpt-5", "messages": hi}
+            assert (await call(router.app, CHAT, unknown)).status == 404
+            got = await call(router.app, "/v1/ui/requests", b"", method="GET")
+            rows = got.json()["data"]
+            shown = [(r["model"], r["alias"], r["status"]) for r in rows]
+            assert shown == [("gpt-5", None, 404), (MODEL, None, 200), (MODEL, "gpt-4o-mini", 200)]
+
+    run(scenario())
+
+
 # -- a backend's log ------------------------------------------------------------------
 
 

@@ -507,3 +507,56 @@ def test_bad_requests_are_refused_before_anything_is_sent(
             assert router.gate_active() == 0
 
     run(scenario())
+
+
+IMAGE_URL = "data:image/png;base64,AAAA"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            CHAT,
+            chat(
+                messages=[
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "Hello"},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "And this?"},
+                            {"type": "image_url", "image_url": {"url": IMAGE_URL}},
+                        ],
+                    },
+                ]
+            ),
+            "messages[2].content[1]",
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": MODEL,
+                "input": [
+                    {"role": "user", "content": [{"type": "input_image", "image_url": IMAGE_URL}]}
+                ],
+            },
+            "input[0].content[0]",
+        ),
+    ],
+)
+def test_an_image_for_a_text_only_model_is_400_before_anything_is_sent(
+    tmp_path: Path, path: str, body: dict[str, Any], param: str
+) -> None:
+    router = make_router(tmp_path, answering(lambda: whole(ANSWER)))
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, path, body)
+            assert got.status == 400
+            error = got.json()["error"]
+            assert (error["type"], error["param"]) == ("invalid_request_error", param)
+            assert router.transport.sent == []
+            assert router.gate_active() == 0
+            assert router.events.named("backend_failure") == []
+
+    run(scenario())

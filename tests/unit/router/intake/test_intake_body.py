@@ -37,6 +37,7 @@ def test_a_changed_request_is_serialised_when_asked_small_or_large(size: int) ->
 
 def test_nothing_is_serialised_until_a_path_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
+
     def counted(payload: dict[str, Any]) -> bytes:
         calls.append(1)
         return dumps_body(payload)

@@ -246,18 +246,26 @@ def test_kwargs_present_but_sampling_added_still_reports_change() -> None:
 @pytest.mark.parametrize("top_n", [0, -1, -100, "3", 2.5, True, None, [1]])
 def test_rerank_top_n_must_be_a_positive_integer(top_n: object) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        check_fields({"model": "m", "query": "q", "documents": ["d"], "top_n": top_n}, "/v1/rerank")
+        check_fields(
+            {"model": "m", "query": "q", "documents": ["d"], "top_n": top_n},
+            "/v1/rerank",
+            model_type="rerank",
+        )
     assert caught.value.code == "invalid_top_n"
 
 
 @pytest.mark.parametrize("top_n", [1, 2, 1000])
 def test_rerank_top_n_in_range_passes(top_n: int) -> None:
-    check_fields({"model": "m", "query": "q", "documents": ["d"], "top_n": top_n}, "/v1/rerank")
+    check_fields(
+        {"model": "m", "query": "q", "documents": ["d"], "top_n": top_n},
+        "/v1/rerank",
+        model_type="rerank",
+    )
 
 
 def test_top_n_is_only_checked_on_rerank() -> None:
-    check_fields({"model": "m", "top_n": -1}, "/v1/embeddings")
-    check_fields({"model": "m"}, "/v1/rerank")
+    check_fields({"model": "m", "top_n": -1}, "/v1/embeddings", model_type="embeddings")
+    check_fields({"model": "m"}, "/v1/rerank", model_type="rerank")
 
 
 @pytest.mark.parametrize(

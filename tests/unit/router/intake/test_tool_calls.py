@@ -216,7 +216,7 @@ def test_what_llama_server_fails_on_is_refused_naming_the_field(name: str) -> No
     body, param = REFUSED[name]
     payload = {"model": "m", **unnull(body)}
     with pytest.raises(InvalidRequest) as refused:
-        check_fields(payload, "/v1/chat/completions")
+        check_fields(payload, "/v1/chat/completions", model_type="lm")
     assert refused.value.param == param
     assert refused.value.status == 400
     assert f"`{param}`" in refused.value.message
@@ -230,7 +230,7 @@ def test_what_llama_server_serves_passes(name: str) -> None:
 def test_only_chat_completions_is_checked_so() -> None:
     body = {"model": "m", **history(function_arguments="{oops")}
     for endpoint in ("/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"):
-        check_fields(body, endpoint)
+        check_fields(body, endpoint, model_type="lm")
 
 
 @pytest.mark.parametrize(

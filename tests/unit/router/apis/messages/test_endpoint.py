@@ -275,6 +275,36 @@ def test_what_the_client_gets_wrong_is_refused_in_anthropics_shape_and_never_sen
     run(scenario())
 
 
+def test_a_thinking_budget_is_checked_as_anthropic_does_and_the_cap_still_binds(
+    tmp_path: Path,
+) -> None:
+    capped = "    preset: {max_output_tokens: 256}\n"
+    router = make_router(tmp_path, answering(lambda: whole(ANSWER)), chat=capped)
+    # What Claude Code sent before adaptive thinking: a budget past the cap it will meet.
+    claude_code = request(max_tokens=32000, thinking={"type": "enabled", "budget_tokens": 31999})
+    small = request(max_tokens=32000, thinking={"type": "enabled", "budget_tokens": 512})
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, MESSAGES, claude_code, headers=HEADERS)
+            assert got.status == 200, got.body
+            strict_message(got.json())
+            [sent] = router.transport.sent
+            body = sent.json()
+            assert (body["max_tokens"], body["chat_template_kwargs"]) == (
+                256,
+                {"enable_thinking": True},
+            )
+            assert "thinking" not in body
+            refused = await call(router.app, MESSAGES, small, headers=HEADERS)
+            assert refused.status == 400
+            error = strict_error(refused.json(), "invalid_request_error")
+            assert "`thinking.budget_tokens` must be at least 1024" in error.error.message
+            assert len(router.transport.sent) == 1
+
+    run(scenario())
+
+
 def test_unknown_paths_and_methods_take_anthropics_shape(tmp_path: Path) -> None:
     router = make_router(tmp_path, answering(lambda: whole(ANSWER)))
 

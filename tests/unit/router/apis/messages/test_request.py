@@ -210,6 +210,26 @@ def test_thinking_sets_enable_thinking_unless_the_request_does() -> None:
     assert "chat_template_kwargs" not in chat()
 
 
+@pytest.mark.parametrize(
+    ("thinking", "max_tokens"),
+    [
+        ({"type": "enabled", "budget_tokens": 1024}, 2048),
+        ({"type": "enabled", "budget_tokens": 31999}, 32000),  # Claude Code before adaptive
+        ({"type": "enabled", "budget_tokens": 31999}, 256),  # a budget past max_tokens
+        ({"type": "enabled", "budget_tokens": 63999}, 32000),  # as interleaved thinking allows
+        ({"type": "adaptive"}, 32000),  # Claude Code 2.1
+        ({"type": "disabled"}, 16),
+    ],
+)
+def test_a_thinking_budget_anthropic_takes_passes_and_is_not_sent_on(
+    thinking: dict[str, Any], max_tokens: int
+) -> None:
+    got = chat(thinking=thinking, max_tokens=max_tokens)
+    assert got["max_tokens"] == max_tokens
+    assert got["chat_template_kwargs"] == {"enable_thinking": thinking["type"] != "disabled"}
+    assert "thinking" not in got and "budget_tokens" not in json.dumps(got)
+
+
 def test_unknown_fields_are_forwarded_and_anthropic_only_ones_dropped() -> None:
     got = chat(seed=7, min_p=0.1, service_tier="auto", context_management={}, container=None)
     assert got["seed"] == 7 and got["min_p"] == 0.1
@@ -254,6 +274,11 @@ def test_unknown_fields_are_forwarded_and_anthropic_only_ones_dropped() -> None:
         ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
         ({"thinking": {"type": "maybe"}}, "thinking.type"),
         ({"thinking": {"type": "enabled", "budget_tokens": "lots"}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": None}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1023}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 2048.0}}, "thinking.budget_tokens"),
         ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
     ],
 )
