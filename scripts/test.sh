@@ -21,8 +21,11 @@ if [ "${1:-}" = "--fast" ]; then
   echo "[test] ruff"
   "$uv_cmd" run --frozen ruff check .
   "$uv_cmd" run --frozen ruff format --check .
-  echo "[test] pytest (fast: tests/unit)"
-  exec "$uv_cmd" run --frozen pytest tests/unit "$@"
+  # The unit tests compute rather than wait: one worker per CPU.
+  cpus=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+  workers=${SLM_TEST_WORKERS:-$cpus}
+  echo "[test] pytest (fast: tests/unit, $workers workers)"
+  exec "$uv_cmd" run --frozen pytest tests/unit -n "$workers" --dist loadgroup "$@"
 fi
 
 bin_line=$(bash scripts/setup.sh --for-tests | tail -n 1)
