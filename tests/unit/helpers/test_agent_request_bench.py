@@ -89,12 +89,12 @@ def _runs(plan: Plan, router_cpu: dict[str, float]) -> list[dict[str, Any]]:
 
 def test_checks_are_ratios_within_each_round() -> None:
     plan = Plan(concurrency=(1,))
-    cpu = {"chat": 1000.0, "responses": 2500.0, "messages": 1800.0}
-    cpu |= {"chat+preset": 1050.0, "responses+preset": 3000.0, "messages+preset": 1800.0}
+    cpu = {"chat": 1000.0, "responses": 3200.0, "messages": 1800.0}
+    cpu |= {"chat+preset": 1050.0, "responses+preset": 3840.0, "messages+preset": 1800.0}
     found = {c.name: c for c in agent_request.checks(Rounds(_runs(plan, cpu)), plan)}
     assert len(found) == 4 + 5  # no preset check of a whole chat answer (serialised anew)
     responses = found["router CPU per request, Responses ÷ chat completions, whole, c=1"]
-    assert responses.stat["median"] == pytest.approx(2.5) and not responses.passed
+    assert responses.stat["median"] == pytest.approx(3.2) and not responses.passed
     messages = found["router CPU per request, Messages ÷ chat completions, stream, c=1"]
     assert messages.stat["median"] == pytest.approx(1.8) and messages.passed
     preset = found["router CPU per request, preset ÷ none, chat completions, stream, c=1"]
