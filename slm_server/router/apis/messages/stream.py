@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from slm_server.router.answer.chat_delta import walk_delta
 from slm_server.router.apis.messages.answer import (
     model_of,
     new_id,
@@ -28,7 +29,6 @@ from slm_server.router.apis.messages.answer import (
     tool_use_block,
     usage_of,
 )
-from slm_server.router.apis.responses.stream import reasoning_text
 
 
 @dataclass
@@ -131,18 +131,12 @@ class MessageStreamTranslator:
         return [*events, _sse("error", error_body)]
 
     def _delta(self, delta: dict[str, Any]) -> list[bytes]:
-        events: list[bytes] = []
-        reasoning = reasoning_text(delta)
-        if reasoning:
-            events += self._text("thinking", reasoning)
-        content = delta.get("content")
-        if isinstance(content, str) and content:
-            events += self._text("text", content)
-        calls = delta.get("tool_calls")
-        for call in calls if isinstance(calls, list) else []:
-            if isinstance(call, dict):
-                events += self._call(call)
-        return events
+        return walk_delta(
+            delta,
+            reasoning=lambda text: self._text("thinking", text),
+            content=lambda text: self._text("text", text),
+            tool_call=self._call,
+        )
 
     def _text(self, kind: str, text: str) -> list[bytes]:
         events: list[bytes] = []

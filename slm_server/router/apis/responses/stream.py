@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from slm_server.router.answer.chat_delta import walk_delta
 from slm_server.router.apis.responses.custom_input import InputReader
 from slm_server.router.apis.responses.tools import echoed_tools, offer_of
 
@@ -23,15 +24,6 @@ INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_
 def new_id(prefix: str) -> str:
     """A fresh identifier in the OpenAI style, ``<prefix>_<32 hex digits>``."""
     return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def reasoning_text(message: dict[str, Any]) -> str:
-    """The reasoning a chat message or delta carries (``reasoning_content`` or ``reasoning``)."""
-    for key in ("reasoning_content", "reasoning"):
-        value = message.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return ""
 
 
 def incomplete_reason(finish_reason: Any) -> str | None:
@@ -360,18 +352,12 @@ class ResponseStreamTranslator:
         return [*events, self._response_event("response.failed", response)]
 
     def _delta(self, delta: dict[str, Any]) -> list[bytes]:
-        events: list[bytes] = []
-        reasoning = reasoning_text(delta)
-        if reasoning:
-            events += self._stream_text("reasoning", reasoning)
-        content = delta.get("content")
-        if isinstance(content, str) and content:
-            events += self._stream_text("message", content)
-        tool_calls = delta.get("tool_calls")
-        for call in tool_calls if isinstance(tool_calls, list) else []:
-            if isinstance(call, dict):
-                events += self._stream_call(call)
-        return events
+        return walk_delta(
+            delta,
+            reasoning=lambda text: self._stream_text("reasoning", text),
+            content=lambda text: self._stream_text("message", text),
+            tool_call=self._stream_call,
+        )
 
     def _stream_text(self, kind: str, text: str) -> list[bytes]:
         events: list[bytes] = []

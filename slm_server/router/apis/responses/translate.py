@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from slm_server.errors import BackendProtocolError, InvalidRequest
+from slm_server.router.answer.chat_delta import reasoning_text
 from slm_server.router.apis.responses.custom_input import custom_arguments, custom_input
 from slm_server.router.apis.responses.stream import (
     ResponseStreamTranslator,
@@ -33,7 +34,6 @@ from slm_server.router.apis.responses.stream import (
     new_id,
     output_text_part,
     reasoning_item,
-    reasoning_text,
 )
 from slm_server.router.apis.responses.tools import (
     chat_name,
