@@ -20,7 +20,7 @@ from slm_server.router.answer.answer_fields import answer_fields
 from slm_server.router.answer.sse import SseTap
 from slm_server.router.answer.stream_relay import StreamRelay
 from slm_server.router.answer.stream_splice import Splice
-from slm_server.router.answer.translation import ResponsesTranslation, Translation
+from slm_server.router.answer.translation import Translation
 from slm_server.router.answer.whole_answer import WholeAnswer
 from slm_server.router.dispatch.admitted_call import Call
 from slm_server.router.dispatch.drain import Drain
@@ -51,16 +51,13 @@ class Replies:
         upstream: UpstreamResponse,
         timer: StallTimer,
         progress: Progress | None,
-        translate: dict[str, Any] | None = None,
         translation: Translation | None = None,
     ) -> Response | ASGIApp:
         """Answer with an opened upstream response: relayed when it streams, else read
-        whole under the deadline; converted by ``translation`` (or, when ``translate``
-        is the original Responses-API request, to the Responses API). ``progress``
+        whole under the deadline; converted by ``translation`` when the request came in
+        another API's shape. ``progress``
         notes what the backend delivers, for the watchdog to judge a deadline that cuts
         the answer; None when the client shortened the deadline (it is never judged)."""
-        if translate is not None:
-            translation = ResponsesTranslation(translate, capped=call.capped)
         spec, exchange = call.spec, call.exchange
         content_type = upstream.headers.get("content-type", "application/json")
         streams = upstream.status_code == 200 and "event-stream" in content_type

@@ -1,7 +1,8 @@
 """How an answer in chat completions' shape is turned into another API's: the
 :class:`Translation` a handler gives :meth:`~slm_server.router.answer.reply.Replies.reply`,
-and the Responses API's (:class:`ResponsesTranslation`). The Messages API's is
-:class:`~slm_server.router.apis.messages.endpoint.MessagesTranslation`.
+and :class:`ChatTranslation`, the walk over a stream that each API shape's own
+(:class:`~slm_server.router.apis.responses.endpoint.ResponsesTranslation`,
+:class:`~slm_server.router.apis.messages.endpoint.MessagesTranslation`) fills in.
 
 An answer cut by the model's preset cap (``max_output_tokens`` in the registry), when the
 client's own bound was larger, is translated as a finished turn (:func:`cap_ends_turn`):
@@ -13,19 +14,21 @@ cap would only end them again."""
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from slm_server.errors import GatewayError
-from slm_server.router.apis.responses.translate import ResponseStreamTranslator, chat_to_response
 from slm_server.router.observe.exchange import Exchange
-from slm_server.router.upstream.client import backend_error_body
 
 
 class Translation(Protocol):
     """One request's answer translated from chat completions."""
 
-    api: str  # named in errors: "the Responses API"
+    @property
+    def api(self) -> str:
+        """The API's name, as errors name it: "the Responses API"."""
+        ...
 
     def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The answer for a whole chat completion."""
@@ -64,30 +67,55 @@ def cap_ends_turn(chat: dict[str, Any]) -> dict[str, Any]:
     return {**chat, "choices": ended}
 
 
-class ResponsesTranslation:
-    """The Responses API's answer to ``request``; ``capped``: the preset's cap, not the
-    client's bound, limits the output (a cut there is a finished turn)."""
+class StreamTranslator(Protocol):
+    """A pure translator of one chat completions stream into another API's events."""
 
-    api = "the Responses API"
+    def start(self) -> list[bytes]:
+        """The events that open the stream."""
+        ...
 
-    def __init__(self, request: dict[str, Any], *, capped: bool = False) -> None:
+    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        """The events of one chat chunk."""
+        ...
+
+    def finish(self) -> list[bytes]:
+        """The events that close the stream."""
+        ...
+
+
+S = TypeVar("S", bound=StreamTranslator)
+
+
+class ChatTranslation(ABC, Generic[S]):
+    """A :class:`Translation` for one request, from chat completions: each API shape
+    gives its whole answer (:meth:`answer`), its stream translator and what a backend's
+    in-band error becomes (:meth:`failed`); the walk over the stream is this one.
+    ``capped``: the preset's cap, not the client's bound, limits the output (a cut there
+    is a finished turn, :func:`cap_ends_turn`)."""
+
+    api: ClassVar[str]  # named in errors: "the Responses API"
+
+    def __init__(self, request: dict[str, Any], translator: S, *, capped: bool) -> None:
         self.request = request
+        self.translator = translator
         self.capped = capped
-        self.translator = ResponseStreamTranslator(request)
+
+    @abstractmethod
+    def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The API's whole answer for the whole chat completion ``chat``."""
+
+    @abstractmethod
+    def failed(self, error: Any) -> list[bytes]:
+        """The events that end the stream when the backend sent ``error`` in band."""
 
     def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
-        return chat_to_response(cap_ends_turn(chat) if self.capped else chat, self.request)
-
-    def error_body(self, status: int, content: bytes) -> bytes:
-        return backend_error_body(status, content)
-
-    def stream_error(self, error: GatewayError) -> bytes:
-        return b"".join(self.translator.error(error.message))
+        return self.answer(cap_ends_turn(chat) if self.capped else chat)
 
     async def stream(
         self, chunks: AsyncIterator[dict[str, Any]], exchange: Exchange
     ) -> AsyncIterator[bytes]:
-        """A chat-completions stream as Responses-API events."""
+        """The parsed chat chunks as the API's events; a backend's in-band error ends
+        them."""
         translator = self.translator
         for event in translator.start():
             yield event
@@ -95,9 +123,8 @@ class ResponsesTranslation:
             exchange.note_response(chunk)
             error = chunk.get("error")
             if error is not None:
-                message = error.get("message") if isinstance(error, dict) else str(error)
                 exchange.error_type = "backend_stream_error"
-                for event in translator.error(str(message)):
+                for event in self.failed(error):
                     yield event
                 return
             for event in translator.feed(cap_ends_turn(chunk) if self.capped else chunk):
@@ -112,4 +139,10 @@ def error_message(error: Any) -> str:
     return message if isinstance(message, str) else json.dumps(error)
 
 
-__all__ = ["ResponsesTranslation", "Translation", "cap_ends_turn", "error_message"]
+__all__ = [
+    "ChatTranslation",
+    "StreamTranslator",
+    "Translation",
+    "cap_ends_turn",
+    "error_message",
+]

@@ -4,12 +4,11 @@ the request goes to the backend's own endpoint and its answer comes back."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from slm_server.router.answer.reply import Replies
+from slm_server.router.answer.translation import Translation
 from slm_server.router.dispatch.admitted_call import Call
 from slm_server.router.upstream.sender import Sender
 
@@ -22,13 +21,13 @@ class PassThrough:
         self.replies = replies
 
     async def __call__(
-        self, call: Call, path: str, body: bytes, translate: dict[str, Any] | None = None
+        self, call: Call, path: str, body: bytes, translation: Translation | None = None
     ) -> Response | ASGIApp:
-        """``body`` to ``path`` under the call's deadline; ``translate`` is the original
-        Responses-API request when the answer is to be converted back to it."""
+        """``body`` to ``path`` under the call's deadline; the answer converted by
+        ``translation`` when the request came in another API's shape."""
         progress = self.sender.progress(call)
         upstream, timer = await self.sender.open(call, path, body, progress)
-        return await self.replies.reply(call, upstream, timer, progress, translate)
+        return await self.replies.reply(call, upstream, timer, progress, translation)
 
 
 __all__ = ["PassThrough"]

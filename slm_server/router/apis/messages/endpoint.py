@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 from slm_server.config import ModelSpec
 from slm_server.errors import BackendProtocolError, GatewayError, anthropic_error_body
 from slm_server.router.answer.reply import Replies
-from slm_server.router.answer.translation import cap_ends_turn, error_message
+from slm_server.router.answer.translation import ChatTranslation, error_message
 from slm_server.router.apis.messages.answer import backend_error, chat_to_message
 from slm_server.router.apis.messages.count import estimate_tokens
 from slm_server.router.apis.messages.request import messages_to_chat
@@ -49,7 +49,7 @@ def _dumps(body: dict[str, Any]) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode()
 
 
-class MessagesTranslation:
+class MessagesTranslation(ChatTranslation[MessageStreamTranslator]):
     """The Messages API's answer to ``request``, from chat completions; ``capped``: the
     preset's cap, not the client's ``max_tokens``, limits the output (a cut there is
     ``end_turn``, see :func:`~slm_server.router.answer.translation.cap_ends_turn`)."""
@@ -57,38 +57,19 @@ class MessagesTranslation:
     api = "the Messages API"
 
     def __init__(self, request: dict[str, Any], *, capped: bool = False) -> None:
-        self.request = request
-        self.capped = capped
-        self.translator = MessageStreamTranslator(request)
+        super().__init__(request, MessageStreamTranslator(request), capped=capped)
 
-    def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
-        return chat_to_message(cap_ends_turn(chat) if self.capped else chat, self.request)
+    def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
+        return chat_to_message(chat, self.request)
+
+    def failed(self, error: Any) -> list[bytes]:
+        return self.translator.error(anthropic_error_body(500, error_message(error)))
 
     def error_body(self, status: int, content: bytes) -> bytes:
         return _dumps(backend_error(status, content))
 
     def stream_error(self, error: GatewayError) -> bytes:
         return b"".join(self.translator.error(error.anthropic_body()))
-
-    async def stream(
-        self, chunks: AsyncIterator[dict[str, Any]], exchange: Exchange
-    ) -> AsyncIterator[bytes]:
-        translator = self.translator
-        for event in translator.start():
-            yield event
-        async for chunk in chunks:
-            exchange.note_response(chunk)
-            error = chunk.get("error")
-            if error is not None:
-                exchange.error_type = "backend_stream_error"
-                body = anthropic_error_body(500, error_message(error))
-                for event in translator.error(body):
-                    yield event
-                return
-            for event in translator.feed(cap_ends_turn(chunk) if self.capped else chunk):
-                yield event
-        for event in translator.finish():
-            yield event
 
 
 class TokenCount:

@@ -14,13 +14,21 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from slm_server.config import ModelSpec
+from slm_server.errors import GatewayError
 from slm_server.router.answer.reply import Replies
+from slm_server.router.answer.translation import ChatTranslation
 from slm_server.router.apis.passthrough import PassThrough
-from slm_server.router.apis.responses.translate import needs_translation, translate_request
+from slm_server.router.apis.responses.translate import (
+    ResponseStreamTranslator,
+    chat_to_response,
+    needs_translation,
+    translate_request,
+)
 from slm_server.router.dispatch.admitted_call import Call
 from slm_server.router.intake.payload import apply_defaults
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.intake.tool_calls import check_tool_calls
+from slm_server.router.upstream.client import backend_error_body
 from slm_server.router.upstream.sender import Sender
 
 # A backend answering these to /v1/responses has none: the router translates.
@@ -31,6 +39,28 @@ RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
 # model and tools, a cut answer says completed; the openai SDK's responses.stream()
 # fails on it. For llama.cpp backends the router translates to chat completions itself.
 OWN_RESPONSES_BACKENDS = frozenset({"mlx"})
+
+
+class ResponsesTranslation(ChatTranslation[ResponseStreamTranslator]):
+    """The Responses API's answer to ``request``, from chat completions."""
+
+    api = "the Responses API"
+
+    def __init__(self, request: dict[str, Any], *, capped: bool = False) -> None:
+        super().__init__(request, ResponseStreamTranslator(request), capped=capped)
+
+    def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
+        return chat_to_response(chat, self.request)
+
+    def failed(self, error: Any) -> list[bytes]:
+        message = error.get("message") if isinstance(error, dict) else str(error)
+        return self.translator.error(str(message))
+
+    def error_body(self, status: int, content: bytes) -> bytes:
+        return backend_error_body(status, content)
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        return b"".join(self.translator.error(error.message))
 
 
 class ResponsesApi:
@@ -69,7 +99,13 @@ class ResponsesApi:
         check_tool_calls(chat)  # the translation's own checks name the Responses fields
         call.exchange.dropped_tools = translated.dropped
         apply_defaults(chat, "/v1/chat/completions", self.sampling_defaults(spec))
-        return await self.passthrough(call, "/v1/chat/completions", dumps_body(chat), payload)
+        translation = ResponsesTranslation(payload, capped=call.capped)
+        return await self.passthrough(call, "/v1/chat/completions", dumps_body(chat), translation)
 
 
-__all__ = ["OWN_RESPONSES_BACKENDS", "RESPONSES_FALLBACK_STATUSES", "ResponsesApi"]
+__all__ = [
+    "OWN_RESPONSES_BACKENDS",
+    "RESPONSES_FALLBACK_STATUSES",
+    "ResponsesApi",
+    "ResponsesTranslation",
+]
