@@ -110,10 +110,7 @@ class Script:
     responses: bool = False
     reply: str | None = None
     tool_calls: list[JSON] | None = None
-    # A chat answer that calls this tool with ``tool_arguments`` (streamed in two
-    # pieces), and that thinks ``reasoning`` first (as ``reasoning_content``).
-    tool_call: str | None = None
-    tool_arguments: str = '{"city": "Paris"}'
+    # A chat answer that thinks this first (as ``reasoning_content``).
     reasoning: str | None = None
 
     @classmethod
@@ -138,8 +135,6 @@ class Script:
             chunk_text=self.chunk_text,
             responses=self.responses,
             reply=self.reply,
-            tool_call=self.tool_call,
-            tool_arguments=self.tool_arguments,
             reasoning=self.reasoning,
         )
 
@@ -429,14 +424,9 @@ def generate(
             choice["finish_reason"] = "tool_calls"
         elif chat:
             choice["message"] = {"role": "assistant", "content": reply}
-            if script.reasoning is not None:
-                choice["message"]["reasoning_content"] = script.reasoning
-            if script.tool_call is not None:
-                choice["finish_reason"] = "tool_calls"
-                function = {"name": script.tool_call, "arguments": script.tool_arguments}
-                call = {"id": f"call_fake_{seq}", "type": "function", "function": function}
-                choice["message"]["tool_calls"] = [call]
-        else:
+        if chat and script.reasoning is not None:
+            choice["message"]["reasoning_content"] = script.reasoning
+        if not chat:
             choice["text"] = reply
         return {
             **base,
@@ -471,21 +461,6 @@ def generate(
             for choice in _tool_call_choices(seq, script.tool_calls)
         ]
         suffix = [sse({**base, "object": kind, "choices": [_finish("tool_calls")]})]
-    elif chat and script.tool_call is not None:
-        half = len(script.tool_arguments) // 2
-        first = {"name": script.tool_call, "arguments": script.tool_arguments[:half]}
-        opening: JSON = {
-            "index": 0,
-            "id": f"call_fake_{seq}",
-            "type": "function",
-            "function": first,
-        }
-        rest = {"index": 0, "function": {"arguments": script.tool_arguments[half:]}}
-        suffix = [
-            delta({"tool_calls": [opening]}),
-            delta({"tool_calls": [rest]}),
-            delta({}, "tool_calls"),
-        ]
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
         suffix.append(

@@ -112,7 +112,8 @@ def test_stream_helper_and_get_final_message(
 
 
 def test_a_tool_round_trip(client: anthropic.Anthropic, fakes: dict[str, FakeBackend]) -> None:
-    fakes["claude"].script(tool_call="get_weather", reply="")
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    fakes["claude"].script(tool_calls=[call])
     asked: list[MessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
     first = client.messages.create(
         model="claude",
