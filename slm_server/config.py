@@ -718,6 +718,52 @@ def _join_replicas(source: str, specs: list[ModelSpec]) -> tuple[list[ModelSpec]
     return kept, problems
 
 
+class _Sketch(BaseModel):
+    """What the cross-entry checks (ports, aliases) read of an entry that failed
+    validation: each field kept only when it is valid on its own, so an entry with one
+    bad field still has its port clash and its alias clashes reported in the same run."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: str | None = Field(default=None, min_length=1)
+    backend: Backend | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    enabled: bool = True
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    aliases: list[Alias] = Field(default_factory=list)
+
+    @field_validator("aliases", mode="before")
+    @classmethod
+    def _plain_aliases(cls, value: Any) -> Any:
+        return alias_items(value)
+
+
+def _sketch(role: str, index: int, raw: dict[str, Any]) -> tuple[ModelSpec, ...]:
+    """The replicas of an entry that failed validation as far as the cross-entry checks
+    need them (see :class:`_Sketch`); none without a valid id and port."""
+    kept: dict[str, Any] = {}
+    for name in _Sketch.model_fields:
+        if name in raw:
+            try:
+                _Sketch.model_validate({name: raw[name]})
+            except ValidationError:
+                continue
+            kept[name] = raw[name]
+    sketch = _Sketch.model_validate(kept)
+    if sketch.id is None or sketch.port is None:
+        return ()
+    entry = ModelEntry.model_construct(
+        id=sketch.id,
+        backend=sketch.backend or "llamacpp",
+        port=sketch.port,
+        enabled=sketch.enabled,
+        replicas=sketch.replicas,
+        aliases=sketch.aliases,
+        default_timeout=0.0,  # never read: the sketch only takes part in the cross-checks
+    )
+    return replica_specs(ModelSpec(role=role, index=index, entry=entry))
+
+
 def _port_problems(source: str, enabled: list[ModelSpec]) -> list[Problem]:
     """Every port used twice among enabled entries, replicas' ports included; one line
     per entry. A remote's port is on another host and collides with nothing here."""
@@ -755,6 +801,7 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
         raise ConfigError([Problem(source, None, None, f"not valid YAML{where}{reason}")]) from None
     problems: list[Problem] = []
     specs: list[ModelSpec] = []
+    sketches: list[ModelSpec] = []  # entries that failed validation, for the cross-checks
     for index, (role, raw) in enumerate(_entries(source, data)):
         label = _entry_label(role, raw)
         if not isinstance(raw, dict):
@@ -770,9 +817,11 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
         except ValidationError as exc:
             found = _validation_problems(source, label, exc)
             problems.extend(sorted([*found, *missing], key=lambda p: _field_order(p.field)))
+            sketches.extend(_sketch(role, index, raw))
             continue
         if missing:
             problems.extend(missing)
+            sketches.extend(_sketch(role, index, raw))
             continue
         spec = ModelSpec(role=role, index=index, entry=entry)
         entry_problems = _applicability_problems(source, spec)
@@ -786,10 +835,12 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
     problems.extend(join_problems)
     problems.extend(_role_problems(source, specs))
     enabled = [s for s in specs if s.entry.enabled]
-    problems.extend(_port_problems(source, enabled))
+    sketched = [s for s in sketches if s.entry.enabled]
+    cross = sorted([*enabled, *sketched], key=lambda s: (s.index, s.replica))
+    problems.extend(_port_problems(source, cross))
     warnings: list[Problem] = []
     firsts = [s for s in enabled if s.replica == 1]
-    problems.extend(_alias_clashes(source, firsts))
+    problems.extend(_alias_clashes(source, [s for s in cross if s.replica == 1]))
     id_counts = Counter(s.entry.id for s in firsts)
     for spec in firsts:
         if id_counts[spec.entry.id] > 1:

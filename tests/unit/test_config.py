@@ -607,6 +607,46 @@ def test_several_problems_are_reported_at_once() -> None:
     ]
 
 
+def test_an_invalid_entry_still_has_its_port_and_alias_clashes_reported() -> None:
+    """Fixing a registry takes one run of ``check``, not one per problem: an entry with a
+    bad field still takes part in the cross-entry checks, with the fields that are valid
+    on their own (its id, port, replicas and aliases)."""
+    models = {
+        "unknown": llama(id="u", port=8601, bogus=True),
+        "clash": llama(id="c", port=8601),
+        "missing": {
+            "id": "x",
+            "backend": "llamacpp",
+            "port": 8610,
+            "replicas": 2,
+            "aliases": ["c"],
+        },
+        "after": llama(id="a", port=8611, context_length=-1, aliases=["u"]),
+        "badport": llama(id="b", port="8601", bogus=1),
+    }
+    lines = problems(models)
+    assert lines == [
+        f"{SOURCE}: model 'unknown' (id 'u'): field 'bogus': unknown field",
+        f"{SOURCE}: model 'missing' (id 'x'): field 'model_path': required field is missing",
+        f"{SOURCE}: model 'missing' (id 'x'): field 'default_timeout': required field is missing",
+        f"{SOURCE}: model 'missing' (id 'x'): field 'quantization': required field is missing",
+        f"{SOURCE}: model 'after' (id 'a'): field 'context_length': "
+        "Input should be greater than or equal to 1 (got -1)",
+        f"{SOURCE}: model 'badport' (id 'b'): field 'bogus': unknown field",
+        f"{SOURCE}: model 'badport' (id 'b'): field 'port': "
+        "Input should be a valid integer (got '8601')",
+        f"{SOURCE}: model 'unknown' (id 'u'): field 'port': port 8601 is also used by 'clash'",
+        f"{SOURCE}: model 'clash' (id 'c'): field 'port': port 8601 is also used by 'unknown'",
+        f"{SOURCE}: model 'missing' (id 'x'): field 'port': "
+        "port 8611 (replica 2 of 2) is also used by 'after'",
+        f"{SOURCE}: model 'after' (id 'a'): field 'port': port 8611 is also used by 'missing.2'",
+        f"{SOURCE}: model 'missing' (id 'x'): field 'aliases[0]': "
+        f"'c' is also the id of model 'clash' (id 'c'); a name may lead to one model only",
+        f"{SOURCE}: model 'after' (id 'a'): field 'aliases[0]': "
+        f"'u' is also the id of model 'unknown' (id 'u'); a name may lead to one model only",
+    ]
+
+
 def test_problem_rendering() -> None:
     assert str(Problem("f.yaml", None, None, "boom")) == "f.yaml: boom"
     assert str(Problem("f.yaml", "'r'", None, "boom")) == "f.yaml: model 'r': boom"
