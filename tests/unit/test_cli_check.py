@@ -145,7 +145,8 @@ def broken_registry(sb: Sandbox) -> Launch:
         {
             "dup1": entry("a", 8601, sb.model()),
             "dup2": entry("b", 8601, sb.model("other.gguf")),
-            "unknown": entry("c", 8602, sb.model("third.gguf"), bogus_field=1),
+            # An unknown field does not hide the entry's port clash.
+            "unknown": entry("c", 8601, sb.model("third.gguf"), bogus_field=1),
             "missing": entry("d", 8603, sb.models / "absent.gguf"),
             "hub": entry("e", 8604, "someorg/some-model"),
         }
@@ -242,10 +243,10 @@ def test_broken_registry_reports_every_problem_at_once(
     assert_clean_failure(run)
     lines = run.err_lines
     assert sum("field 'bogus_field': unknown field" in line for line in lines) == 1
-    assert sum("port 8601 is also used by" in line for line in lines) == 2
+    assert sum("port 8601 is also used by" in line for line in lines) == 3
     assert sum(f"{sandbox.models / 'absent.gguf'} does not exist" in line for line in lines) == 1
     assert sum("Hugging Face model ids work for backend mlx only" in line for line in lines) == 1
-    assert len(lines) == 5
+    assert len(lines) == 6
     assert all(line.startswith(f"{sandbox.config}: model ") for line in lines)
 
 
@@ -254,10 +255,12 @@ def test_broken_registry_fails_cleanly(checks: dict[str, tuple[Sandbox, Run]]) -
     sandbox, run = checks["broken"]
     config = sandbox.config
     assert_clean_failure(run)
-    assert run.err_lines[:3] == [
+    also = "field 'port': port 8601 is also used by"
+    assert run.err_lines[:4] == [
         f"{config}: model 'unknown' (id 'c'): field 'bogus_field': unknown field",
-        f"{config}: model 'dup1' (id 'a'): field 'port': port 8601 is also used by 'dup2'",
-        f"{config}: model 'dup2' (id 'b'): field 'port': port 8601 is also used by 'dup1'",
+        f"{config}: model 'dup1' (id 'a'): {also} 'dup2', 'unknown'",
+        f"{config}: model 'dup2' (id 'b'): {also} 'dup1', 'unknown'",
+        f"{config}: model 'unknown' (id 'c'): {also} 'dup1', 'dup2'",
     ]
     assert all(line.startswith(f"{config}: model ") for line in run.err_lines)
 
