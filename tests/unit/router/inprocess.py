@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -497,3 +498,15 @@ __all__ = [
     "sse",
     "whole",
 ]
+
+
+@asynccontextmanager
+async def serving(router: Router) -> AsyncIterator[Router]:
+    """``router``'s app with its lifespan started (and ended on leaving)."""
+    async with router.app.router.lifespan_context(router.app):
+        yield router
+
+
+def run(scenario: Awaitable[None]) -> None:
+    """Run an async test body, failing it after 10 s instead of hanging."""
+    asyncio.run(asyncio.wait_for(scenario, 10))

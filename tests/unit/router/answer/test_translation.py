@@ -6,10 +6,7 @@ a larger bound, which the cap would only cut again."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,16 @@ from slm_server.router.answer.translation import cap_ends_turn
 from tests.anthropic_shapes import sse_events, strict_events, strict_message
 from tests.openai_shapes import strict_events as strict_response_events
 from tests.openai_shapes import strict_response
-from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
+from tests.unit.router.inprocess import (
+    FakeResponse,
+    Sent,
+    call,
+    make_router,
+    run,
+    serving,
+    sse,
+    whole,
+)
 
 # Every test here runs twice: through plain ASGI and through the door (its fast path).
 pytestmark = pytest.mark.usefixtures("via")
@@ -63,16 +69,6 @@ def answering(make: Any) -> Any:
         return response
 
     return script
-
-
-@asynccontextmanager
-async def serving(router: Router) -> AsyncIterator[Router]:
-    async with router.app.router.lifespan_context(router.app):
-        yield router
-
-
-def run(scenario: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 10))
 
 
 def test_cap_ends_turn_makes_a_length_finish_a_stop_and_leaves_the_rest() -> None:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from slm_server.router.dashboard import endpoints as dashboard
 from slm_server.router.dashboard import recent
-from tests.unit.router.inprocess import Answer, Router, Sent, call, make_router, whole
+from tests.unit.router.inprocess import Answer, Router, Sent, call, make_router, serving, whole
 
 CHAT = "/v1/chat/completions"
 MODEL = "org/chat-model"
@@ -41,12 +40,6 @@ def router_at(tmp_path: Path, **env: str) -> Router:
 
 def run(scenario: Awaitable[None]) -> None:
     asyncio.run(asyncio.wait_for(scenario, 20))
-
-
-@asynccontextmanager
-async def serving(router: Router) -> AsyncIterator[Router]:
-    async with router.app.router.lifespan_context(router.app):
-        yield router
 
 
 async def until(condition: Any, what: str, seconds: float = 5.0) -> None:

@@ -24,6 +24,7 @@ from tests.unit.router.inprocess import (
     call,
     held_until,
     make_router,
+    run,
     sse,
     whole,
 )
@@ -91,10 +92,6 @@ async def serving(router: Router) -> AsyncIterator[Router]:
     async with router.app.router.lifespan_context(router.app):
         yield router
     assert router.transport.closed
-
-
-def run(scenario: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 10))
 
 
 def test_a_whole_answer_passes_through_and_the_backend_gets_a_clean_request(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from tests.unit.router.inprocess import (
     call,
     held_until,
     make_router,
+    run,
     whole,
 )
 
@@ -67,10 +67,6 @@ def supervised(router: Router, **states: str) -> None:
     router.states.alive = True
     for spec in router.registry.models:
         router.supervisor.publish(spec, states.get(spec.role.replace(".", "_"), "ready"))
-
-
-def run(scenario: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 10))
 
 
 def ports(router: Router) -> Counter[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,16 @@ from slm_server.router.dispatch.waits import ClientWatch
 from slm_server.router.edge.http_protocol import DoorRequest
 from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, chat, delta
 from tests.unit.router.door_client import through_door
-from tests.unit.router.inprocess import Answer, FakeResponse, Sent, call, make_router, sse, whole
+from tests.unit.router.inprocess import (
+    Answer,
+    FakeResponse,
+    Sent,
+    call,
+    make_router,
+    run,
+    sse,
+    whole,
+)
 
 
 class Spied:
@@ -61,10 +70,6 @@ def spied(monkeypatch: pytest.MonkeyPatch) -> Spied:
     monkeypatch.setattr(DoorRequest, "write", spy_write)
     monkeypatch.setattr(ClientWatch, "__init__", spy_init)
     return seen
-
-
-def run(scenario: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 10))
 
 
 def answering(stream: Callable[[], FakeResponse]) -> Callable[[Sent], Any]:

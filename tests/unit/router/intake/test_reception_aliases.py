@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.openai_shapes import strict_response
-from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, whole
+from tests.unit.router.inprocess import (
+    FakeResponse,
+    Router,
+    Sent,
+    call,
+    make_router,
+    run,
+    serving,
+    whole,
+)
 
 MODEL = "org/chat-model"
 CHAT = "/v1/chat/completions"
@@ -51,16 +58,6 @@ ALIASES = """\
 
 async def answer(_sent: Sent) -> FakeResponse:
     return whole(ANSWER)
-
-
-@asynccontextmanager
-async def serving(router: Router) -> AsyncIterator[Router]:
-    async with router.app.router.lifespan_context(router.app):
-        yield router
-
-
-def run(scenario: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 10))
 
 
 def chat(model: str, **extra: Any) -> dict[str, Any]:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.unit.router.inprocess import (
     call,
     held_until,
     make_router,
+    serving,
     sse,
     whole,
 )
@@ -61,12 +61,6 @@ ANSWER = {
 
 async def answer_whole(_sent: Sent) -> FakeResponse:
     return whole(ANSWER)
-
-
-@asynccontextmanager
-async def serving(router: Router) -> AsyncIterator[Router]:
-    async with router.app.router.lifespan_context(router.app):
-        yield router
 
 
 def run(scenario: Awaitable[None]) -> None:

@@ -17,6 +17,7 @@ from tests.unit.router.inprocess import (
     FakeStates,
     call,
     make_router,
+    serving,
 )
 from tests.unit.router.ondemand.test_loader import (
     ON_DEMAND,
@@ -26,7 +27,6 @@ from tests.unit.router.ondemand.test_loader import (
     drain_chat_for_an_aged_coder,
     loader_of,
     run,
-    serving,
     until,
 )
 

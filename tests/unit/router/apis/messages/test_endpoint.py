@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +21,12 @@ from tests.anthropic_shapes import (
 )
 from tests.unit.router.inprocess import (
     FakeResponse,
-    Router,
     Sent,
     call,
     held_until,
     make_router,
+    run,
+    serving,
     sse,
     whole,
 )
@@ -102,16 +101,6 @@ def answering(make: Any) -> Any:
         return response
 
     return script
-
-
-@asynccontextmanager
-async def serving(router: Router) -> AsyncIterator[Router]:
-    async with router.app.router.lifespan_context(router.app):
-        yield router
-
-
-def run(scenario: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 10))
 
 
 def test_a_whole_answer_is_translated_both_ways(tmp_path: Path) -> None:

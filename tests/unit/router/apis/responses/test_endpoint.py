@@ -6,17 +6,23 @@ MLX backend's own ``/v1/responses``."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.openai_shapes import strict_events, strict_response
-from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
+from tests.unit.router.inprocess import (
+    FakeResponse,
+    Sent,
+    call,
+    make_router,
+    run,
+    serving,
+    sse,
+    whole,
+)
 
 # Every test here runs twice: through plain ASGI and through the door (its fast path).
 pytestmark = pytest.mark.usefixtures("via")
@@ -77,16 +83,6 @@ def answering(response: FakeResponse) -> Any:
         return response
 
     return script
-
-
-@asynccontextmanager
-async def serving(router: Router) -> AsyncIterator[Router]:
-    async with router.app.router.lifespan_context(router.app):
-        yield router
-
-
-def run(scenario: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(scenario, 10))
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
