@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from slm_server.contracts.applied_registry import RegistryStamp, Retiring
+
 # Create times of one process read twice may differ by rounding.
 CREATE_TIME_TOLERANCE = 0.01
 
@@ -132,6 +134,9 @@ class BackendState:
     url: str | None = None
     ejected_until: float | None = None
     ejections: int = 0
+    # Added or replaced by a reload and not ready since: requests for it wait (within
+    # their deadlines) for it to be ready, as for a load, instead of a 503.
+    reloaded: bool = False
 
 
 def write_state(
@@ -139,16 +144,22 @@ def write_state(
     launcher_pid: int,
     backends: list[BackendState],
     launcher_create_time: float | None = None,
+    registry: RegistryStamp | None = None,
+    retiring: list[Retiring] | None = None,
 ) -> None:
-    """Publish the backends' states, naming the launcher by pid *and* create time."""
-    write_json_atomic(
-        path,
-        {
-            "launcher_pid": launcher_pid,
-            "launcher_create_time": launcher_create_time,
-            "backends": [asdict(b) for b in backends],
-        },
-    )
+    """Publish the backends' states, naming the launcher by pid *and* create time, the
+    registry in force and the backends a reload retires
+    (:mod:`~slm_server.contracts.applied_registry`)."""
+    data: dict[str, Any] = {
+        "launcher_pid": launcher_pid,
+        "launcher_create_time": launcher_create_time,
+        "backends": [asdict(b) for b in backends],
+    }
+    if registry is not None:
+        data["registry"] = registry.to_json()
+    if retiring:
+        data["retiring"] = [r.to_json() for r in retiring]
+    write_json_atomic(path, data)
 
 
 def process_create_time(pid: int) -> float | None:
@@ -221,6 +232,8 @@ class StateFile:
     launcher_pid: int | None = None
     launcher_create_time: float | None = None
     backends: list[BackendState] = field(default_factory=list)
+    registry: RegistryStamp | None = None  # the registry in force (older files: None)
+    retiring: list[Retiring] = field(default_factory=list)
 
     def launcher_running(self) -> bool:
         return launcher_running(self.launcher_pid, self.launcher_create_time)
@@ -243,10 +256,20 @@ def parse_state(data: Any) -> StateFile:
         except TypeError:
             continue
     pid, created = data.get("launcher_pid"), data.get("launcher_create_time")
+    raw_retiring = data.get("retiring")
+    retiring = [
+        r
+        for r in (
+            Retiring.from_json(x) for x in (raw_retiring if isinstance(raw_retiring, list) else [])
+        )
+        if r is not None
+    ]
     return StateFile(
         launcher_pid=pid if isinstance(pid, int) else None,
         launcher_create_time=float(created) if isinstance(created, int | float) else None,
         backends=backends,
+        registry=RegistryStamp.from_json(data.get("registry")),
+        retiring=retiring,
     )
 
 
