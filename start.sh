@@ -65,6 +65,14 @@ cleanup() {
 trap 'cleanup; exit 130' INT
 trap 'cleanup; exit 143' TERM
 trap cleanup EXIT
+# SIGHUP reloads the registry (docs/operations.md#reloading-the-registry); it no
+# longer stops anything.
+# shellcheck disable=SC2329  # invoked from the trap below
+reload() {
+  say "reloading the registry"
+  [ -n "$backends_pid" ] && kill -HUP "$backends_pid" 2>/dev/null
+}
+trap reload HUP
 
 "$py" -m slm_server backends &
 backends_pid=$!

@@ -1,4 +1,4 @@
-"""Command line: ``python -m slm_server backends|router|check|status``.
+"""Command line: ``python -m slm_server backends|router|check|status|reload``.
 
 Argument parsing and wiring only; the work lives in the modules each command calls.
 """
@@ -22,6 +22,7 @@ from slm_server.config import (
     Problem,
     inspect_registry,
     load_registry,
+    parse_registry,
     read_registry_text,
 )
 from slm_server.contracts.records import (
@@ -122,8 +123,34 @@ def cmd_backends(settings: Settings) -> int:
     from slm_server.supervise.supervisor import Supervisor
 
     _setup_logging("backends", settings)
-    registry = load_registry(settings.config_path)
-    return Supervisor(settings, registry, load_environment()).run()
+    text = read_registry_text(settings.config_path)
+    registry = parse_registry(text, settings.config_path)
+    return Supervisor(settings, registry, load_environment(), registry_text=text).run()
+
+
+def cmd_reload(settings: Settings) -> int:
+    """Ask the running supervisor to reload the registry; print what changed, or every
+    problem that kept it from changing anything."""
+    import asyncio
+
+    from slm_server.contracts import commands
+
+    path = commands.socket_path(settings.log_dir)
+    try:
+        reply = asyncio.run(commands.send(path, commands.Command("reload")))
+    except commands.CommandError as exc:
+        print(f"error: {exc}: is `backends` running?", file=sys.stderr)
+        return 1
+    if not reply.ok:
+        print(f"reload refused ({reply.refused or 'error'}): nothing was changed", file=sys.stderr)
+        for problem in reply.problems or (reply.error or "",):
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    print(f"registry version {reply.version} (generation {reply.generation}) in force")
+    for what in ("added", "removed", "replaced", "unchanged"):
+        roles = getattr(reply, what) or ()
+        print(f"  {what}: {', '.join(roles) if roles else '-'}")
+    return 0
 
 
 def cmd_router(settings: Settings) -> int:
@@ -327,6 +354,19 @@ def cmd_status(settings: Settings, wait: float | None = None, launcher: int | No
     running = state.launcher_running()
     router = _router_view(settings) if running else {}
     _print_table(launcher_pid, running, backends, settings.memory.budget_mb, router)
+    stamp = state.registry
+    if stamp is not None:
+        loaded = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp.loaded_at))
+        print(
+            f"registry: {stamp.path}, version {stamp.version} "
+            f"(generation {stamp.generation}, loaded {loaded})"
+        )
+    for r in state.retiring:
+        left = _duration(max(0.0, r.deadline - time.time()))
+        print(
+            f"  retiring: {r.role} ({r.model_id}) port {r.port} pid {r.pid}, "
+            f"{r.reason}; stopped within {left}"
+        )
     return 0 if _ready_count(running, backends) else 1
 
 
@@ -407,6 +447,7 @@ COMMANDS: dict[str, str] = {
     "router": "serve the OpenAI-compatible router",
     "check": "validate the registry and print each launch command",
     "status": "print each backend's state",
+    "reload": "reload the registry into the running gateway (only what changed restarts)",
     "settings": "print resolved settings by name, for scripts",
     "logs": "show start.out and the watchdog log (server, watchdog, all or raw)",
     "mlx-rerank": "serve one Qwen3-Reranker-style model with MLX (started by `backends`)",
@@ -459,6 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_settings(settings, args.names)
         if args.command == "backends":
             return cmd_backends(settings)
+        if args.command == "reload":
+            return cmd_reload(settings)
         if args.command == "router":
             return cmd_router(settings)
         if args.command == "mlx-rerank":

@@ -114,7 +114,7 @@ def format_event(record: Mapping[str, Any], colour: bool = False) -> str:
     code = _EVENT_COLOURS.get(event, "")
     parts = [_paint(stamp, DIM, colour), _paint(event.ljust(_EVENT_WIDTH), code, colour)]
     subject = " ".join(shape.format(record[key]) for key, shape in _SUBJECT if key in record)
-    if not subject and event.startswith("supervisor_"):
+    if not subject and event.startswith(("supervisor_", "config_")):
         subject = "supervisor"
     if subject:
         parts.append(_paint(subject, BOLD, colour))

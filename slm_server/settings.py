@@ -324,6 +324,10 @@ class Settings:
     telemetry: TelemetrySettings = field(default_factory=lambda: TelemetrySettings.from_env({}))
     serving: ServingSettings = field(default_factory=lambda: ServingSettings.from_env({}))
     memory: MemorySettings = field(default_factory=lambda: MemorySettings.from_env({}))
+    # Reload the registry when its file changes (``SLM_CONFIG_WATCH``), once the file
+    # has been left unchanged for ``config_watch_settle_seconds``.
+    config_watch: bool = False
+    config_watch_settle_seconds: float = 1.0
 
     @property
     def pidfile_path(self) -> Path:
@@ -359,4 +363,8 @@ class Settings:
             telemetry=TelemetrySettings.from_env(env),
             serving=ServingSettings.from_env(env),
             memory=MemorySettings.from_env(env),
+            config_watch=_bool(env, "SLM_CONFIG_WATCH", False),
+            config_watch_settle_seconds=_float(
+                env, "SLM_CONFIG_WATCH_SETTLE_SECONDS", 1.0, minimum=0.05
+            ),
         )

@@ -53,6 +53,11 @@ EVENTS = frozenset(
         "load_failed",
         "remote_ejected",
         "remote_readmitted",
+        "config_reload_requested",
+        "config_reloaded",
+        "config_reload_refused",
+        "backend_retiring",
+        "backend_retired",
     }
 )
 

@@ -23,6 +23,11 @@ A ``load: on_demand`` model begins Unloaded; the router's commands move it::
     Unloaded ──Load──▶ Launching(load) ──spawned──▶ Starting(load) ──/health 200──▶ Ready
     Starting / Ready / Confirming ──Unload──▶ Unloading ──stopped──▶ Unloaded
 
+A backend a reload adds in place of one whose process still drains begins Held, and
+is released when that process is gone::
+
+    Held ──Released──▶ Launching ──▶ …     (load: on_demand: Held ──Released──▶ Unloaded)
+
 A load that fails (no process, or one that exits before /health answers) is a failed
 start: ``load_failed``, then the restart flow and its budget. Loads and unloads spend
 nothing. The router's commands (:class:`LoadRequested`, :class:`UnloadRequested`) are
@@ -49,6 +54,7 @@ from slm_server.supervise.phases import (
     Attempt,
     Confirming,
     Done,
+    Held,
     Launching,
     Phase,
     Ready,
@@ -110,6 +116,10 @@ class Lifecycle:
     begun: bool = False  # :class:`Begin` chose its first phase
     probing: bool = False  # a health probe is out
     probe_due: float = 0.0  # monotonic: no probe goes out before
+    # Added or replaced by a reload, and not ready since: the router lets requests wait
+    # for it as for a load. ``held_by``: the pid of the old process it waits for.
+    reloaded: bool = False
+    held_by: int | None = None
 
     @property
     def state(self) -> State:
@@ -216,6 +226,13 @@ class UnloadRequested:
 
 
 @dataclass(frozen=True)
+class Released:
+    """The process a Held backend waited for is gone."""
+
+    role: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: retry waiting restarts, probe starting backends."""
 
@@ -265,6 +282,7 @@ Observation = (
     | UnloadRequested
     | Begin
     | Shutdown
+    | Released
 )
 
 
@@ -411,6 +429,8 @@ class _Decision:
             self.load(life)
         elif isinstance(observation, Unload) and life.on_demand:
             self.unload(life, observation.reason, observation.for_model)
+        elif isinstance(observation, Released) and isinstance(phase, Held):
+            self.released(life)
 
     # (not begun) -> Launching and its first launch; -> Unloaded (``load: on_demand``);
     # -> DISABLED. The first phase is no transition: nothing was published before it.
@@ -421,6 +441,9 @@ class _Decision:
         life.since = self.wall
         if not life.enabled:
             life.phase = Done(State.DISABLED)
+        elif life.held_by is not None:
+            life.phase = Held(life.held_by, load=life.on_demand)
+            life.reason = f"waiting for the process it replaces (pid {life.held_by}) to drain"
         elif life.on_demand:
             life.phase = Unloaded()
         else:
@@ -433,6 +456,15 @@ class _Decision:
         life.alive = False
         if life.state in SUPERVISED:
             self.move(life, Done(State.STOPPED), life.reason)
+
+    # Held -> Launching and its launch (Unloaded for ``load: on_demand``): the process
+    # it replaces is gone.
+    def released(self, life: Lifecycle) -> None:
+        if life.on_demand:
+            self.move(life, Unloaded(), "replaced by a reload")
+        else:
+            self.move(life, Launching(), "replaced by a reload")
+            self.actions.append(Launch(life.role))
 
     # Launching -> Starting when a process was spawned;
     # Launching -> Restarting when it failed for a reason time can fix (watchdog on);
@@ -509,6 +541,7 @@ class _Decision:
                 self.actions.append(Remember(life.role, probe.resident_mb))
             self.move(life, Ready())
             life.loaded_wall = self.wall
+            life.reloaded = False
             if probe.resident_mb is not None:
                 life.measured_mb = probe.resident_mb
             self.log(

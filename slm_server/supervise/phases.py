@@ -108,6 +108,21 @@ class Unloading:
 
 
 @dataclass(frozen=True)
+class Held:
+    """Added by a reload in place of a process that is still draining (``pid``, the
+    entry's old launch): nothing starts until that process is gone. Published as
+    STARTING, or for a ``load: on_demand`` model as UNLOADING (its memory is still
+    held, then it is unloaded)."""
+
+    pid: int
+    load: bool = False
+
+    @property
+    def state(self) -> State:
+        return State.UNLOADING if self.load else State.STARTING
+
+
+@dataclass(frozen=True)
 class Done:
     """A final state (ABANDONED, FAILED, STOPPED, DISABLED) and why."""
 
@@ -118,4 +133,4 @@ class Done:
         return self.final
 
 
-Phase = Launching | Starting | Ready | Confirming | Restarting | Unloaded | Unloading | Done
+Phase = Launching | Starting | Ready | Confirming | Restarting | Unloaded | Unloading | Held | Done

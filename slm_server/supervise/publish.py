@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from slm_server.contracts.applied_registry import RegistryStamp, Retiring
 from slm_server.contracts.records import (
     BackendState,
     PidRecord,
@@ -55,6 +56,7 @@ def snapshot(backend: Backend, log_dir_path: str, now: float, wall: float) -> Ba
         memory_measured_mb=life.measured_mb,
         footprint_mb=backend.footprint_mb,
         loaded_at=life.loaded_wall if life.state is State.READY else None,
+        reloaded=life.reloaded,
     )
 
 
@@ -93,24 +95,43 @@ class Publisher:
         self.create_time = process_create_time(self.pid)
         self.dirty = True
 
-    def publish(self, backends: Iterable[Backend], remotes: Remotes) -> None:
-        """Publish ``backends`` and the remotes' standings if anything changed since
-        the last write."""
+    def publish(
+        self,
+        backends: Iterable[Backend],
+        remotes: Remotes,
+        stamp: RegistryStamp | None = None,
+        retiring: Iterable[tuple[Backend, Retiring]] = (),
+    ) -> None:
+        """Publish ``backends``, the remotes' standings, the registry in force and the
+        backends a reload retires, if anything changed since the last write (the
+        pidfile lists the retiring processes too: they are ours until they end)."""
         if not self.dirty:
             return
         backends = list(backends)
+        retiring = list(retiring)
         log_dir = str(self.settings.log_dir)
         now, wall = self.clock(), self.wall()
         snapshots = [snapshot(b, log_dir, now, wall) for b in backends]
         snapshots += remotes.snapshots(now, wall)
         remotes.dirty = False
-        self.write(snapshots, pid_records(backends))
+        records = pid_records([*backends, *(b for b, _r in retiring)])
+        self.write(snapshots, records, stamp, [r for _b, r in retiring])
 
-    def write(self, snapshots: list[BackendState], records: list[PidRecord]) -> None:
+    def write(
+        self,
+        snapshots: list[BackendState],
+        records: list[PidRecord],
+        stamp: RegistryStamp | None = None,
+        retiring: list[Retiring] | None = None,
+    ) -> None:
         """Write both files; ``dirty`` stays set when either failed."""
         pid, create_time = self.pid, self.create_time
+
+        def state(path: Path) -> None:
+            write_state(path, pid, snapshots, create_time, stamp, retiring)
+
         writes: list[tuple[Path, Callable[[Path], None]]] = [
-            (self.settings.state_path, lambda p: write_state(p, pid, snapshots, create_time)),
+            (self.settings.state_path, state),
             (self.settings.pidfile_path, lambda p: write_pidfile(p, pid, records)),
         ]
         written = True

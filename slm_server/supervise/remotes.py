@@ -100,6 +100,7 @@ class Remotes:
             watchdog.remote_eject_max_seconds,
             watchdog.remote_eject_after,
         )
+        self.policy = policy
         self.by_role = {spec.role: Remote(spec, policy, wall()) for spec in specs}
         self.confirm_seconds = watchdog.confirm_seconds
         self.control = control
@@ -108,6 +109,20 @@ class Remotes:
         self.wall = wall
         self.spawn = spawn
         self.dirty = False  # a standing changed since the last publication
+
+    def replace(self, specs: list[ModelSpec], keep: set[str]) -> None:
+        """A reload's remotes: those in ``keep`` (same url, key and model) keep their
+        standing with their new entry; the others start afresh; the rest are gone."""
+        by_role: dict[str, Remote] = {}
+        for spec in specs:
+            found = self.by_role.get(spec.role)
+            if found is not None and spec.role in keep:
+                found.spec = spec
+            else:
+                found = Remote(spec, self.policy, self.wall())
+            by_role[spec.role] = found
+        self.by_role = by_role
+        self.dirty = True
 
     def __contains__(self, role: object) -> bool:
         return role in self.by_role

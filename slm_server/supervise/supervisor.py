@@ -33,8 +33,9 @@ from collections.abc import Callable, Coroutine, Mapping
 from types import FrameType
 from typing import Any
 
-from slm_server.config import RegistryFile
-from slm_server.contracts import commands
+from slm_server.config import ModelSpec, RegistryFile
+from slm_server.contracts import applied_registry, commands
+from slm_server.contracts.applied_registry import RegistryStamp, RetireReason
 from slm_server.contracts.events import EventLog
 from slm_server.contracts.records import (
     PidRecord,
@@ -48,6 +49,7 @@ from slm_server.supervise import command_socket, launcher_lock
 from slm_server.supervise import decide as core
 from slm_server.supervise.backend import Backend
 from slm_server.supervise.command_socket import CommandSocket
+from slm_server.supervise.config_watch import ConfigWatch
 from slm_server.supervise.confirm import judge
 from slm_server.supervise.control import Child, ProcessControl, RealControl
 from slm_server.supervise.evidence import Target
@@ -59,8 +61,11 @@ from slm_server.supervise.phases import (
     Starting,
 )
 from slm_server.supervise.publish import Publisher
+from slm_server.supervise.registry_diff import LaunchKey
+from slm_server.supervise.reload import Prepared, Refusal, conflicts, plan_all, prepare
 from slm_server.supervise.remotes import Remotes
 from slm_server.supervise.restart_budget import RestartBudget
+from slm_server.supervise.retire import Retiree, Retirements
 from slm_server.supervise.strays import verifiably_ours
 
 log = logging.getLogger("slm_server.supervisor")
@@ -89,6 +94,7 @@ class Supervisor:
         wall: Callable[[], float] = time.time,
         control: ProcessControl | None = None,
         tools: Toolchain | None = None,
+        registry_text: str | None = None,
     ) -> None:
         self.settings = settings
         self.watchdog = settings.watchdog
@@ -125,6 +131,14 @@ class Supervisor:
         self.remotes = Remotes(
             remotes, self.watchdog, self.control, self.events, clock, wall, self.spawn_task
         )
+        # The registry in force (see contracts/applied_registry.py): its text, stamp and
+        # the launch key of each backend, which a reload compares.
+        self.registry_text = registry_text
+        self.stamp: RegistryStamp | None = None
+        self.keys: dict[str, LaunchKey] = {}
+        self.retirements = Retirements(settings.serving.drain_timeout_seconds, wall)
+        self.reload_asked = threading.Event()  # SIGHUP: reload within a tick
+        self.watch_file: ConfigWatch | None = None
 
     # -- signals and records --------------------------------------------------------
 
@@ -132,9 +146,14 @@ class Supervisor:
         log.info("received %s: stopping backends", signal.Signals(signum).name)
         self.stopping.set()  # the loop sees it within a tick
 
+    def request_reload(self, _signum: int, _frame: FrameType | None = None) -> None:
+        log.info("received SIGHUP: reloading the registry")
+        self.reload_asked.set()  # the loop reloads within a tick
+
     def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_reload)
 
     def sweep_leftovers(self) -> None:
         self.previous_records = self.housekeeping.sweep_leftovers()
@@ -150,7 +169,8 @@ class Supervisor:
 
     def publish(self) -> None:
         """Write the state file and pidfile when anything changed."""
-        self.publisher.publish(self.backends.values(), self.remotes)
+        retiring = [(r.backend, r.record) for r in self.retirements.by_pid.values()]
+        self.publisher.publish(self.backends.values(), self.remotes, self.stamp, retiring)
 
     # -- observe -> decide -> act ---------------------------------------------------
 
@@ -234,6 +254,11 @@ class Supervisor:
     def report(self, observation: core.Observation) -> None:
         self.inbox.append(observation)
 
+    def current(self, backend: Backend) -> bool:
+        """Whether ``backend`` is still the one of its role (a reload may have replaced
+        or removed it while a task of its own ran)."""
+        return self.backends.get(backend.role) is backend
+
     def is_ours(self, holder: process.PortHolder, plan: LaunchPlan) -> bool:
         """Whether the process holding the port is one this supervisor (or the one
         before it) started."""
@@ -301,6 +326,8 @@ class Supervisor:
         if self.stopping.is_set():
             self.report(core.Launched(backend.role, None, "shutting down", retryable=False))
             return
+        if not self.current(backend):
+            return  # a reload replaced or removed it while its port was freed
         try:
             child = self.control.spawn(plan)
         except OSError as exc:  # the log could not be opened, the binary not executed
@@ -356,10 +383,11 @@ class Supervisor:
             ok = await self.control.probe(backend.plan.base_url, backend.plan.health_path, timeout)
             child = backend.child
             resident = self.control.resident_mb(child.pid) if ok and child is not None else None
-            self.report(core.HealthProbed(backend.role, ok, resident))
             answered = True
+            if self.current(backend):
+                self.report(core.HealthProbed(backend.role, ok, resident))
         finally:
-            if not answered:
+            if not answered and self.current(backend):
                 self.report(core.ProbeLost(backend.role))
 
     async def confirm(self, backend: Backend, reason: str) -> None:
@@ -435,26 +463,70 @@ class Supervisor:
         for spec in self.registry.models:
             if spec.role in self.remotes:
                 continue  # nothing to start: see Remotes
-            budget = RestartBudget(
-                self.watchdog.max_restarts,
-                self.watchdog.restart_window_seconds,
-                self.watchdog.restart_cooldown_seconds,
-            )
-            entry = spec.entry
-            expected = self.footprints.expect(spec) if entry.enabled else Expected()
-            life = core.Lifecycle(
-                role=spec.role,
-                model_id=entry.id,
-                port=entry.port,
-                budget=budget,
-                measured_mb=expected.remembered_mb,
-                enabled=entry.enabled,
-                on_demand=entry.load == "on_demand",
-            )
-            backend = Backend(spec, life)
-            backend.footprint_key, backend.estimate_mb = expected.key, expected.estimate_mb
-            self.backends[spec.role] = backend
+            self.backends[spec.role] = self.new_backend(spec)
+        self.stamp_registry()
         self.apply(core.Begin())  # the first phases, and the first launches
+
+    def new_backend(
+        self, spec: ModelSpec, reloaded: bool = False, held_by: int | None = None
+    ) -> Backend:
+        """A backend for ``spec`` with a fresh restart budget, not yet begun."""
+        budget = RestartBudget(
+            self.watchdog.max_restarts,
+            self.watchdog.restart_window_seconds,
+            self.watchdog.restart_cooldown_seconds,
+        )
+        entry = spec.entry
+        expected = self.footprints.expect(spec) if entry.enabled else Expected()
+        life = core.Lifecycle(
+            role=spec.role,
+            model_id=entry.id,
+            port=entry.port,
+            budget=budget,
+            measured_mb=expected.remembered_mb,
+            enabled=entry.enabled,
+            on_demand=entry.load == "on_demand",
+            reloaded=reloaded and entry.enabled and entry.load == "always",
+            held_by=held_by,
+        )
+        backend = Backend(spec, life)
+        backend.footprint_key, backend.estimate_mb = expected.key, expected.estimate_mb
+        return backend
+
+    def stamp_registry(self) -> None:
+        """Publish the registry at start: its snapshot, then (with the state file) its
+        stamp, and the launch keys a reload compares against."""
+        text = self.registry_text
+        if text is None:
+            try:
+                text = self.registry.path.read_text(encoding="utf-8")
+            except OSError:
+                text = None
+        _plans, self.keys, _problems = plan_all(self.registry, self.tools, self.settings.log_dir)
+        if text is not None:
+            self.registry_text = text
+            self.publish_registry(text, 1)
+        if self.settings.config_watch:
+            self.watch_file = ConfigWatch(
+                self.registry.path, self.settings.config_watch_settle_seconds
+            )
+
+    def publish_registry(self, text: str, generation: int) -> None:
+        """Write the applied registry's snapshot now and its stamp with the next state
+        file (a failed write is reported; the stamp then stays as it was)."""
+        path = applied_registry.snapshot_path(self.settings.log_dir)
+        try:
+            applied_registry.write_snapshot(self.settings.log_dir, text)
+        except OSError as exc:
+            self.publisher.chores.failed("state_write_failed", str(path), exc)
+            return
+        self.stamp = RegistryStamp(
+            applied_registry.version_of(text),
+            generation,
+            round(self.wall(), 3),
+            str(self.registry.path),
+        )
+        self.dirty = True
 
     def sweep(self) -> None:
         """Take the router's requests, measure the ready backends again and trim
@@ -485,6 +557,14 @@ class Supervisor:
         self.apply(core.Tick())
         self.remotes.tick()
         self.dirty = self.dirty or self.remotes.dirty
+        for retiree, why in self.retirements.due():
+            retiree.stopping = True
+            self.spawn_task(self.retire(retiree, why))
+        if self.reload_asked.is_set():
+            self.reload_asked.clear()
+            self.reload("signal")
+        if self.watch_file is not None and self.watch_file.due(self.clock()):
+            self.reload("file")
 
     async def watch(self) -> int:
         """Supervise until a stop signal (0) or until no backend is left (1)."""
@@ -530,26 +610,213 @@ class Supervisor:
                 process.describe_exit(status),
             )
 
+        retiring = [r.backend for r in self.retirements.by_pid.values()]
         await asyncio.gather(
             *(
                 stop(b, b.child)
-                for b in self.backends.values()
+                for b in [*self.backends.values(), *retiring]
                 if b.child is not None and b.child.poll() is None
             )
         )
+        self.retirements.by_pid.clear()
         self.remotes.stop()
         self.dirty = True
         self.apply(core.Shutdown())  # every supervised backend STOPPED, and published
         self.publish()
 
     def command(self, command: commands.Command) -> commands.Reply:
-        """The router's load or unload, decided at once (and published, so the router
-        sees ``loading`` or ``unloading`` without waiting for the next turn)."""
+        """A command on the socket, decided at once and published before the reply:
+        the router's load or unload (so it sees ``loading`` or ``unloading`` without
+        waiting for the next turn), a reload, a retiring backend drained."""
+        if command.op == "reload":
+            return self.reload("command")
+        if command.op == "retired":
+            taken = command.pid is not None and self.retirements.drained(command.role, command.pid)
+            if self._wake is not None:
+                self._wake.set()
+            if taken:
+                return commands.Reply(True)
+            return commands.Reply(
+                False, error=f"no retiring backend {command.role!r} (pid {command.pid})"
+            )
         actions = self.apply(command_socket.observation(command))
         self.publish()
         if self._wake is not None:
             self._wake.set()
         return command_socket.reply(actions)
+
+    # -- reloading the registry ---------------------------------------------------------
+
+    def reload(self, source: str) -> commands.Reply:
+        """Read, validate and apply the registry file again (``source``: ``command``,
+        ``signal`` or ``file``): refused whole, naming every problem, or applied as the
+        difference from the running one (see :mod:`.reload`), published before the
+        reply. Reloads are serialised: each runs whole on the loop."""
+        started = self.clock()
+        path = self.registry.path
+        self.events.emit("config_reload_requested", source=source, config=str(path))
+        if self.stopping.is_set():
+            return self.refuse(source, Refusal("stopping", ()))
+        prepared = prepare(path, self.keys, self.tools, self.settings.log_dir)
+        if isinstance(prepared, Refusal):
+            return self.refuse(source, prepared)
+        found = conflicts(
+            prepared, self.settings.memory.budget_mb, self.footprint_of, self.port_taken
+        )
+        if found:
+            return self.refuse(source, Refusal("conflict", tuple(found)))
+        self.apply_registry(prepared)
+        assert self.stamp is not None
+        diff = prepared.diff
+        self.events.emit(
+            "config_reloaded",
+            source=source,
+            config=str(path),
+            version=self.stamp.version,
+            generation=self.stamp.generation,
+            **diff.to_fields(),
+            seconds=round(self.clock() - started, 3),
+        )
+        log.info(
+            "reloaded %s (version %s): %d added, %d removed, %d replaced, %d unchanged",
+            path,
+            self.stamp.version,
+            len(diff.added),
+            len(diff.removed),
+            len(diff.replaced),
+            len(diff.unchanged),
+        )
+        if self._wake is not None:
+            self._wake.set()
+        return commands.Reply(
+            True,
+            version=self.stamp.version,
+            generation=self.stamp.generation,
+            added=diff.added,
+            removed=diff.removed,
+            replaced=diff.replaced,
+            unchanged=diff.unchanged,
+        )
+
+    def refuse(self, source: str, refusal: Refusal) -> commands.Reply:
+        self.events.emit(
+            "config_reload_refused",
+            source=source,
+            config=str(self.registry.path),
+            refused=refusal.kind,
+            problems=list(refusal.problems),
+        )
+        log.error("reload refused: %s", refusal.message)
+        return commands.Reply(
+            False, error=refusal.message, problems=refusal.problems, refused=refusal.kind
+        )
+
+    def footprint_of(self, spec: ModelSpec) -> int | None:
+        """What ``spec`` would be admitted by: the running backend's footprint when its
+        launch is unchanged, else its ``memory_mb``, remembered or estimated one."""
+        running = self.backends.get(spec.role)
+        key = self.keys.get(spec.role)
+        if running is not None and key is not None and running.spec.entry == spec.entry:
+            return running.footprint_mb
+        return self.new_backend(spec).footprint_mb
+
+    def port_taken(self, spec: ModelSpec, plan: LaunchPlan) -> str | None:
+        """Who holds ``plan``'s port when it is not a process of ours."""
+        holder = self.control.port_holder(plan.host, plan.port)
+        if holder is None or self.is_ours(holder, plan):
+            return None
+        return str(holder)
+
+    def apply_registry(self, prepared: Prepared) -> None:
+        """Apply a prepared reload: unchanged backends keep their process (with their
+        new entry); removed and replaced ones retire (drained, then stopped); added and
+        replacing ones begin, a replacing one held until the process it replaces is
+        gone. Reloads spend no restart budget; a replacing backend's starts fresh."""
+        diff = prepared.diff
+        registry = prepared.registry
+        old = self.backends
+        for role in (*diff.removed, *diff.replaced):
+            backend = old.get(role)
+            if backend is None:
+                continue
+            reason: RetireReason = "removed" if role in diff.removed else "replaced"
+            record = self.retirements.add(backend, reason)
+            if record is not None:
+                self.events.emit(
+                    "backend_retiring",
+                    **backend.life.ids(),
+                    pid=record.pid,
+                    reason=reason,
+                    deadline_seconds=round(record.deadline - record.since, 3),
+                )
+        fresh = set(diff.added) | set(diff.replaced)
+        backends: dict[str, Backend] = {}
+        for spec in registry.models:
+            if spec.entry.enabled and spec.entry.remote:
+                continue
+            kept = old.get(spec.role)
+            if kept is not None and spec.role not in fresh:
+                kept.spec = spec
+                plan = prepared.plans.get(spec.role)
+                if kept.plan is not None and plan is not None:
+                    kept.plan = plan  # same command line; the request defaults may differ
+                backends[spec.role] = kept
+                continue
+            held_by = self.retirements.holder(spec.role, spec.entry.port)
+            backends[spec.role] = self.new_backend(spec, reloaded=True, held_by=held_by)
+        self.backends = backends
+        remotes = [s for s in registry.enabled if s.entry.remote]
+        self.remotes.replace(remotes, set(diff.unchanged))
+        self.registry = registry
+        self.keys = dict(prepared.keys)
+        generation = self.stamp.generation + 1 if self.stamp is not None else 1
+        self.registry_text = prepared.text
+        self.publish_registry(prepared.text, generation)
+        self.dirty = True
+        self.apply(core.Begin())
+        self.publish()
+
+    async def retire(self, retiree: Retiree, why: str) -> None:
+        """Stop a retiring backend (``why``: drained, deadline, exited) and release the
+        backend that waited for its port."""
+        record = retiree.record
+        status, survived = await self.stop_child(retiree.child, kill=False)
+        self.retirements.done(record.pid)
+        if survived:
+            self.events.emit(
+                "process_unkillable",
+                role=record.role,
+                model_id=record.model_id,
+                port=record.port,
+                pid=record.pid,
+                reason="still alive after SIGKILL while retiring; left, not waited on",
+            )
+        self.events.emit(
+            "backend_retired",
+            role=record.role,
+            model_id=record.model_id,
+            port=record.port,
+            pid=record.pid,
+            reason=record.reason,
+            ended=why,
+            seconds=round(self.wall() - record.since, 3),
+        )
+        log.info(
+            "retired %s (%s) on port %d, pid %d (%s): %s",
+            record.role,
+            record.model_id,
+            record.port,
+            record.pid,
+            why,
+            process.describe_exit(status),
+        )
+        self.dirty = True
+        for backend in list(self.backends.values()):
+            if backend.life.held_by != record.pid:
+                continue
+            still = self.retirements.holder(backend.role, backend.spec.entry.port)
+            if still is None:
+                self.apply(core.Released(backend.role))
 
     async def main(self) -> int:
         status = 1

@@ -208,6 +208,44 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         "gpu-box (qwen3)  url=http://10.0.0.5:8080/v1 rule=canary_ok"
         ' why="a one-token canary answered 200" ejections=1',
     ),
+    "config_reload_requested": (
+        {"source": "signal", "config": "/srv/slm/config/models.yaml"},
+        "supervisor  source=signal config=/srv/slm/config/models.yaml",
+    ),
+    "config_reloaded": (
+        {
+            "source": "command",
+            "config": "/srv/slm/config/models.yaml",
+            "version": "3f2a9c0d1e4b5a67",
+            "generation": 2,
+            "added": ["coder"],
+            "removed": [],
+            "replaced": ["reasoning"],
+            "unchanged": ["embed"],
+            "seconds": 0.042,
+        },
+        "supervisor  source=command config=/srv/slm/config/models.yaml version=3f2a9c0d1e4b5a67"
+        ' generation=2 added=["coder"] removed=[] replaced=["reasoning"] unchanged=["embed"]'
+        " seconds=0.042",
+    ),
+    "config_reload_refused": (
+        {
+            "source": "file",
+            "config": "/srv/slm/config/models.yaml",
+            "refused": "invalid",
+            "problems": ["models.yaml: 'coder' (id 'q'): port: is also used by 'embed'"],
+        },
+        "supervisor  source=file config=/srv/slm/config/models.yaml refused=invalid"
+        " problems=[\"models.yaml: 'coder' (id 'q'): port: is also used by 'embed'\"]",
+    ),
+    "backend_retiring": (
+        {**BACKEND, "pid": 41220, "reason": "replaced", "deadline_seconds": 30.0},
+        f"{NAMED}  pid=41220 reason=replaced deadline=30s",
+    ),
+    "backend_retired": (
+        {**BACKEND, "pid": 41220, "reason": "replaced", "ended": "drained", "seconds": 1.5},
+        f"{NAMED}  pid=41220 reason=replaced ended=drained seconds=1.5",
+    ),
 }
 
 WIDTH = max(len(name) for name in EVENTS)
