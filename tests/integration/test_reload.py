@@ -21,7 +21,7 @@ from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import ROOT, free_port, pid_alive, poll
 
 # With no router to say a retiring backend is idle, it is stopped at its deadline.
-QUICK_DRAIN = {"SLM_DRAIN_TIMEOUT_SECONDS": "1"}
+QUICK_DRAIN = "1"
 
 
 def write_registry(stack: Watched, models: dict[str, dict[str, Any]]) -> None:
@@ -57,7 +57,7 @@ def test_a_reload_applies_only_the_difference(tmp_path: Path) -> None:
         "drop": fake_entry(tmp_path, "drop"),
         "change": fake_entry(tmp_path, "change"),
     }
-    with watched(tmp_path, models, router=False, **QUICK_DRAIN) as stack:
+    with watched(tmp_path, models, router=False, SLM_DRAIN_TIMEOUT_SECONDS=QUICK_DRAIN) as stack:
         first = stamp(stack)
         assert first["generation"] == 1
         kept, dropped, changed = stack.pid("keep"), stack.pid("drop"), stack.pid("change")
@@ -99,7 +99,7 @@ def test_a_reload_applies_only_the_difference(tmp_path: Path) -> None:
 
 def test_an_invalid_registry_changes_nothing_and_names_every_problem(tmp_path: Path) -> None:
     models = {"a": fake_entry(tmp_path, "a"), "b": fake_entry(tmp_path, "b")}
-    with watched(tmp_path, models, router=False, **QUICK_DRAIN) as stack:
+    with watched(tmp_path, models, router=False, SLM_DRAIN_TIMEOUT_SECONDS=QUICK_DRAIN) as stack:
         before = {role: stack.pid(role) for role in models}
         version = stamp(stack)["version"]
         bad = {
@@ -159,8 +159,13 @@ def test_sighup_reloads_instead_of_stopping(tmp_path: Path) -> None:
 
 def test_the_file_watch_reloads_once_per_settled_change(tmp_path: Path) -> None:
     models = {"a": fake_entry(tmp_path, "a")}
-    env = {"SLM_CONFIG_WATCH": "true", "SLM_CONFIG_WATCH_SETTLE_SECONDS": "0.5"}
-    with watched(tmp_path, models, router=False, **env) as stack:
+    with watched(
+        tmp_path,
+        models,
+        router=False,
+        SLM_CONFIG_WATCH="true",
+        SLM_CONFIG_WATCH_SETTLE_SECONDS="0.5",
+    ) as stack:
         # Three saves in quick succession settle into one reload.
         b = fake_entry(tmp_path, "b")
         for timeout in (6, 7, 8):
@@ -178,7 +183,7 @@ def test_the_file_watch_reloads_once_per_settled_change(tmp_path: Path) -> None:
 
 def test_two_reloads_at_once_end_in_one_consistent_state(tmp_path: Path) -> None:
     models = {"a": fake_entry(tmp_path, "a")}
-    with watched(tmp_path, models, router=False, **QUICK_DRAIN) as stack:
+    with watched(tmp_path, models, router=False, SLM_DRAIN_TIMEOUT_SECONDS=QUICK_DRAIN) as stack:
         write_registry(stack, {**models, "b": fake_entry(tmp_path, "b")})
         with ThreadPoolExecutor(2) as pool:
             results = list(pool.map(lambda _i: reload(stack), range(2)))
