@@ -37,6 +37,7 @@ from slm_server.supervise.decide import (
     Policy,
     Probe,
     ProbeLost,
+    Released,
     Remember,
     Requested,
     Shutdown,
@@ -51,6 +52,7 @@ from slm_server.supervise.phases import (
     Attempt,
     Confirming,
     Done,
+    Held,
     Launching,
     Phase,
     Ready,
@@ -1362,3 +1364,47 @@ def test_a_measure_of_a_backend_not_serving_is_ignored(setup: Callable[[Run], No
     known = r.life.measured_mb
     assert r.step(Measured(ROLE, 999)) == []
     assert r.life.measured_mb == known
+
+
+# -- a backend a reload adds in place of one still draining ------------------------------
+
+
+def test_a_replacing_backend_is_held_until_the_old_process_is_gone() -> None:
+    r = run(lifecycle(held_by=OLD, reloaded=True))
+    assert r.step(Begin()) == []  # nothing launches while the old process drains
+    assert isinstance(phase(r.life), Held) and r.life.state is State.STARTING
+    assert r.life.reason is not None and str(OLD) in r.life.reason
+    assert r.step(Tick(), 5.0) == []  # no probe: there is no process of its own
+    assert r.step(Released(ROLE)) == [Launch(ROLE)]
+    assert isinstance(phase(r.life), Launching)
+    r.step(Launched(ROLE, NEW))
+    assert r.life.reloaded  # requests still wait for it
+    r.step(HealthProbed(ROLE, True), 1.0)
+    assert isinstance(phase(r.life), Ready) and not r.life.reloaded
+    assert r.life.restarts == 0 and r.life.budget.used == 0
+
+
+def test_a_replacing_on_demand_backend_is_unloaded_once_released() -> None:
+    r = run(lifecycle(held_by=OLD, on_demand=True))
+    r.step(Begin())
+    assert r.life.state is State.UNLOADING  # the old process still holds its memory
+    assert r.step(Load(ROLE)) == []  # not loadable until then
+    assert r.step(Released(ROLE)) == []
+    assert isinstance(phase(r.life), Unloaded)
+    assert r.step(Load(ROLE))[-1] == Launch(ROLE)
+
+
+def test_released_means_nothing_outside_held() -> None:
+    r = run()
+    r.ready()
+    assert r.step(Released(ROLE)) == []
+    assert isinstance(phase(r.life), Ready)
+
+
+def test_a_held_backend_is_stopped_at_shutdown_and_restart_requests_find_no_process() -> None:
+    r = run(lifecycle(held_by=OLD))
+    r.step(Begin())
+    actions = r.step(r.request())
+    assert events(actions) == ["backend_not_running"]
+    r.step(Shutdown())
+    assert r.life.state is State.STOPPED

@@ -1,0 +1,113 @@
+"""The pure parts of a reload: the launch key and the difference, the file watch's
+settling, and the retiring backends' bookkeeping (fake clocks, fake children)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from slm_server.config import ModelEntry, ModelSpec
+from slm_server.launch.plan import LaunchPlan
+from slm_server.supervise.config_watch import ConfigWatch, Stamp
+from slm_server.supervise.registry_diff import diff_registries, launch_key
+
+
+def spec(role: str = "a", **fields: Any) -> ModelSpec:
+    values: dict[str, Any] = {
+        "id": role,
+        "backend": "llamacpp",
+        "port": 8501,
+        "model_path": "/m.gguf",
+        "default_timeout": 10,
+        "quantization": "Q4_0",
+        **fields,
+    }
+    return ModelSpec(role=role, index=0, entry=ModelEntry.model_validate(values))
+
+
+def plan(argv: tuple[str, ...] = ("llama-server", "-m", "/m.gguf"), port: int = 8501) -> LaunchPlan:
+    return LaunchPlan(
+        role="a",
+        model_id="a",
+        backend="llamacpp",
+        model_type="lm",
+        host="127.0.0.1",
+        port=port,
+        argv=argv,
+        log_path=Path("/logs/a.log"),
+        base_url=f"http://127.0.0.1:{port}",
+        kind="llama-server",
+    )
+
+
+def test_router_only_fields_leave_the_launch_key_alone(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    argv = ("llama-server", "-m", str(model))
+    base = launch_key(spec(), plan(argv))
+    routed = spec(default_timeout=99, max_queue=2, aliases=["b"], routing="round_robin")
+    assert launch_key(routed, plan(argv)) == base
+    assert launch_key(spec(), plan((*argv, "-c", "2048"))) != base  # a launch flag
+    assert launch_key(spec(), plan(argv, port=8600)) != base  # another port
+    assert launch_key(spec(load="on_demand"), plan(argv)) != base
+
+
+def test_a_model_file_replaced_in_place_is_a_change(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    argv = ("llama-server", "-m", str(model))
+    before = launch_key(spec(), plan(argv))
+    model.write_bytes(b"longer")
+    os.utime(model, ns=(1, 2))
+    assert launch_key(spec(), plan(argv)) != before
+
+
+def test_disabled_and_remote_entries_have_keys_of_their_own() -> None:
+    assert launch_key(spec(enabled=False), None) == ("disabled",)
+    far = ModelSpec(
+        role="r",
+        index=0,
+        entry=ModelEntry.model_validate(
+            {"id": "r", "backend": "remote", "url": "http://h:1/v1", "default_timeout": 5}
+        ),
+    )
+    assert launch_key(far, None)[0] == "remote"
+
+
+def test_the_difference_sorts_every_role_once() -> None:
+    old = {"keep": ("k",), "drop": ("d",), "change": ("c",)}
+    new = {"add": ("a",), "change": ("c2",), "keep": ("k",)}
+    diff = diff_registries(old, new)
+    assert diff.added == ("add",)
+    assert diff.removed == ("drop",)
+    assert diff.replaced == ("change",)
+    assert diff.unchanged == ("keep",)
+    assert diff.changes
+    assert not diff_registries(old, old).changes
+
+
+class Files:
+    """A fake ``stat``: the stamp the watch sees."""
+
+    def __init__(self) -> None:
+        self.current: Stamp = (1, 10, 100)
+
+    def __call__(self, _path: Path) -> Stamp:
+        return self.current
+
+
+def test_the_file_watch_waits_for_a_change_to_settle_and_says_so_once() -> None:
+    files = Files()
+    watch = ConfigWatch(Path("/r.yaml"), 1.0, files)
+    assert not watch.due(0.0)  # nothing changed
+    files.current = (1, 11, 200)
+    assert not watch.due(0.1)  # changed: the timer starts
+    files.current = (2, 12, 300)
+    assert not watch.due(0.6)  # changed again: it starts over
+    assert not watch.due(1.5)
+    assert watch.due(1.7)  # settled for 1.1 s
+    assert not watch.due(5.0)  # once per change
+    files.current = None  # the file vanished: a change too
+    assert not watch.due(6.0)
+    assert watch.due(7.1)
