@@ -43,6 +43,8 @@ def test_a_retiree_stops_when_drained_at_its_deadline_or_when_it_ended() -> None
     wall = [100.0]
     retiring = Retirements(30.0, lambda: wall[0])
     a, b, c = backend("a", 11), backend("b", 12, 8502), backend("c", 13, 8503)
+    c_child = Child(13)
+    c.child = c_child  # type: ignore[assignment]
     record = retiring.add(a, "removed")
     assert record is not None and record.deadline == 130.0 and record.reason == "removed"
     retiring.add(b, "replaced")
@@ -51,8 +53,7 @@ def test_a_retiree_stops_when_drained_at_its_deadline_or_when_it_ended() -> None
     assert not retiring.drained("b", 11)  # a pid of another role
     assert not retiring.drained("a", 99)
     assert retiring.drained("a", 11)
-    assert c.child is not None
-    c.child.exit_status = 0  # type: ignore[attr-defined]
+    c_child.exit_status = 0
     assert [(r.record.role, why) for r, why in retiring.due()] == [
         ("a", "drained"),
         ("c", "exited"),
