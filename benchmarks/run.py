@@ -5,6 +5,7 @@
     uv run python -m benchmarks.run dashboard            # with and without the dashboard open
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
+    uv run python -m benchmarks.run reload               # reloading the registry under load
     uv run python -m benchmarks.run affinity             # routing policies on two replicas
     uv run python -m benchmarks.run agent_request        # a 20k-token agent request, 3 shapes
     uv run python -m benchmarks.run overhead --quick     # a short run to try things out
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import affinity, agent_request, overhead, real, recovery, swap
+from benchmarks import affinity, agent_request, overhead, real, recovery, reload, swap
 from benchmarks.instructions import checkout
 from benchmarks.machine import describe_machine, load_average, source_digest, wait_for_quiet
 from benchmarks.report import DASH, Check, checks_table, machine_line, show, write_results
@@ -191,6 +192,19 @@ def run_swap(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_reload(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = reload.Plan(trials=1 if quick else max(rounds, 3))
+    trials = reload.run_trials(plan, workdir, say)
+    return Outcome(
+        "Reloading the registry under load on llama-server (SmolLM2 135M, Gemma 3 270M)",
+        asdict(plan),
+        trials,
+        reload.checks(trials),
+        reload.tables(trials),
+        trials,
+    )
+
+
 def run_affinity(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = affinity.Plan(rounds=rounds)
     if quick:
@@ -231,6 +245,7 @@ SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "real": run_real,
     "recovery": run_recovery,
     "swap": run_swap,
+    "reload": run_reload,
     "affinity": run_affinity,
     "agent_request": run_agent_request,
 }
