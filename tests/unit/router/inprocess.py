@@ -26,6 +26,7 @@ from starlette.applications import Starlette
 from starlette.types import Message
 
 from slm_server.config import ModelSpec, RegistryFile, parse_registry
+from slm_server.contracts.applied_registry import RegistryStamp, Retiring
 from slm_server.contracts.commands import Command, Reply
 from slm_server.contracts.records import BackendState
 from slm_server.http1 import Headers
@@ -200,11 +201,14 @@ class FakeTransport:
 
 
 class FakeStates:
-    """Backend states as a test sets them; no launcher unless one is said to run."""
+    """Backend states as a test sets them; no launcher unless one is said to run, and
+    no registry stamp nor retiring backend unless a test publishes them."""
 
     def __init__(self) -> None:
         self.states: dict[tuple[str, int], BackendState] = {}
         self.alive = False
+        self.registry: RegistryStamp | None = None
+        self.retired: list[Retiring] = []
 
     def get(self, role: str, port: int) -> BackendState | None:
         return self.states.get((role, port))
@@ -215,6 +219,12 @@ class FakeStates:
 
     def launcher_alive(self) -> bool:
         return self.alive
+
+    def stamp(self) -> RegistryStamp | None:
+        return self.registry
+
+    def retiring(self) -> list[Retiring]:
+        return self.retired
 
 
 def backend_state(spec: ModelSpec, state: str, **fields: Any) -> BackendState:
