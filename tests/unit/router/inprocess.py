@@ -174,6 +174,7 @@ class FakeTransport:
         self.closed = False
         # GET pages by (role, path): (status, body), or an Event never set (a hang).
         self.pages: dict[tuple[str, str], tuple[int, bytes] | asyncio.Event] = {}
+        self.targets: list[tuple[ModelSpec, ...]] = []  # what each reload retargeted to
 
     async def open(
         self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
@@ -195,6 +196,9 @@ class FakeTransport:
             await answer.wait()  # an engine that never answers
             return None
         return answer
+
+    def retarget(self, models: tuple[ModelSpec, ...]) -> None:
+        self.targets.append(models)
 
     async def aclose(self) -> None:
         self.closed = True
