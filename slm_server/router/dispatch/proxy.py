@@ -24,7 +24,7 @@ from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.admitted_call import Call, Deadline
 from slm_server.router.dispatch.affinity import BLOCK_CHARS, request_hashes
 from slm_server.router.dispatch.backend_state import StateSource
-from slm_server.router.dispatch.balance import Balancer
+from slm_server.router.dispatch.balance import Balancer, Routing
 from slm_server.router.dispatch.drain import Drain
 from slm_server.router.dispatch.waits import client_of, running_loop
 from slm_server.router.intake.body_budget import BodyBudget
@@ -38,6 +38,7 @@ from slm_server.router.watchdog.tripwire import Tripwire
 from slm_server.settings import Settings
 
 RESPONSES = "/v1/responses"
+BalancerShape = tuple[int, Routing, int]  # replicas, routing, affinity threshold
 # A replica that refused the connection never saw the request: it is sent to another.
 UNREACHABLE = "backend_unreachable"
 
@@ -60,13 +61,9 @@ class Proxy:
         self.gates = gates
         self.registry = registry
         # One per entry with replicas, by the entry's position in the file.
-        self.balancers = {
-            spec.index: Balancer(
-                registry.size(spec), spec.entry.routing, spec.entry.affinity_threshold
-            )
-            for spec in registry.entries
-            if registry.size(spec) > 1
-        }
+        self.balancers: dict[int, Balancer] = {}
+        self._balanced: dict[str, tuple[BalancerShape, Balancer]] = {}  # by the entry's role
+        self._balance()
         self.bodies = BodyBudget(serving.max_bodies_in_flight_bytes)
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
@@ -79,6 +76,31 @@ class Proxy:
             self.sender, replies, self.reception.sampling_defaults, self.server_kind
         )
         self.loader: Loader | None = None  # loading on demand, set by the app
+
+    def _balance(self) -> None:
+        """A balancer for each entry with replicas; an entry whose role, replica count
+        and routing a reload left as they were keeps its own (what its prefix indexes
+        learnt, and its turn)."""
+        registry = self.registry
+        balancers: dict[int, Balancer] = {}
+        balanced: dict[str, tuple[BalancerShape, Balancer]] = {}
+        for spec in registry.entries:
+            size = registry.size(spec)
+            if size == 1:
+                continue
+            entry = spec.entry
+            shape = (size, entry.routing, entry.affinity_threshold)
+            kept = self._balanced.get(spec.role)
+            balancer = kept[1] if kept is not None and kept[0] == shape else Balancer(*shape)
+            balancers[spec.index] = balancer
+            balanced[spec.role] = (shape, balancer)
+        self.balancers, self._balanced = balancers, balanced
+
+    def follow(self) -> None:
+        """The registry was replaced in place (a reload): balance its entries, and
+        resolve its presets afresh."""
+        self._balance()
+        self.reception.forget_rules()
 
     def server_kind(self, spec: ModelSpec) -> str | None:
         """The server the launcher runs for ``spec`` ("llama-server", ...); None when no
@@ -153,10 +175,11 @@ class Proxy:
         Whether a replica can serve is :meth:`Reception.down`'s one decision: a replica
         with no process of its own would be judged there by whatever ejects it."""
         balancer = self.balancers.get(spec.index)
-        if balancer is None:
+        # A spec routed before a reload is alone: its position may name another entry.
+        group = self.registry.replicas(spec) if balancer is not None else (spec,)
+        if balancer is None or len(group) == 1:
             self.reception.refuse_if_down(spec)
             return spec
-        group = self.registry.replicas(spec)
         serving: list[int] = []
         refusals: list[BackendUnavailable] = []
         for position, replica in enumerate(group):

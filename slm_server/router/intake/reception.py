@@ -95,6 +95,10 @@ class Reception:
             found = self._rules[key] = resolve(spec.entry, alias)
         return found
 
+    def forget_rules(self) -> None:
+        """The registry was replaced: its presets are resolved again as named."""
+        self._rules = {}
+
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
         """The request fields the launcher published for this backend (the Python
         fallback's sampling defaults); none without a running launcher."""
