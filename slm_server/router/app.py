@@ -218,6 +218,7 @@ def create_app(
             yield
         finally:
             ender.cancel()
+            await proxy.readiness.stop()
             await loader.stop()
             await upstream.aclose()
             await telemetry.shutdown()

@@ -42,6 +42,13 @@ def given_up(subject: str, state: BackendState) -> BackendUnavailable | None:
     )
 
 
+def awaits_reload(state: BackendState) -> bool:
+    """Whether requests wait for this backend rather than being refused: a reload
+    added or replaced it and it is starting (see
+    :mod:`~slm_server.router.reload.readiness`)."""
+    return state.reloaded and state.state == "starting"
+
+
 class StateSource(Protocol):
     """The supervisor's published states as the router reads them: :class:`StateView`
     over the state file in production."""

@@ -32,6 +32,7 @@ from slm_server.router.intake.payload import header_value, request_timeout
 from slm_server.router.intake.reception import Intake, Reception
 from slm_server.router.observe.exchange import Exchange, exchange_of
 from slm_server.router.ondemand.loader import Loader
+from slm_server.router.reload.readiness import Readiness
 from slm_server.router.upstream.client import Transport, forward_headers
 from slm_server.router.upstream.sender import Sender
 from slm_server.router.watchdog.tripwire import Tripwire
@@ -76,6 +77,7 @@ class Proxy:
             self.sender, replies, self.reception.sampling_defaults, self.server_kind
         )
         self.loader: Loader | None = None  # loading on demand, set by the app
+        self.readiness = Readiness(states, self.sender.waits)  # backends a reload started
 
     def _balance(self) -> None:
         """A balancer for each entry with replicas; an entry whose role, replica count
@@ -189,6 +191,9 @@ class Proxy:
                 balancer.forget(position)
             elif replica.role not in tried:
                 serving.append(position)
+        if len(serving) > 1:  # one a reload started is waited for only if no other serves
+            settled = [p for p in serving if not self.readiness.awaited(group[p])]
+            serving = settled or serving
         if not serving:
             if not refusals:
                 raise BackendUnavailable(
@@ -224,6 +229,10 @@ class Proxy:
         intake = await self.reception.for_backend(intake, spec, endpoint)
         slot = await self.sender.admit(client, spec, exchange, deadline)
         try:
+            if self.readiness.awaited(spec):
+                # Holding the slot, as for a load: the line behind it keeps its order.
+                await self.readiness.until_ready(spec, client, deadline.at)
+                self.reception.refuse_if_down(spec)  # failed meanwhile, or restarting
             loader = self.loader
             if loader is not None and loader.on_demand(spec):
                 # Holding the slot: the line behind it waits in order, within its limits.
