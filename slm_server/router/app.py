@@ -59,6 +59,7 @@ from slm_server.router.ondemand.loader import Commander, Loader
 from slm_server.router.ondemand.memory_fit import Rules
 from slm_server.router.reload.follower import POLL_SECONDS, Follower
 from slm_server.router.reload.in_force import InForce
+from slm_server.router.reload.reload_api import ReloadApi
 from slm_server.router.reload.retirements import Retirements
 from slm_server.router.reload.rewire import Rewire, gate_for
 from slm_server.router.upstream.client import Transport, Upstream
@@ -231,6 +232,7 @@ def create_app(
         in_force,
         poll_seconds=follow_seconds,
     )
+    reload_api = ReloadApi(deps.commander, follower)
     info = Info(
         registry,
         upstream,
@@ -283,6 +285,7 @@ def create_app(
         Route("/v1/models/load", models_api.load, methods=["POST"]),
         Route("/v1/models/unload", models_api.unload, methods=["POST"]),
         Route("/v1/models/{model_id:path}", info.model, methods=["GET"]),
+        Route("/v1/config/reload", reload_api.reload, methods=["POST"]),
         Route("/v1/backends/health", info.backends_health, methods=["GET"]),
         Route("/health", info.health, methods=["GET"]),
         Route("/metrics", metrics.scrape, methods=["GET"]),
