@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slm_server import logging_setup, remote
+from slm_server import logging_setup
 from slm_server.config import (
     ConfigError,
     ModelSpec,
@@ -131,10 +131,6 @@ def production_dependencies(
         return planned.health_path if planned is not None else "/health"
 
     env = load_environment()
-    for spec in registry.enabled:
-        name = remote.missing_key(spec.entry, env)
-        if name is not None:
-            log.warning("%s: %s is not set; the remote is sent no key", spec.role, name)
     upstream = Upstream(
         registry.enabled,
         settings.connect_timeout_seconds,

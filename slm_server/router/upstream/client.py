@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
@@ -75,6 +76,8 @@ class UpstreamResponse(Protocol):
     def close(self) -> None: ...
     async def aclose(self) -> None: ...
 
+
+log = logging.getLogger("slm_server.router")
 
 RETRY_AFTER_SECONDS = 5.0
 SWEEP_SECONDS = 1.0  # how often pools a reload left are looked at, until closed
@@ -233,6 +236,10 @@ class Upstream:
         pools: dict[tuple[str, str, float], Pool] = {}
         targets: dict[str, _Target] = {}
         for spec in models:
+            known = self._targets.get(spec.role)
+            name = remote.missing_key(spec.entry, self.env)
+            if name is not None and (known is None or known.entry != spec.entry):
+                log.warning("%s: %s is not set; the remote is sent no key", spec.role, name)
             key = _target_key(spec)
             pool = pools.get(key) or self._pools.get(key) or self._retired.pop(key, None)
             pools[key] = pool or self._new_pool(spec)

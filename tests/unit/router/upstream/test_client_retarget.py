@@ -6,6 +6,7 @@ closed only once nothing uses it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -104,3 +105,32 @@ def test_a_request_routed_before_a_reload_reaches_its_backend_whose_pool_closes_
             await upstream.aclose()
 
     run(scenario())
+
+
+def remote_spec(role: str, url: str) -> ModelSpec:
+    registry = f"""
+models:
+  {role}:
+    id: {role}
+    backend: remote
+    url: {url}
+    api_key_env: {role.upper()}_KEY
+    default_timeout: 5
+"""
+    [spec] = parse_registry(registry, Path("models.yaml")).models
+    return spec
+
+
+def test_a_remote_without_its_key_is_named_once_and_again_when_a_reload_adds_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    far = remote_spec("far", "http://10.0.0.5:8080/v1")
+    with caplog.at_level(logging.WARNING, logger="slm_server.router"):
+        upstream = Upstream((far,), 1.0, 0.5, env={})
+        upstream.retarget((remote_spec("far", "http://10.0.0.5:8080/v1"),))  # unchanged
+        upstream.retarget((far, remote_spec("farther", "http://10.0.0.6:8080/v1")))
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == [
+        "far: FAR_KEY is not set; the remote is sent no key",
+        "farther: FARTHER_KEY is not set; the remote is sent no key",
+    ]
