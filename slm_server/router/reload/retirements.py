@@ -32,6 +32,7 @@ class Retirements:
         self._draining: dict[str, list[Gate]] = {}
         self._known: set[tuple[str, int]] = set()  # retiring backends seen published
         self._sent: set[tuple[str, int]] = set()
+        self._undelivered: set[tuple[str, int]] = set()  # a warning was logged for these
 
     def knows(self, retiring: Retiring) -> bool:
         """Whether ``retiring`` was seen published before (its role's gate was split
@@ -62,12 +63,15 @@ class Retirements:
             try:
                 reply = await self.commander(Command("retired", backend.role, pid=backend.pid))
             except CommandError as exc:
-                log.warning(
-                    "cannot tell the supervisor that %s (pid %d) is drained: %s",
-                    backend.model_id,
-                    backend.pid,
-                    exc,
-                )
+                if key not in self._undelivered:  # said once, not at every tick
+                    self._undelivered.add(key)
+                    log.warning(
+                        "cannot tell the supervisor that %s (pid %d) is drained (asked again "
+                        "until it answers): %s",
+                        backend.model_id,
+                        backend.pid,
+                        exc,
+                    )
                 continue
             self._sent.add(key)
             if not reply.ok:
@@ -80,6 +84,7 @@ class Retirements:
             self._draining.pop(backend.role, None)  # idle: nothing can be admitted to it
         self._sent &= published
         self._known &= published
+        self._undelivered &= published - self._sent
         roles = {role for role, _pid in published}
         for role, gates in list(self._draining.items()):
             if role in roles:

@@ -192,7 +192,7 @@ def test_a_stream_on_a_removed_entry_completes_and_then_it_is_retired_once(
 
 
 def test_a_retiring_backend_the_router_holds_nothing_for_is_retired_at_once(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     router = supervised(tmp_path)
 
@@ -200,16 +200,17 @@ def test_a_retiring_backend_the_router_holds_nothing_for_is_retired_at_once(
         async with serving(router):
             router.states.retired = [retiring("gone", pid=77)]
             router.supervisor.unreachable = True
-            await router.follower.sync()
+            with caplog.at_level(logging.WARNING, logger="slm_server.router"):
+                await router.follower.sync()
+                await router.follower.sync()
             router.supervisor.unreachable = False
-            await router.follower.sync()  # asked again: the last one was not delivered
+            await router.follower.sync()  # asked again: the last ones were not delivered
             await router.follower.sync()
-            assert router.supervisor.sent("retired") == [
-                Command("retired", "gone", pid=77),
-                Command("retired", "gone", pid=77),
-            ]
+            assert router.supervisor.sent("retired") == [Command("retired", "gone", pid=77)] * 3
 
     run(scenario())
+    warned = [r for r in caplog.records if "is drained (asked again" in r.getMessage()]
+    assert len(warned) == 1  # said once, not at every look
 
 
 def test_a_replaced_backend_gets_a_new_gate_while_its_old_one_drains(tmp_path: Path) -> None:
