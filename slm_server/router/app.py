@@ -204,7 +204,8 @@ def create_app(
     registry = registry or Registry(registry_file.models)
     drain, upstream, telemetry, metrics = deps.drain, deps.upstream, deps.telemetry, deps.metrics
     tripwire = Tripwire(settings.watchdog, deps.events, on_failure=metrics.count_failure)
-    proxy = Proxy(settings, registry, upstream, tripwire, deps.states, drain, deps.gates)
+    in_force = InForce(version, str(registry_file.path))
+    proxy = Proxy(settings, registry, upstream, tripwire, deps.states, drain, deps.gates, in_force)
     memory = settings.memory
     rules = Rules(memory.budget_mb, memory.max_loaded, memory.hold_seconds, memory.aging_seconds)
     loader = Loader(
@@ -219,7 +220,6 @@ def create_app(
     proxy.loader = loader
     retirements = Retirements(deps.commander)
     rewire = Rewire(registry, deps.gates, proxy, loader, upstream, tripwire, retirements)
-    in_force = InForce(version, str(registry_file.path))
     follower = Follower(
         deps.states,
         settings.log_dir,

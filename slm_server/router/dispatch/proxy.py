@@ -32,6 +32,7 @@ from slm_server.router.intake.payload import header_value, request_timeout
 from slm_server.router.intake.reception import Intake, Reception
 from slm_server.router.observe.exchange import Exchange, exchange_of
 from slm_server.router.ondemand.loader import Loader
+from slm_server.router.reload.in_force import InForce
 from slm_server.router.reload.readiness import Readiness
 from slm_server.router.upstream.client import Transport, forward_headers
 from slm_server.router.upstream.sender import Sender
@@ -57,6 +58,7 @@ class Proxy:
         states: StateSource,
         drain: Drain,
         gates: Mapping[str, Gate],
+        in_force: InForce,
     ) -> None:
         serving = settings.serving
         self.gates = gates
@@ -77,7 +79,8 @@ class Proxy:
             self.sender, replies, self.reception.sampling_defaults, self.server_kind
         )
         self.loader: Loader | None = None  # loading on demand, set by the app
-        self.readiness = Readiness(states, self.sender.waits)  # backends a reload started
+        # Requests for backends a reload started wait for them, once routed by its registry.
+        self.readiness = Readiness(states, self.sender.waits, in_force)
 
     def _balance(self) -> None:
         """A balancer for each entry with replicas; an entry whose role, replica count

@@ -10,6 +10,12 @@ deadline it gets 503 ``model_loading`` with ``Retry-After``. When the backend st
 being a reloaded one starting (ready, or restarting, failed, abandoned...) the wait
 ends and the request goes on as any other: the caller asks again whether the backend
 can serve.
+
+The state file is read as requests come, the registry it names is followed at the
+next poll: until the router routes by the reload's registry, its requests are routed
+(and admitted) as that registry says, and a replaced backend's old process, alive
+until it is retired, serves them. Waiting then would hold a slot of the old gate, and
+the old process would not be retired before the waiting request's deadline.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from slm_server.config import ModelSpec
 from slm_server.errors import BackendUnavailable
 from slm_server.router.dispatch.backend_state import StateSource, awaits_reload
 from slm_server.router.dispatch.waits import ClientWatch, Waits, running_loop
+from slm_server.router.reload.in_force import InForce
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 
 POLL_SECONDS = 0.02  # the state file, while anything waits
@@ -29,17 +36,22 @@ POLL_SECONDS = 0.02  # the state file, while anything waits
 class Readiness:
     """The requests waiting for reloaded backends to be ready, by backend."""
 
-    def __init__(self, states: StateSource, waits: Waits) -> None:
+    def __init__(self, states: StateSource, waits: Waits, in_force: InForce) -> None:
         self.states = states
         self.waits = waits
+        self.in_force = in_force
         self._waiting: dict[tuple[str, int], tuple[ModelSpec, list[asyncio.Future[None]]]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def awaited(self, spec: ModelSpec) -> bool:
         """Whether requests for ``spec``'s backend wait for it to be ready: a running
-        supervisor published it ``starting`` since a reload added or replaced it."""
+        supervisor published it ``starting`` since a reload added or replaced it, and
+        the router routes by that reload's registry already."""
         state = self.states.get(spec.role, spec.entry.port)
-        return state is not None and awaits_reload(state) and self.states.launcher_alive()
+        if state is None or not awaits_reload(state) or not self.states.launcher_alive():
+            return False
+        stamp = self.states.stamp()
+        return stamp is None or stamp.version == self.in_force.version
 
     async def until_ready(self, spec: ModelSpec, client: ClientWatch, until: float) -> None:
         """Return at once unless the backend is awaited; else when it no longer is

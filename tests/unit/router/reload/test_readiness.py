@@ -10,12 +10,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from slm_server.contracts.applied_registry import RegistryStamp, version_of, write_snapshot
 from tests.unit.router.inprocess import (
     FakeResponse,
     Router,
     Sent,
     call,
     make_router,
+    registry_text,
     run,
     serving,
     whole,
@@ -134,5 +136,28 @@ def test_a_replica_that_serves_is_chosen_over_one_a_reload_started(tmp_path: Pat
                 got = await call(router.app, CHAT, chat_body(CHAT_ID))
                 assert got.status == 200, got.body
             assert {sent.spec.role for sent in router.transport.sent} == {second.role}
+
+    run(scenario())
+
+
+def test_until_the_router_follows_the_reload_its_old_backend_serves(tmp_path: Path) -> None:
+    """The state file already says the reload started the new backend; the router still
+    routes by the registry before it (its snapshot not read yet): the old process, alive
+    until retired, answers, and no request holds a slot of the old gate waiting."""
+    router = started_by_a_reload(tmp_path, follow_seconds=3600)
+    newer = registry_text(concurrency=3)
+    router.states.registry = RegistryStamp(version_of(newer), 2, 0.0, "/srv/models.yaml")
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat_body(CHAT_ID))
+            assert got.status == 200, got.body
+            write_snapshot(router.settings.log_dir, newer)
+            await router.follower.sync()
+            waiting = asyncio.ensure_future(call(router.app, CHAT, chat_body(CHAT_ID)))
+            await until(lambda: router.gate_active() == 1, "the request admitted")
+            assert len(router.transport.sent) == 1 and not waiting.done()
+            router.supervisor.publish(router.spec, "ready")
+            assert (await waiting).status == 200
 
     run(scenario())
