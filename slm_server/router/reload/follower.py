@@ -65,7 +65,7 @@ class Follower:
         self.in_force = in_force
         self.poll_seconds = poll_seconds
         self._lock = asyncio.Lock()
-        self._unreadable: set[str] = set()  # versions whose snapshot did not parse
+        self._unreadable: set[str] = set()  # versions that did not parse (or apply)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -135,7 +135,12 @@ class Follower:
         if applied is None:
             return  # the snapshot is of another version: a reload is being published
         fresh = [r for r in self.states.retiring() if not self.retirements.knows(r)]
-        change = self.rewire.apply(applied.models, fresh)
+        try:
+            change = self.rewire.apply(applied.models, fresh)
+        except Exception:  # a fault of ours: said once, not at every poll
+            self._unreadable.add(stamp.version)
+            log.exception("the router could not be rewired to registry version %s", stamp.version)
+            return
         before = in_force.version
         in_force.adopt(stamp)
         log.info(

@@ -15,6 +15,7 @@ import pytest
 
 from slm_server.contracts.applied_registry import version_of, write_snapshot
 from slm_server.contracts.commands import Command
+from slm_server.router.reload.rewire import Change, Rewire
 from tests.unit.router.inprocess import (
     Answer,
     FakeResponse,
@@ -294,3 +295,25 @@ def test_a_reload_that_adds_an_on_demand_model_loads_it_for_its_first_request(
             assert json.loads(router.transport.sent[-1].body)["model"] == "lazy-model"
 
     run(scenario())
+
+
+def test_a_registry_the_router_cannot_be_rewired_to_is_reported_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = supervised(tmp_path)
+
+    def broken(*_args: object) -> Change:
+        raise RuntimeError("a fault of the router's")
+
+    async def scenario() -> None:
+        async with serving(router):
+            publish(router, WITH_EXTRA)
+            monkeypatch.setattr(Rewire, "apply", broken)
+            with caplog.at_level(logging.ERROR, logger="slm_server.router"):
+                await router.follower.sync()
+                await router.follower.sync()
+            assert router.follower.in_force.version == version_of(registry_text())
+
+    run(scenario())
+    errors = [r for r in caplog.records if "could not be rewired" in r.getMessage()]
+    assert len(errors) == 1
