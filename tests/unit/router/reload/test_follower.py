@@ -317,3 +317,48 @@ def test_a_registry_the_router_cannot_be_rewired_to_is_reported_once(
     run(scenario())
     errors = [r for r in caplog.records if "could not be rewired" in r.getMessage()]
     assert len(errors) == 1
+
+
+def test_a_request_waiting_for_a_load_the_reload_removed_gets_404(tmp_path: Path) -> None:
+    lazy = entry("lazy", 18003, "load: on_demand")
+    router = make_router(tmp_path, answer_whole, more=lazy, follow_seconds=3600)
+    router.supervisor.load_seconds = 60.0  # loading until the test is over
+
+    async def scenario() -> None:
+        async with serving(router):
+            waiting = asyncio.ensure_future(call(router.app, CHAT, chat_body("lazy-model")))
+            await until(lambda: router.supervisor.state("lazy") == "loading", "the load asked")
+            publish(router, registry_text(), retiring=(retiring("lazy", pid=99),))
+            await router.follower.sync()
+            got = await waiting
+            assert got.status == 404
+            assert got.json()["error"]["code"] == "model_not_found"
+            assert "removed from the registry by a reload" in got.json()["error"]["message"]
+            await router.follower.sync()
+            assert router.supervisor.sent("retired") == [Command("retired", "lazy", pid=99)]
+
+    run(scenario())
+
+
+def test_an_entry_whose_replicas_and_routing_a_reload_left_alone_keeps_its_balancer(
+    tmp_path: Path,
+) -> None:
+    affinity = "    replicas: 2\n    routing: prefix_affinity\n"
+    router = make_router(tmp_path, answer_whole, chat=affinity, follow_seconds=3600)
+    router.states.alive = True
+    proxy = router.follower.rewire.proxy
+
+    async def scenario() -> None:
+        async with serving(router):
+            [balancer] = proxy.balancers.values()
+            publish(router, registry_text(chat=affinity, concurrency=5), generation=2)
+            await router.follower.sync()
+            assert list(proxy.balancers.values()) == [balancer]
+            more = "    replicas: 3\n    routing: prefix_affinity\n"
+            publish(router, registry_text(chat=more), generation=3)
+            await router.follower.sync()
+            [grown] = proxy.balancers.values()
+            assert grown is not balancer and len(grown.indexes) == 3
+            assert (await call(router.app, CHAT, chat_body(CHAT_ID))).status == 200
+
+    run(scenario())
