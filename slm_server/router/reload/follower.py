@@ -154,6 +154,8 @@ class Follower:
             list(change.replaced),
             len(change.kept),
         )
+        for warning in applied.warnings:
+            log.warning("%s", warning)
 
 
 __all__ = ["Follower", "read_applied"]
