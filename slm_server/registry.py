@@ -30,31 +30,51 @@ class Registry:
     """
 
     def __init__(self, models: Sequence[ModelSpec]) -> None:
-        self.models = tuple(models)
-        self.enabled = tuple(m for m in self.models if m.entry.enabled)
-        self._by_id: dict[str, list[ModelSpec]] = {}
-        self._replicas: dict[int, tuple[ModelSpec, ...]] = {}
+        self.replace(models)
+
+    def replace(self, models: Sequence[ModelSpec]) -> None:
+        """Route by ``models`` from now on. The tables are built first and then bound
+        in one step, with nothing awaited: every part of the router that holds this
+        registry reads the new one from its next request, and a request that was
+        routed by the old one keeps the spec it was given (see :meth:`replicas`)."""
+        models = tuple(models)
+        enabled = tuple(m for m in models if m.entry.enabled)
+        by_id: dict[str, list[ModelSpec]] = {}
         groups: dict[int, list[ModelSpec]] = {}
-        for spec in self.enabled:
+        for spec in enabled:
             groups.setdefault(spec.index, []).append(spec)
             if spec.replica == 1:
-                self._by_id.setdefault(spec.entry.id, []).append(spec)
+                by_id.setdefault(spec.entry.id, []).append(spec)
         # Aliases lead to their entry; one that is also an id or another alias is refused
         # when the registry is loaded, and the ids win here if one gets through anyway.
-        self._by_alias: dict[str, ModelSpec] = {}
-        for spec in self.enabled:
+        by_alias: dict[str, ModelSpec] = {}
+        for spec in enabled:
             if spec.replica == 1:
                 for name in spec.entry.alias_names:
-                    if name not in self._by_id:
-                        self._by_alias.setdefault(name, spec)
-        self._replicas = {index: tuple(specs) for index, specs in groups.items()}
+                    if name not in by_id:
+                        by_alias.setdefault(name, spec)
+        self.models = models
+        self.enabled = enabled
+        self._by_id = by_id
+        self._by_alias = by_alias
+        self._replicas: dict[int, tuple[ModelSpec, ...]] = {
+            index: tuple(specs) for index, specs in groups.items()
+        }
         # The enabled entries, each by its first replica: one per model id unless ambiguous.
-        self.entries = tuple(s for s in self.enabled if s.replica == 1)
+        self.entries = tuple(s for s in enabled if s.replica == 1)
 
     def replicas(self, spec: ModelSpec) -> tuple[ModelSpec, ...]:
         """Every replica of ``spec``'s entry (``spec`` itself alone for one replica),
-        the entries that join it with ``replica_of`` after its own."""
-        return self._replicas.get(spec.index, (spec,))
+        the entries that join it with ``replica_of`` after its own. A spec the registry
+        no longer holds (a request routed before :meth:`replace`) is alone: positions
+        in a file that was replaced name other entries."""
+        group = self._replicas.get(spec.index)
+        if group is None:
+            return (spec,)
+        for member in group:
+            if member is spec:
+                return group
+        return (spec,)
 
     def size(self, spec: ModelSpec) -> int:
         """How many replicas ``spec``'s model has: its entry's and those joining it."""

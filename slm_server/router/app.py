@@ -4,13 +4,17 @@
 upstream transport, the source of backend states, the watchdog's event sink, the
 admission gates, telemetry, metrics and the drain); ``production_app`` is the one place
 that makes the real ones from the settings. Tests hand ``create_app`` fakes.
+
+The router follows the registry its supervisor applied
+(:mod:`~slm_server.router.reload.follower`): the registry, the gates and every part
+derived from them are rewired in place when a reload changes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -21,9 +25,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slm_server import logging_setup, remote
-from slm_server.config import ModelSpec, RegistryFile
+from slm_server import logging_setup
+from slm_server.config import (
+    ConfigError,
+    ModelSpec,
+    RegistryFile,
+    parse_registry,
+    read_registry_text,
+)
 from slm_server.contracts import commands
+from slm_server.contracts.applied_registry import version_of
 from slm_server.contracts.events import EventLog, EventSink
 from slm_server.errors import GatewayError, HttpStatusError
 from slm_server.registry import Registry
@@ -46,6 +57,11 @@ from slm_server.router.observe.telemetry import Telemetry
 from slm_server.router.ondemand.load_api import ModelsApi
 from slm_server.router.ondemand.loader import Commander, Loader
 from slm_server.router.ondemand.memory_fit import Rules
+from slm_server.router.reload.follower import POLL_SECONDS, Follower
+from slm_server.router.reload.in_force import InForce
+from slm_server.router.reload.reload_api import ReloadApi
+from slm_server.router.reload.retirements import Retirements
+from slm_server.router.reload.rewire import Rewire, gate_for
 from slm_server.router.upstream.client import Transport, Upstream
 from slm_server.router.watchdog.tripwire import Tripwire
 from slm_server.settings import Settings, load_environment
@@ -90,19 +106,16 @@ class Dependencies:
     upstream: Transport
     states: StateSource
     events: EventSink
-    gates: Mapping[str, Gate]  # admission, by role
+    gates: dict[str, Gate]  # admission, by role (rewired in place by a reload)
     telemetry: Telemetry
     metrics: Metrics
     drain: Drain
-    commander: Commander  # load and unload commands to the supervisor
+    commander: Commander  # commands to the supervisor: load, unload, reload, retired
 
 
 def gates_for(registry: Registry) -> dict[str, Gate]:
     """One admission gate per enabled model, sized by its entry."""
-    return {
-        spec.role: Gate(spec.entry.id, spec.entry.max_concurrency, spec.entry.max_queue)
-        for spec in registry.enabled
-    }
+    return {spec.role: gate_for(spec) for spec in registry.enabled}
 
 
 def production_dependencies(
@@ -118,10 +131,6 @@ def production_dependencies(
         return planned.health_path if planned is not None else "/health"
 
     env = load_environment()
-    for spec in registry.enabled:
-        name = remote.missing_key(spec.entry, env)
-        if name is not None:
-            log.warning("%s: %s is not set; the remote is sent no key", spec.role, name)
     upstream = Upstream(
         registry.enabled,
         settings.connect_timeout_seconds,
@@ -151,14 +160,33 @@ def supervisor_commander(settings: Settings) -> Commander:
     return send
 
 
+def version_read(registry_file: RegistryFile) -> str | None:
+    """The version of the text ``registry_file`` was read from: its file's text now,
+    when it still holds that very registry; None when it changed since (or cannot be
+    read), and the router then follows any registry its supervisor applied."""
+    try:
+        text = read_registry_text(registry_file.path)
+        same = parse_registry(text, registry_file.path).models == registry_file.models
+    except ConfigError:
+        return None
+    return version_of(text) if same else None
+
+
 def production_app(
-    settings: Settings, registry_file: RegistryFile, drain: Drain | None = None
+    settings: Settings,
+    registry_file: RegistryFile,
+    drain: Drain | None = None,
+    *,
+    version: str | None = None,
 ) -> Starlette:
     """The router as ``slm_server router`` serves it; ``drain`` is the shutdown state
-    the server shares with it (``app.state.drain``)."""
+    the server shares with it (``app.state.drain``); ``version`` that of the text
+    ``registry_file`` was parsed from (:func:`version_read` when not given)."""
     registry = Registry(registry_file.models)
     deps = production_dependencies(settings, registry, drain)
-    return create_app(settings, registry_file, deps, registry)
+    if version is None:
+        version = version_read(registry_file)
+    return create_app(settings, registry_file, deps, registry, version=version)
 
 
 def create_app(
@@ -166,12 +194,18 @@ def create_app(
     registry_file: RegistryFile,
     deps: Dependencies,
     registry: Registry | None = None,
+    *,
+    version: str | None = None,
+    follow_seconds: float = POLL_SECONDS,
 ) -> Starlette:
-    """The router serving the enabled models of ``registry_file`` through ``deps``."""
+    """The router serving the enabled models of ``registry_file`` through ``deps``;
+    ``version`` is that of the text the registry was parsed from, and the registry
+    the supervisor applied is looked at every ``follow_seconds``."""
     registry = registry or Registry(registry_file.models)
     drain, upstream, telemetry, metrics = deps.drain, deps.upstream, deps.telemetry, deps.metrics
     tripwire = Tripwire(settings.watchdog, deps.events, on_failure=metrics.count_failure)
-    proxy = Proxy(settings, registry, upstream, tripwire, deps.states, drain, deps.gates)
+    in_force = InForce(version, str(registry_file.path))
+    proxy = Proxy(settings, registry, upstream, tripwire, deps.states, drain, deps.gates, in_force)
     memory = settings.memory
     rules = Rules(memory.budget_mb, memory.max_loaded, memory.hold_seconds, memory.aging_seconds)
     loader = Loader(
@@ -184,6 +218,17 @@ def create_app(
         drain_seconds=settings.serving.drain_timeout_seconds,
     )
     proxy.loader = loader
+    retirements = Retirements(deps.commander)
+    rewire = Rewire(registry, deps.gates, proxy, loader, upstream, tripwire, retirements)
+    follower = Follower(
+        deps.states,
+        settings.log_dir,
+        rewire,
+        retirements,
+        in_force,
+        poll_seconds=follow_seconds,
+    )
+    reload_api = ReloadApi(deps.commander, follower)
     info = Info(
         registry,
         upstream,
@@ -191,6 +236,7 @@ def create_app(
         deps.states,
         proxy.gates,
         loader.status,
+        in_force,
         list_aliases=settings.serving.list_aliases,
     )
     models_api = ModelsApi(registry, loader, info.describe)
@@ -208,6 +254,7 @@ def create_app(
         drain.bind(asyncio.get_running_loop())
         logging_setup.bind_to_loop(asyncio.get_running_loop())
         loader.start()
+        await follower.start()  # a reload applied before the router started is followed
 
         async def end_waiting_requests() -> None:
             await drain.expired.wait()
@@ -218,6 +265,8 @@ def create_app(
             yield
         finally:
             ender.cancel()
+            await follower.stop()
+            await proxy.readiness.stop()
             await loader.stop()
             await upstream.aclose()
             await telemetry.shutdown()
@@ -232,6 +281,7 @@ def create_app(
         Route("/v1/models/load", models_api.load, methods=["POST"]),
         Route("/v1/models/unload", models_api.unload, methods=["POST"]),
         Route("/v1/models/{model_id:path}", info.model, methods=["GET"]),
+        Route("/v1/config/reload", reload_api.reload, methods=["POST"]),
         Route("/v1/backends/health", info.backends_health, methods=["GET"]),
         Route("/health", info.health, methods=["GET"]),
         Route("/metrics", metrics.scrape, methods=["GET"]),
@@ -268,7 +318,14 @@ def create_app(
         },
     )
     app.state.drain = drain
+    app.state.follower = follower
     return app
 
 
-__all__ = ["Dependencies", "create_app", "production_app", "production_dependencies"]
+__all__ = [
+    "Dependencies",
+    "create_app",
+    "production_app",
+    "production_dependencies",
+    "version_read",
+]

@@ -25,6 +25,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from slm_server.contracts.applied_registry import version_of
 from tests import one_shot
 from tests.integration.browser import BrowserMissing, browser_paths, headless_chromium
 from tests.integration.real_stack import example_registry, llama_server_bin
@@ -112,6 +113,9 @@ def exercise(stack: Watched, always: str, lazy: str, alias: str | None = None) -
     with browser() as driver:
         page = Page(driver, stack.url)
         page.open_with_key()
+        version = version_of((stack.tmp / "models.yaml").read_text(encoding="utf-8"))
+        shown = driver.find_element(By.ID, "registry")
+        page.until(lambda: shown.text.startswith(f"registry {version}"), "the registry shown")
         page.until(lambda: page.cell(always, "state") == "ready", f"{always} shown ready")
         page.until(lambda: page.cell(lazy, "state") == "unloaded", f"{lazy} shown unloaded")
         assert page.cell(always, "model") == always_id + (f" ({alias})" if alias else "")

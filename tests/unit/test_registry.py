@@ -196,6 +196,41 @@ def test_two_entries_with_replicas_and_one_id_are_ambiguous() -> None:
         Registry([*first, *second]).lookup("same")
 
 
+# --- replaced in place -------------------------------------------------------------------
+
+
+def test_a_registry_replaced_in_place_routes_by_the_new_models_only() -> None:
+    registry = Registry([CHAT, EMBED])
+    held = registry  # what a part of the router holds: the same object throughout
+    added = spec("vision", "vision-model", 8504, model_type="multimodal", mmproj_path="/p")
+    aliased = spec("chat", "chat-model", 8501, aliases=["gpt-4o"])
+    registry.replace([aliased, added, OFF])
+    assert held.models == (aliased, added, OFF)
+    assert held.enabled == (aliased, added)
+    assert held.entries == (aliased, added)
+    assert held.lookup("gpt-4o") is aliased
+    assert held.route("vision-model", "/v1/chat/completions") is added
+    with pytest.raises(ModelNotFound) as caught:
+        held.lookup("embed-model")
+    assert caught.value.message.endswith("(known: chat-model, gpt-4o, vision-model)")
+
+
+def test_a_spec_routed_before_a_replace_keeps_its_own_replicas_out_of_the_new_groups() -> None:
+    """A request in flight holds the spec it was routed with; its entry's position may
+    name another entry in the new file, whose replicas are not its own."""
+    old = replica_specs(spec("chat", "chat-model", 8601, replicas=2))
+    registry = Registry(old)
+    new = replica_specs(
+        ModelSpec(role="other", index=old[0].index, entry=spec("x", "other", 8701).entry)
+    )
+    moved = replica_specs(spec("chat", "chat-model", 8611, replicas=3))
+    registry.replace([*new, *moved])
+    assert registry.replicas(old[0]) == (old[0],)
+    assert registry.size(old[1]) == 1
+    assert registry.replicas(new[0]) == new
+    assert registry.replicas(moved[2]) == moved
+
+
 # --- aliases -----------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from slm_server.contracts.records import budget_view
 from slm_server.registry import Registry
 from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.reload.in_force import InForce
 from slm_server.router.upstream.client import Transport
 from slm_server.router.watchdog.tripwire import Tripwire
 
@@ -32,10 +33,12 @@ class Info:
         states: StateSource,
         gates: Mapping[str, Gate],
         status: Callable[[ModelSpec], dict[str, Any]],
+        in_force: InForce,
         *,
         list_aliases: bool = True,
     ) -> None:
         self.list_aliases = list_aliases
+        self.in_force = in_force
         self.gates = gates
         self.status = status
         self.registry = registry
@@ -193,8 +196,14 @@ class Info:
         return JSONResponse(report)
 
     async def health(self, _request: Request) -> JSONResponse:
-        """``GET /health``: the router itself."""
-        return JSONResponse({"status": "ok", "models": len(self.registry.entries)})
+        """``GET /health``: the router itself, and the registry it routes by."""
+        return JSONResponse(
+            {
+                "status": "ok",
+                "models": len(self.registry.entries),
+                "registry": self.in_force.to_json(),
+            }
+        )
 
 
 def _as_alias(model: dict[str, Any], name: str) -> dict[str, Any]:

@@ -65,6 +65,18 @@ class Gate:
         while self.active < self.limit and self._grant():
             self.active += 1
 
+    def resize(self, name: str, limit: int, max_queue: int) -> None:
+        """Take a reloaded registry's limits, dropping nobody: a larger ``limit``
+        admits waiters at once; with a smaller one the requests in flight finish and
+        no waiter is admitted until fewer than ``limit`` are; a smaller ``max_queue``
+        refuses newcomers until the line is shorter than it."""
+        self.name = name
+        self.limit = limit
+        self.max_queue = max_queue
+        if not self.paused:
+            while self.active < self.limit and self._grant():
+                self.active += 1
+
     def _grant(self) -> bool:
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -108,10 +120,10 @@ class Gate:
             self._waiters.remove(waiter)
 
     def release(self) -> None:
-        """Free a slot: the oldest live waiter gets it (unless paused), else the count
-        drops."""
+        """Free a slot: the oldest live waiter gets it (unless paused, or more are in
+        flight than a smaller limit allows), else the count drops."""
         self.last_release = self.clock()
-        if not self.paused and self._grant():
+        if not self.paused and self.active <= self.limit and self._grant():
             return
         self.active = max(0, self.active - 1)
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from slm_server.contracts.applied_registry import RegistryStamp, Retiring
 from slm_server.contracts.records import BackendState, StateFile, parse_state, pid_alive
 from slm_server.errors import BackendUnavailable
 
@@ -41,6 +42,13 @@ def given_up(subject: str, state: BackendState) -> BackendUnavailable | None:
     )
 
 
+def awaits_reload(state: BackendState) -> bool:
+    """Whether requests wait for this backend rather than being refused: a reload
+    added or replaced it and it is starting (see
+    :mod:`~slm_server.router.reload.readiness`)."""
+    return state.reloaded and state.state == "starting"
+
+
 class StateSource(Protocol):
     """The supervisor's published states as the router reads them: :class:`StateView`
     over the state file in production."""
@@ -57,13 +65,22 @@ class StateSource(Protocol):
         """Whether the process that published the states still runs."""
         ...
 
+    def stamp(self) -> RegistryStamp | None:
+        """The registry the launcher applied, as it published it; None when it said
+        nothing of one."""
+        ...
+
+    def retiring(self) -> list[Retiring]:
+        """The backends a reload retires, draining until their processes are gone."""
+        ...
+
 
 class StateView:
     """Read-through cache of ``backends.state.json``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: tuple[int, int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._raw: bytes | None = None
         self._states: dict[tuple[str, int], BackendState] = {}
         self._file = StateFile()
@@ -77,15 +94,15 @@ class StateView:
         self._stat_after = now + STAT_EVERY_SECONDS
         try:
             info = os.stat(self.path)
-            stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+            seen = (info.st_ino, info.st_mtime_ns, info.st_size)
             fresh = time.time_ns() - info.st_mtime_ns < FRESH_SECONDS * 1e9
-            if stamp == self._stamp and not fresh:
+            if seen == self._seen and not fresh:
                 return
             raw = self.path.read_bytes()
         except OSError:
-            self._stamp, self._raw, self._states, self._file = None, None, {}, StateFile()
+            self._seen, self._raw, self._states, self._file = None, None, {}, StateFile()
             return
-        self._stamp = stamp
+        self._seen = seen
         if raw == self._raw:
             return
         try:
@@ -119,3 +136,13 @@ class StateView:
         alive = self._file.launcher_running()
         self._verified_until = now + REVERIFY_SECONDS if alive else 0.0
         return alive
+
+    def stamp(self) -> RegistryStamp | None:
+        """The registry the launcher applied, as the state file names it."""
+        self._refresh()
+        return self._file.registry
+
+    def retiring(self) -> list[Retiring]:
+        """The backends a reload retires, as the state file lists them."""
+        self._refresh()
+        return self._file.retiring

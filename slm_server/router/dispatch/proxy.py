@@ -24,7 +24,7 @@ from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.admitted_call import Call, Deadline
 from slm_server.router.dispatch.affinity import BLOCK_CHARS, request_hashes
 from slm_server.router.dispatch.backend_state import StateSource
-from slm_server.router.dispatch.balance import Balancer
+from slm_server.router.dispatch.balance import Balancer, Routing
 from slm_server.router.dispatch.drain import Drain
 from slm_server.router.dispatch.waits import client_of, running_loop
 from slm_server.router.intake.body_budget import BodyBudget
@@ -32,12 +32,15 @@ from slm_server.router.intake.payload import header_value, request_timeout
 from slm_server.router.intake.reception import Intake, Reception
 from slm_server.router.observe.exchange import Exchange, exchange_of
 from slm_server.router.ondemand.loader import Loader
+from slm_server.router.reload.in_force import InForce
+from slm_server.router.reload.readiness import Readiness
 from slm_server.router.upstream.client import Transport, forward_headers
 from slm_server.router.upstream.sender import Sender
 from slm_server.router.watchdog.tripwire import Tripwire
 from slm_server.settings import Settings
 
 RESPONSES = "/v1/responses"
+BalancerShape = tuple[int, Routing, int]  # replicas, routing, affinity threshold
 # A replica that refused the connection never saw the request: it is sent to another.
 UNREACHABLE = "backend_unreachable"
 
@@ -55,18 +58,15 @@ class Proxy:
         states: StateSource,
         drain: Drain,
         gates: Mapping[str, Gate],
+        in_force: InForce,
     ) -> None:
         serving = settings.serving
         self.gates = gates
         self.registry = registry
         # One per entry with replicas, by the entry's position in the file.
-        self.balancers = {
-            spec.index: Balancer(
-                registry.size(spec), spec.entry.routing, spec.entry.affinity_threshold
-            )
-            for spec in registry.entries
-            if registry.size(spec) > 1
-        }
+        self.balancers: dict[int, Balancer] = {}
+        self._balanced: dict[str, tuple[BalancerShape, Balancer]] = {}  # by the entry's role
+        self._balance()
         self.bodies = BodyBudget(serving.max_bodies_in_flight_bytes)
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
@@ -79,6 +79,33 @@ class Proxy:
             self.sender, replies, self.reception.sampling_defaults, self.server_kind
         )
         self.loader: Loader | None = None  # loading on demand, set by the app
+        # Requests for backends a reload started wait for them, once routed by its registry.
+        self.readiness = Readiness(states, self.sender.waits, in_force)
+
+    def _balance(self) -> None:
+        """A balancer for each entry with replicas; an entry whose role, replica count
+        and routing a reload left as they were keeps its own (what its prefix indexes
+        learnt, and its turn)."""
+        registry = self.registry
+        balancers: dict[int, Balancer] = {}
+        balanced: dict[str, tuple[BalancerShape, Balancer]] = {}
+        for spec in registry.entries:
+            size = registry.size(spec)
+            if size == 1:
+                continue
+            entry = spec.entry
+            shape = (size, entry.routing, entry.affinity_threshold)
+            kept = self._balanced.get(spec.role)
+            balancer = kept[1] if kept is not None and kept[0] == shape else Balancer(*shape)
+            balancers[spec.index] = balancer
+            balanced[spec.role] = (shape, balancer)
+        self.balancers, self._balanced = balancers, balanced
+
+    def follow(self) -> None:
+        """The registry was replaced in place (a reload): balance its entries, and
+        resolve its presets afresh."""
+        self._balance()
+        self.reception.forget_rules()
 
     def server_kind(self, spec: ModelSpec) -> str | None:
         """The server the launcher runs for ``spec`` ("llama-server", ...); None when no
@@ -153,10 +180,11 @@ class Proxy:
         Whether a replica can serve is :meth:`Reception.down`'s one decision: a replica
         with no process of its own would be judged there by whatever ejects it."""
         balancer = self.balancers.get(spec.index)
-        if balancer is None:
+        # A spec routed before a reload is alone: its position may name another entry.
+        group = self.registry.replicas(spec) if balancer is not None else (spec,)
+        if balancer is None or len(group) == 1:
             self.reception.refuse_if_down(spec)
             return spec
-        group = self.registry.replicas(spec)
         serving: list[int] = []
         refusals: list[BackendUnavailable] = []
         for position, replica in enumerate(group):
@@ -166,6 +194,9 @@ class Proxy:
                 balancer.forget(position)
             elif replica.role not in tried:
                 serving.append(position)
+        if len(serving) > 1:  # one a reload started is waited for only if no other serves
+            settled = [p for p in serving if not self.readiness.awaited(group[p])]
+            serving = settled or serving
         if not serving:
             if not refusals:
                 raise BackendUnavailable(
@@ -201,6 +232,10 @@ class Proxy:
         intake = await self.reception.for_backend(intake, spec, endpoint)
         slot = await self.sender.admit(client, spec, exchange, deadline)
         try:
+            if self.readiness.awaited(spec):
+                # Holding the slot, as for a load: the line behind it keeps its order.
+                await self.readiness.until_ready(spec, client, deadline.at)
+                self.reception.refuse_if_down(spec)  # failed meanwhile, or restarting
             loader = self.loader
             if loader is not None and loader.on_demand(spec):
                 # Holding the slot: the line behind it waits in order, within its limits.

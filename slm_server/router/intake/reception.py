@@ -14,7 +14,7 @@ from starlette.requests import Request
 from slm_server.config import ModelSpec
 from slm_server.errors import BackendUnavailable, PayloadTooLarge, UnsupportedEndpoint
 from slm_server.registry import ENDPOINT_MODEL_TYPES, Registry
-from slm_server.router.dispatch.backend_state import StateSource, given_up
+from slm_server.router.dispatch.backend_state import StateSource, awaits_reload, given_up
 from slm_server.router.dispatch.drain import Drain
 from slm_server.router.edge.fast_path import fast_path_of
 from slm_server.router.intake.body_budget import Held
@@ -94,6 +94,10 @@ class Reception:
         if found is None:
             found = self._rules[key] = resolve(spec.entry, alias)
         return found
+
+    def forget_rules(self) -> None:
+        """The registry was replaced: its presets are resolved again as named."""
+        self._rules = {}
 
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
         """The request fields the launcher published for this backend (the Python
@@ -224,7 +228,7 @@ class Reception:
         refusal = given_up(name, state)
         if refusal is not None:
             return refusal
-        if state.state in ("starting", "restarting"):
+        if state.state in ("starting", "restarting") and not awaits_reload(state):
             why = f" ({state.reason})" if state.reason else ""
             return BackendUnavailable(
                 f"{name} is {state.state}{why}; retry shortly",

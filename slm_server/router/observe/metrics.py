@@ -296,8 +296,7 @@ class LiveState(Collector):
     supervisor published it, and its restarts by reason."""
 
     def __init__(self, registry: Registry, states: StateSource, live: dict[int, Exchange]) -> None:
-        self.models = registry.models
-        self.enabled_ids = tuple(dict.fromkeys(s.entry.id for s in registry.enabled))
+        self.registry = registry  # read at each scrape: a reload may have replaced it
         self.states = states
         self.live = live
 
@@ -308,14 +307,15 @@ class LiveState(Collector):
         families = self._families()
         in_flight, state, restarts, remaining, used, frees_in = families
         wall = time.time()
-        counts = dict.fromkeys(self.enabled_ids, 0)
+        registry = self.registry
+        counts = dict.fromkeys((s.entry.id for s in registry.enabled), 0)
         for exchange in list(self.live.values()):
             label = model_label(exchange)
             counts[label] = counts.get(label, 0) + 1
         for model, count in counts.items():
             in_flight.add_metric([model], count)
         supervised = self.states.launcher_alive()
-        for spec in self.models:
+        for spec in registry.models:
             entry = spec.entry
             known = self.states.get(spec.role, entry.port) if entry.enabled else None
             if not entry.enabled:

@@ -24,7 +24,7 @@ from slm_server.config import ModelSpec
 from slm_server.contracts.commands import Command, CommandError, Reply
 from slm_server.contracts.records import HOLDING_STATES as HOLDING
 from slm_server.contracts.records import BackendState
-from slm_server.errors import BackendUnavailable
+from slm_server.errors import BackendUnavailable, ModelNotFound
 from slm_server.registry import Registry
 from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.backend_state import StateSource, given_up
@@ -64,9 +64,11 @@ class Waiting:
 
 @dataclass
 class Model:
-    """What the planner keeps about one on-demand model."""
+    """What the planner keeps about one on-demand model: its entry and admission gate
+    (both replaced when a reload changes them), and its load's progress."""
 
     spec: ModelSpec
+    gate: Gate
     waiting: Waiting | None = None
     load_sent_at: float | None = None
     load_seen: bool = False  # the state file has shown the load asked for
@@ -115,10 +117,13 @@ class Loader:
         self.clock = clock
         self.wall = wall
         self.models = {
-            spec.role: Model(spec) for spec in registry.enabled if spec.entry.load == "on_demand"
+            spec.role: Model(spec, gates[spec.role])
+            for spec in registry.enabled
+            if spec.entry.load == "on_demand"
         }
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._started = False
 
     # -- the request path -----------------------------------------------------------
 
@@ -179,9 +184,49 @@ class Loader:
         if self._wake is not None:
             self._wake.set()
 
+    def follow(self) -> None:
+        """The registry and the gates were replaced (a reload): plan for the on-demand
+        models of the new one. A model that stays keeps what the planner knows of it
+        (a load or an unload under way goes on) with its new entry and gate; a new one
+        starts unknown. Requests waiting for a model that left are answered: with 404
+        when the registry no longer has it, and let through when it stays but is no
+        longer loaded on demand (its backend is started by the supervisor)."""
+        wanted = {
+            spec.role: spec for spec in self.registry.enabled if spec.entry.load == "on_demand"
+        }
+        for role, model in list(self.models.items()):
+            spec = wanted.get(role)
+            if spec is not None:
+                model.spec, model.gate = spec, self.gates[role]
+                continue
+            del self.models[role]
+            waiting, model.waiting = model.waiting, None
+            kept = role in self.gates
+            for future in waiting.futures if waiting is not None else ():
+                if future.done():
+                    continue
+                if kept:
+                    future.set_result(None)
+                else:
+                    future.set_exception(
+                        ModelNotFound(
+                            f"The model '{model.spec.entry.id}' was removed from the registry "
+                            "by a reload",
+                            param="model",
+                        )
+                    )
+                    future.exception()  # retrieved here: a waiter that left never reads it
+        for role, spec in wanted.items():
+            if role not in self.models:
+                self.models[role] = Model(spec, self.gates[role])
+        if self._started:
+            self.start()
+        self.wake()
+
     def start(self) -> None:
         """Run the planner on the current loop (nothing to plan without an on-demand
-        model)."""
+        model: a reload that adds one starts it then)."""
+        self._started = True
         if self.models and self._task is None:
             self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -214,8 +259,8 @@ class Loader:
     def _last_used(self, role: str) -> float:
         """When (router clock) the model last finished a request, or became ready if
         that was later: what its idle TTL and the swap hold count from."""
-        last = self.gates[role].last_release
         model = self.models.get(role)
+        last = (model.gate if model is not None else self.gates[role]).last_release
         if model is not None and model.ready_seen_at is not None:
             last = max(last, model.ready_seen_at)
         return last
@@ -270,7 +315,7 @@ class Loader:
                 model.drained_for = None
                 if model.draining:
                     model.draining = False
-                    self.gates[role].resume()
+                    model.gate.resume()
             if model.load_sent_at is not None and name != "unloaded":
                 model.load_seen = True  # loading, or already unloading again
             if model.load_sent_at is not None and name in ("ready", *LOAD_FAILED):
@@ -336,13 +381,15 @@ class Loader:
             waiting.why = room.why
             if first:
                 for victim in room.evict:
-                    await self._unload(self.models[victim], "evicted", model.spec.entry.id)
+                    evicted = self.models.get(victim)  # (a reload may have removed it)
+                    if evicted is not None:
+                        await self._unload(evicted, "evicted", model.spec.entry.id)
                 for role_in_way in room.drain:
-                    other = self.models[role_in_way]
-                    if not other.draining:
+                    other = self.models.get(role_in_way)
+                    if other is not None and not other.draining:
                         other.draining = True
                         other.drained_for = role
-                        self.gates[role_in_way].pause()
+                        other.gate.pause()
                         log.info(
                             "draining %s to make room for %s (waiting %.1fs)",
                             other.spec.entry.id,
@@ -360,7 +407,7 @@ class Loader:
         up or left, or is loading with room found elsewhere): nothing would unload it
         for that waiter any more, and its own requests would queue to their deadlines
         behind a gate paused for nobody."""
-        for role, model in self.models.items():
+        for model in self.models.values():
             wanted = model.drained_for
             if wanted is None or model.unload_sent:
                 continue
@@ -370,7 +417,7 @@ class Loader:
             model.drained_for = None
             if model.draining:
                 model.draining = False
-                self.gates[role].resume()
+                model.gate.resume()
                 log.info("no longer draining %s: nothing waits for its room", model.spec.entry.id)
 
     async def _drop_unwanted_loads(
@@ -379,7 +426,7 @@ class Loader:
         """A load whose waiters have all left goes on when it is near done (past half
         of the time this model's last load took, or its first: nothing to judge by);
         otherwise it is stopped, and the memory it was taking is free again."""
-        for role, model in self.models.items():
+        for role, model in list(self.models.items()):  # a reload may change them
             state = states.get(role)
             started, took = model.load_sent_at, model.last_load_seconds
             if model.waiting is not None or started is None or took is None:
@@ -391,12 +438,12 @@ class Loader:
                 log.info("stopped loading %s: every request for it left", model.spec.entry.id)
 
     async def _expire_idle(self, states: Mapping[str, BackendState | None], now: float) -> None:
-        for role, model in self.models.items():
+        for role, model in list(self.models.items()):  # a reload may change them
             ttl = model.spec.entry.idle_ttl
             state = states.get(role)
             if ttl is None or state is None or state.state != "ready" or model.unload_sent:
                 continue
-            gate = self.gates[role]
+            gate = model.gate
             last = self._last_used(role)
             if gate.idle and model.waiting is None and now - last >= ttl:
                 await self._unload(model, "idle_ttl")
@@ -434,7 +481,7 @@ class Loader:
     async def _unload(self, model: Model, reason: str, for_model: str | None = None) -> bool:
         """Pause the model's gate (while it is still idle: no await in between) and ask
         for its process to go; False when it was not idle or the supervisor refused."""
-        gate = self.gates[model.spec.role]
+        gate = model.gate
         if reason != "api" and not (gate.idle or (model.draining and gate.active == 0)):
             return False
         reply = await self._ask_unload(model, reason, for_model)
@@ -446,7 +493,7 @@ class Loader:
         """Pause the model's gate and ask for its process to go: the supervisor's reply
         (None when it cannot be reached). A refusal resumes the gate unless the model is
         draining."""
-        gate = self.gates[model.spec.role]
+        gate = model.gate
         gate.pause()
         model.unload_sent = True
         reply = await self._send(Command("unload", model.spec.role, reason, for_model))
@@ -492,7 +539,7 @@ class Loader:
         """``POST /v1/models/unload``: stop admitting, let what is in flight finish
         (up to the drain timeout), then stop the process and wait until it is gone."""
         model = self.models[spec.role]
-        gate = self.gates[spec.role]
+        gate = model.gate
         gate.pause()
         model.draining = True
         model.drained_for = None  # drained by request now: not the planner's to resume

@@ -11,13 +11,16 @@ exceptions are translated here, at this single boundary, into the gateway's erro
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
 from slm_server import remote
-from slm_server.config import ModelSpec
+from slm_server.config import ModelEntry, ModelSpec
 from slm_server.errors import (
     AnswerTooLarge,
     BackendProtocolError,
@@ -74,7 +77,10 @@ class UpstreamResponse(Protocol):
     async def aclose(self) -> None: ...
 
 
+log = logging.getLogger("slm_server.router")
+
 RETRY_AFTER_SECONDS = 5.0
+SWEEP_SECONDS = 1.0  # how often pools a reload left are looked at, until closed
 # Hop-by-hop and framing headers are the transport's business, never forwarded.
 # Never passed upstream: hop-by-hop headers (RFC 9110 §7.6.1, plus Expect, which the
 # router answers itself), what the router sets for its own connection (Host,
@@ -170,11 +176,40 @@ class Transport(Protocol):
         backend cannot be reached or does not answer within ``timeout``."""
         ...
 
+    def retarget(self, models: tuple[ModelSpec, ...]) -> None:
+        """The enabled backends are ``models`` from now on (a reloaded registry)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One backend as an entry describes it: its pool, and for a remote the path
+    prefix and key headers its requests carry."""
+
+    entry: ModelEntry
+    pool: Pool
+    prefix: str
+    auth: Mapping[str, str] | None
+
+
+def _target_key(spec: ModelSpec) -> tuple[str, str, float]:
+    """What a pool is made for: a backend (its role, where it listens) and the
+    timeout its reads take."""
+    return (spec.role, spec.entry.base_url, float(spec.entry.default_timeout))
+
+
 class Upstream:
-    """Pooled HTTP connections to every enabled backend."""
+    """Pooled HTTP connections to every enabled backend.
+
+    A pool serves one backend as its entry describes it (role, address, timeout). A
+    reloaded registry (:meth:`retarget`) keeps the pools of the backends it leaves as
+    they were and makes new ones for the rest. A request routed before the reload
+    holds its own spec and still reaches the backend that spec names, through its old
+    pool; pools no entry names any more are closed once none of their connections is
+    in use.
+    """
 
     def __init__(
         self,
@@ -184,29 +219,88 @@ class Upstream:
         health_path: Callable[[ModelSpec], str] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
+        self.connect_timeout = connect_timeout
         self.probe_timeout = probe_timeout
         self.health_path = health_path or (lambda _spec: "/health")
-        # A remote's requests go under its url's path, with its key (from ``env``).
-        self._prefix = {spec.role: spec.entry.path_prefix for spec in models}
-        self._auth = {
-            spec.role: remote.auth_headers(spec.entry, env or {})
-            for spec in models
-            if spec.entry.remote
-        }
+        self.env = env or {}
+        self._pools: dict[tuple[str, str, float], Pool] = {}  # the current ones
+        self._targets: dict[str, _Target] = {}  # by role
+        self._retired: dict[tuple[str, str, float], Pool] = {}  # closed once unused
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.retarget(models)
+
+    def retarget(self, models: tuple[ModelSpec, ...]) -> None:
+        """Serve ``models`` from now on: a backend that keeps its role, address and
+        timeout keeps its pool; the pools of the others are retired."""
+        pools: dict[tuple[str, str, float], Pool] = {}
+        targets: dict[str, _Target] = {}
+        for spec in models:
+            known = self._targets.get(spec.role)
+            name = remote.missing_key(spec.entry, self.env)
+            if name is not None and (known is None or known.entry != spec.entry):
+                log.warning("%s: %s is not set; the remote is sent no key", spec.role, name)
+            key = _target_key(spec)
+            pool = pools.get(key) or self._pools.get(key) or self._retired.pop(key, None)
+            pools[key] = pool or self._new_pool(spec)
+            targets[spec.role] = self._target(spec, pools[key])
+        for key, pool in self._pools.items():
+            if key not in pools:
+                self._retired[key] = pool
+        self._pools, self._targets = pools, targets
+        self._sweep()
+
+    def _new_pool(self, spec: ModelSpec) -> Pool:
         # Idle connections are dropped well before a backend's own keep-alive timeout
         # (llama-server and uvicorn: 5 s), so a request never lands on a connection
         # the backend is closing; one that does anyway is sent once more.
-        self._pools = {
-            spec.role: Pool(
-                spec.entry.base_url,
-                connect_timeout=connect_timeout,
-                read_timeout=spec.entry.default_timeout,
-            )
-            for spec in models
-        }
+        return Pool(
+            spec.entry.base_url,
+            connect_timeout=self.connect_timeout,
+            read_timeout=spec.entry.default_timeout,
+        )
+
+    def _target(self, spec: ModelSpec, pool: Pool) -> _Target:
+        """A remote's requests go under its url's path, with its key (from ``env``)."""
+        entry = spec.entry
+        auth = remote.auth_headers(entry, self.env) if entry.remote else None
+        return _Target(entry, pool, entry.path_prefix, auth or None)
+
+    def _reach(self, spec: ModelSpec) -> _Target:
+        """How to reach the backend ``spec`` names: as the registry in force says (at
+        once for the registry's own spec), else (a request routed before a reload)
+        through the pool made for it, or a new one that is retired from the start."""
+        target = self._targets.get(spec.role)
+        if target is not None and target.entry is spec.entry:
+            return target
+        key = _target_key(spec)
+        pool = self._pools.get(key) or self._retired.get(key)
+        if pool is None:
+            pool = self._retired[key] = self._new_pool(spec)
+            self._sweep_later()
+        return self._target(spec, pool)
+
+    def _sweep(self) -> None:
+        """Close the retired pools with no connection in use; look again every
+        ``SWEEP_SECONDS`` while any is left."""
+        self._sweeper = None
+        for key, pool in list(self._retired.items()):
+            if pool.connections <= pool.idle:
+                pool.close()
+                del self._retired[key]
+        self._sweep_later()
+
+    def _sweep_later(self) -> None:
+        if self._retired and self._sweeper is None and not self._closed:
+            with contextlib.suppress(RuntimeError):  # no loop yet: swept on the next reload
+                self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
 
     async def aclose(self) -> None:
-        for pool in self._pools.values():
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for pool in [*self._pools.values(), *self._retired.values()]:
             pool.close()
 
     async def open(
@@ -214,23 +308,21 @@ class Upstream:
     ) -> UpstreamResponse:
         """POST ``body`` to the backend and return once its status and headers arrived;
         the caller reads (or relays) the body and must close the response."""
-        auth = self._auth.get(spec.role)
-        if auth:
-            headers = {**headers, **auth}
+        target = self._reach(spec)
+        if target.auth:
+            headers = {**headers, **target.auth}
         try:
-            path = self._prefix[spec.role] + path
-            return await self._pools[spec.role].request("POST", path, headers, body)
+            return await target.pool.request("POST", target.prefix + path, headers, body)
         except HttpError as exc:
             raise translate(exc, spec) from exc
 
     async def fetch(
         self, spec: ModelSpec, path: str, timeout: float, max_bytes: int
     ) -> tuple[int, bytes] | None:
-        pool = self._pools[spec.role]
+        target = self._reach(spec)
         try:
-            path = self._prefix[spec.role] + path
-            headers = self._auth.get(spec.role)
-            response = await pool.request("GET", path, headers, timeout=timeout)
+            path = target.prefix + path
+            response = await target.pool.request("GET", path, target.auth, timeout=timeout)
             body = await read_all(spec, response, max_bytes)
         except (HttpError, AnswerTooLarge, BackendProtocolError, BackendTimeout):
             return None
@@ -240,11 +332,12 @@ class Upstream:
 
     async def probe(self, spec: ModelSpec) -> Probe:
         """``GET /health`` on the backend with a short timeout (a remote's model list)."""
-        pool = self._pools[spec.role]
+        target = self._reach(spec)
         path = remote.probe_path(spec.entry) if spec.entry.remote else self.health_path(spec)
         try:
-            headers = self._auth.get(spec.role)
-            response = await pool.request("GET", path, headers, timeout=self.probe_timeout)
+            response = await target.pool.request(
+                "GET", path, target.auth, timeout=self.probe_timeout
+            )
             content = await response.read()
         except ConnectTimeout:
             return Probe("timeout", f"no connection for /health within {self.probe_timeout:g}s")

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from slm_server.config import ModelSpec
 from slm_server.contracts.verdicts import HEALTHY, classify_status, outcome_of
-from slm_server.errors import BackendTimeout, GatewayError
+from slm_server.errors import BackendTimeout, GatewayError, ModelNotFound
 from slm_server.router.dispatch.admission import Gate, Slot
 from slm_server.router.dispatch.admitted_call import Call, Deadline
 from slm_server.router.dispatch.waits import ClientWatch, Waits
@@ -49,7 +49,12 @@ class Sender:
     ) -> Slot:
         """Wait for an admission slot; the wait counts against the deadline, and a
         client that leaves while queued gives up its place at once."""
-        gate = self.gates[spec.role]
+        gate = self.gates.get(spec.role)
+        if gate is None:  # routed just before a reload removed its model
+            raise ModelNotFound(
+                f"The model '{spec.entry.id}' was removed from the registry by a reload",
+                param="model",
+            )
         started = time.perf_counter()
         try:
             # The gate enforces the deadline itself (a 504 never counted against the

@@ -26,7 +26,8 @@ from starlette.applications import Starlette
 from starlette.types import Message
 
 from slm_server.config import ModelSpec, RegistryFile, parse_registry
-from slm_server.contracts.commands import Command, Reply
+from slm_server.contracts.applied_registry import RegistryStamp, Retiring, version_of
+from slm_server.contracts.commands import Command, CommandError, Reply
 from slm_server.contracts.records import BackendState
 from slm_server.http1 import Headers
 from slm_server.registry import Registry
@@ -34,6 +35,7 @@ from slm_server.router.app import Dependencies, create_app, gates_for
 from slm_server.router.dispatch.drain import Drain
 from slm_server.router.observe.metrics import Metrics
 from slm_server.router.observe.telemetry import Telemetry
+from slm_server.router.reload.follower import POLL_SECONDS, Follower
 from slm_server.router.upstream.client import Probe, UpstreamResponse
 from slm_server.settings import Settings
 from tests.unit.router.door_client import through_door
@@ -173,6 +175,7 @@ class FakeTransport:
         self.closed = False
         # GET pages by (role, path): (status, body), or an Event never set (a hang).
         self.pages: dict[tuple[str, str], tuple[int, bytes] | asyncio.Event] = {}
+        self.targets: list[tuple[ModelSpec, ...]] = []  # what each reload retargeted to
 
     async def open(
         self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
@@ -195,16 +198,22 @@ class FakeTransport:
             return None
         return answer
 
+    def retarget(self, models: tuple[ModelSpec, ...]) -> None:
+        self.targets.append(models)
+
     async def aclose(self) -> None:
         self.closed = True
 
 
 class FakeStates:
-    """Backend states as a test sets them; no launcher unless one is said to run."""
+    """Backend states as a test sets them; no launcher unless one is said to run, and
+    no registry stamp nor retiring backend unless a test publishes them."""
 
     def __init__(self) -> None:
         self.states: dict[tuple[str, int], BackendState] = {}
         self.alive = False
+        self.registry: RegistryStamp | None = None
+        self.retired: list[Retiring] = []
 
     def get(self, role: str, port: int) -> BackendState | None:
         return self.states.get((role, port))
@@ -215,6 +224,12 @@ class FakeStates:
 
     def launcher_alive(self) -> bool:
         return self.alive
+
+    def stamp(self) -> RegistryStamp | None:
+        return self.registry
+
+    def retiring(self) -> list[Retiring]:
+        return self.retired
 
 
 def backend_state(spec: ModelSpec, state: str, **fields: Any) -> BackendState:
@@ -241,7 +256,9 @@ def backend_state(spec: ModelSpec, state: str, **fields: Any) -> BackendState:
 class FakeSupervisor:
     """Carries out load and unload commands on :class:`FakeStates`: a load is ready
     ``load_seconds`` later (or fails, when ``fail_load`` names why), an unload is done
-    ``unload_seconds`` later. ``footprints`` by role; every command is kept."""
+    ``unload_seconds`` later. ``footprints`` by role; every command is kept. A reload
+    or a retirement is answered by ``on_reload`` or ``on_retired`` (ok when unset);
+    with ``unreachable`` set, every command fails as a supervisor that is not there."""
 
     def __init__(self, states: FakeStates, specs: Iterable[ModelSpec]) -> None:
         self.states = states
@@ -252,6 +269,9 @@ class FakeSupervisor:
         self.fail_load: str | None = None
         self.footprints: dict[str, int] = {}
         self.loads = 0
+        self.on_reload: Callable[[], Reply] | None = None
+        self.on_retired: Callable[[Command], Reply] | None = None
+        self.unreachable = False
         states.alive = True
         for spec in self.specs.values():
             first = "unloaded" if spec.entry.load == "on_demand" else "ready"
@@ -267,8 +287,18 @@ class FakeSupervisor:
         spec = self.specs[role]
         return self.states.states[(role, spec.entry.port)].state
 
+    def sent(self, op: str) -> list[Command]:
+        """The commands of ``op`` received, in order."""
+        return [command for command in self.commands if command.op == op]
+
     async def __call__(self, command: Command) -> Reply:
         self.commands.append(command)
+        if self.unreachable:
+            raise CommandError("the supervisor cannot be reached (a test said so)")
+        if command.op == "reload":
+            return self.on_reload() if self.on_reload is not None else Reply(True)
+        if command.op == "retired":
+            return self.on_retired(command) if self.on_retired is not None else Reply(True)
         spec = self.specs[command.role]
         loop = asyncio.get_running_loop()
         if command.op == "load":
@@ -341,6 +371,29 @@ class Router:
     def spec_of(self, role: str) -> ModelSpec:
         return next(spec for spec in self.registry.models if spec.role == role)
 
+    @property
+    def follower(self) -> Follower:
+        """What keeps the router on the supervisor's applied registry."""
+        follower = self.app.state.follower
+        assert isinstance(follower, Follower)
+        return follower
+
+
+def registry_text(
+    *,
+    timeout: float = 5.0,
+    concurrency: int = 2,
+    queue: int = 4,
+    more: str = "",
+    chat: str = "",
+) -> str:
+    """The registry :func:`make_router` serves: one chat model, ``chat`` added to its
+    entry and ``more`` entries after it."""
+    text = REGISTRY.format(timeout=timeout, concurrency=concurrency, queue=queue, more=more)
+    if chat:
+        text = text.replace("    quantization: Q4_1\n", f"    quantization: Q4_1\n{chat}", 1)
+    return text
+
 
 def make_router(
     tmp_path: Path,
@@ -352,8 +405,10 @@ def make_router(
     env: Mapping[str, str] | None = None,
     more: str = "",
     chat: str = "",
+    follow_seconds: float = POLL_SECONDS,
 ) -> Router:
-    """A router for one llama.cpp chat model, answering through ``script``."""
+    """A router for one llama.cpp chat model, answering through ``script``; it looks
+    at the supervisor's applied registry every ``follow_seconds``."""
     environ = {
         "SLM_ENV_FILE": str(tmp_path / "no.env"),
         "SLM_BACKEND_LOG_DIR": str(tmp_path / "logs"),
@@ -362,9 +417,9 @@ def make_router(
         **(env or {}),
     }
     settings = Settings.from_env(environ)
-    text = REGISTRY.format(timeout=timeout, concurrency=concurrency, queue=queue, more=more)
-    if chat:
-        text = text.replace("    quantization: Q4_1\n", f"    quantization: Q4_1\n{chat}", 1)
+    text = registry_text(
+        timeout=timeout, concurrency=concurrency, queue=queue, more=more, chat=chat
+    )
     registry_file = parse_registry(text, tmp_path / "models.yaml")
     registry = Registry(registry_file.models)
     transport, states, events = FakeTransport(script), FakeStates(), FakeEvents()
@@ -382,7 +437,14 @@ def make_router(
         drain=Drain(settings.serving.drain_timeout_seconds),
         commander=supervisor,
     )
-    app = create_app(settings, registry_file, deps, registry)
+    app = create_app(
+        settings,
+        registry_file,
+        deps,
+        registry,
+        version=version_of(text),
+        follow_seconds=follow_seconds,
+    )
     return Router(app, transport, states, events, supervisor, deps, settings, registry_file)
 
 
@@ -495,6 +557,7 @@ __all__ = [
     "call",
     "held_until",
     "make_router",
+    "registry_text",
     "sse",
     "whole",
 ]

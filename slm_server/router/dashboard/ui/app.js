@@ -1,6 +1,7 @@
-// The slm_server dashboard: polls /v1/backends/health and /v1/ui/requests every
-// POLL_MS, reads one stream of /v1/ui/events, and builds every node with textContent
-// (never as markup): model ids, log lines and event fields are shown as text.
+// The slm_server dashboard: polls /v1/backends/health, /health (the registry in force)
+// and /v1/ui/requests every POLL_MS, reads one stream of /v1/ui/events, and builds
+// every node with textContent (never as markup): model ids, log lines and event fields
+// are shown as text.
 "use strict";
 
 const POLL_MS = 2000;
@@ -136,6 +137,10 @@ async function act(action, role, modelId, button) {
 
 function renderModels(report) {
   const now = Date.now() / 1000;
+  // A reload may have removed a model: its row goes with it.
+  for (const row of Array.from($("models").tBodies[0].rows)) {
+    if (!Object.hasOwn(report, row.dataset.role)) row.remove();
+  }
   for (const [role, item] of Object.entries(report)) {
     const row = modelRow(role);
     const budget = item.restart_budget || null;
@@ -185,6 +190,20 @@ function renderRequests(list) {
   body.replaceChildren(...rows);
 }
 
+// The registry the router routes by: its version and, once a reload or the supervisor
+// applied it, its generation and when.
+function renderRegistry(registry) {
+  const shown = $("registry");
+  if (!registry) return;
+  let text = "registry " + dash(registry.version);
+  if (registry.generation !== null && registry.generation !== undefined) {
+    const applied = new Date(registry.loaded_at * 1000).toLocaleTimeString();
+    text += " (generation " + registry.generation + ", applied " + applied + ")";
+  }
+  if (shown.textContent !== text) shown.textContent = text;
+  shown.title = "the registry the router routes by: " + dash(registry.path);
+}
+
 // -- polling --------------------------------------------------------------------------
 
 let pollTimer = null;
@@ -195,6 +214,8 @@ async function pollModels() {
     const response = await api("/v1/backends/health");
     if (!response.ok) throw new Error("HTTP " + response.status);
     renderModels(await response.json());
+    const health = await api("/health");
+    if (health.ok) renderRegistry((await health.json()).registry);
     const requests = await api("/v1/ui/requests");
     if (requests.ok) renderRequests((await requests.json()).data || []);
     say("updated " + new Date().toLocaleTimeString());

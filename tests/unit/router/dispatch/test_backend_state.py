@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slm_server.contracts.applied_registry import RegistryStamp, Retiring
 from slm_server.contracts.records import BackendState, write_state
 from slm_server.router.dispatch import backend_state
 from slm_server.router.dispatch.backend_state import StateView
@@ -62,3 +63,21 @@ def test_a_forged_or_broken_file_is_an_empty_one(tmp_path: Path, text: str) -> N
     path.write_text(text)
     assert view.get("chat", 8501) is None
     assert not view.launcher_alive()
+
+
+def test_the_registry_stamp_and_the_retiring_backends_are_read_with_the_states(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "backends.state.json"
+    write_state(path, os.getpid(), [published("ready")])
+    view = StateView(path)
+    assert view.stamp() is None
+    assert view.retiring() == []
+    stamp = RegistryStamp("0123456789abcdef", 2, 1700000000.5, "/etc/models.yaml")
+    old = Retiring("chat", "m", 8501, 4242, "replaced", 1700000000.5, 1700000030.5)
+    write_state(path, os.getpid(), [published("starting")], registry=stamp, retiring=[old])
+    assert view.stamp() == stamp
+    assert view.retiring() == [old]
+    path.unlink()
+    assert view.stamp() is None
+    assert view.retiring() == []

@@ -1,0 +1,40 @@
+"""The registry the router routes by, as ``/health``, ``/v1/backends/health`` and the
+dashboard name it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from slm_server.contracts.applied_registry import RegistryStamp
+
+
+@dataclass
+class InForce:
+    """The registry in force: its ``version`` (of its text; None when the router
+    could not tell which text it was read from) and the file it came from; once the
+    router follows a supervisor's stamp, also how many registries that supervisor
+    has applied (``generation``) and when it applied this one (wall clock)."""
+
+    version: str | None
+    path: str
+    generation: int | None = None
+    loaded_at: float | None = None
+
+    def adopt(self, stamp: RegistryStamp) -> None:
+        """The router routes by the registry ``stamp`` names."""
+        self.version = stamp.version
+        self.path = stamp.path
+        self.generation = stamp.generation
+        self.loaded_at = stamp.loaded_at
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "generation": self.generation,
+            "loaded_at": self.loaded_at,
+            "path": self.path,
+        }
+
+
+__all__ = ["InForce"]

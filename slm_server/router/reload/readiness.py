@@ -1,0 +1,107 @@
+"""Requests for a backend a reload started: they wait for it, as for a load.
+
+A backend a reload added or replaced is published ``starting`` with ``reloaded``
+until it has been ready once (a replaced one starts only when the old process is
+gone). A client that reloads the registry and then asks for the new model should not
+get a 503 for asking too soon: its request waits, holding its admission slot so the
+line behind it keeps its order, within its deadline, and ends early if the client
+leaves or the drain ends (:class:`~slm_server.router.dispatch.waits.Waits`). At the
+deadline it gets 503 ``model_loading`` with ``Retry-After``. When the backend stops
+being a reloaded one starting (ready, or restarting, failed, abandoned...) the wait
+ends and the request goes on as any other: the caller asks again whether the backend
+can serve.
+
+The state file is read as requests come, the registry it names is followed at the
+next poll: until the router routes by the reload's registry, its requests are routed
+(and admitted) as that registry says, and a replaced backend's old process, alive
+until it is retired, serves them. Waiting then would hold a slot of the old gate, and
+the old process would not be retired before the waiting request's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from slm_server.config import ModelSpec
+from slm_server.errors import BackendUnavailable
+from slm_server.router.dispatch.backend_state import StateSource, awaits_reload
+from slm_server.router.dispatch.waits import ClientWatch, Waits, running_loop
+from slm_server.router.reload.in_force import InForce
+from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
+
+POLL_SECONDS = 0.02  # the state file, while anything waits
+
+
+class Readiness:
+    """The requests waiting for reloaded backends to be ready, by backend."""
+
+    def __init__(self, states: StateSource, waits: Waits, in_force: InForce) -> None:
+        self.states = states
+        self.waits = waits
+        self.in_force = in_force
+        self._waiting: dict[tuple[str, int], tuple[ModelSpec, list[asyncio.Future[None]]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def awaited(self, spec: ModelSpec) -> bool:
+        """Whether requests for ``spec``'s backend wait for it to be ready: a running
+        supervisor published it ``starting`` since a reload added or replaced it, and
+        the router routes by that reload's registry already."""
+        state = self.states.get(spec.role, spec.entry.port)
+        if state is None or not awaits_reload(state) or not self.states.launcher_alive():
+            return False
+        stamp = self.states.stamp()
+        return stamp is None or stamp.version == self.in_force.version
+
+    async def until_ready(self, spec: ModelSpec, client: ClientWatch, until: float) -> None:
+        """Return at once unless the backend is awaited; else when it no longer is
+        (ready, or given up on: the caller asks again whether it can serve). 503
+        ``model_loading`` when ``until`` (loop time) passes first."""
+        if not self.awaited(spec):
+            return
+        key = (spec.role, spec.entry.port)
+        future: asyncio.Future[None] = running_loop().create_future()
+        self._waiting.setdefault(key, (spec, []))[1].append(future)
+        if self._task is None:
+            self._task = running_loop().create_task(self._watch())
+        try:
+            await self.waits.run(client, future, until)
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"The backend for '{spec.entry.id}' was started by a registry reload and "
+                "was not ready within the request's deadline; retry shortly",
+                code="model_loading",
+                retry_after=RETRY_AFTER_SECONDS,
+            ) from None
+        finally:
+            waiting = self._waiting.get(key)
+            if waiting is not None:
+                with contextlib.suppress(ValueError):
+                    waiting[1].remove(future)
+                if not waiting[1]:
+                    del self._waiting[key]
+
+    async def _watch(self) -> None:
+        """Look at the awaited backends every ``POLL_SECONDS`` while anything waits;
+        let the waiters of each that is no longer awaited go on."""
+        try:
+            while self._waiting:
+                await asyncio.sleep(POLL_SECONDS)
+                for spec, futures in list(self._waiting.values()):
+                    if self.awaited(spec):
+                        continue
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(None)
+        finally:
+            self._task = None
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+__all__ = ["Readiness"]
