@@ -21,7 +21,6 @@ from slm_server.config import (
     ModelEntry,
     Problem,
     inspect_registry,
-    load_registry,
     parse_registry,
     read_registry_text,
 )
@@ -156,15 +155,17 @@ def cmd_reload(settings: Settings) -> int:
 def cmd_router(settings: Settings) -> int:
     import uvicorn
 
+    from slm_server.contracts.applied_registry import version_of
     from slm_server.gc_tuning import tune_for_serving
     from slm_server.router.app import production_app
     from slm_server.router.dispatch.drain import Drain, DrainingServer
     from slm_server.router.edge.http_protocol import door_protocol
 
     _setup_logging("router", settings)
-    registry = load_registry(settings.config_path)
+    text = read_registry_text(settings.config_path)
+    registry = parse_registry(text, settings.config_path)
     drain = Drain(settings.serving.drain_timeout_seconds)
-    app = production_app(settings, registry, drain)
+    app = production_app(settings, registry, drain, version=version_of(text))
     logging.getLogger("slm_server.router").info(
         "routing %d model(s) on http://%s:%d",
         len(registry.enabled),

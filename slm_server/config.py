@@ -18,6 +18,9 @@ loading raises :class:`ConfigError` carrying all of them at once.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -793,6 +796,10 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
     source = str(path)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except RecursionError:
+        raise ConfigError(
+            [Problem(source, None, None, "not a registry: nested too deeply")]
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -866,10 +873,35 @@ def parse_registry(text: str, path: Path) -> RegistryFile:
     return registry
 
 
-def read_registry_text(path: Path) -> str:
-    """The registry file's text; :class:`ConfigError` when it cannot be read."""
+# A registry is a few kilobytes; a file larger than this is refused unread.
+MAX_REGISTRY_BYTES = 4 * 1024 * 1024
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of the regular file at ``path``, opened without blocking (a FIFO or a
+    device put in its place is refused, never waited on)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        return path.read_text(encoding="utf-8")
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file")
+        chunks = []
+        size = 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_REGISTRY_BYTES:
+                raise OSError(errno.EFBIG, f"larger than {MAX_REGISTRY_BYTES // 1024 // 1024} MiB")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_registry_text(path: Path) -> str:
+    """The registry file's text; :class:`ConfigError` when it cannot be read (missing,
+    not a regular file, larger than :data:`MAX_REGISTRY_BYTES`, not UTF-8)."""
+    try:
+        raw = _read_regular_file(path)
     except FileNotFoundError:
         hint = ""
         example = path.with_name(path.name + ".example")
@@ -880,6 +912,11 @@ def read_registry_text(path: Path) -> str:
         raise ConfigError(
             [Problem(str(path), None, None, f"cannot read: {exc.strerror}")]
         ) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = f"byte {exc.start}"
+        raise ConfigError([Problem(str(path), None, None, f"not UTF-8 text at {where}")]) from None
 
 
 def load_registry(path: Path) -> RegistryFile:

@@ -52,7 +52,7 @@ class Retirements:
     def add(self, backend: Backend, reason: RetireReason) -> Retiring | None:
         """Retire ``backend``'s live process; None when it has none (nothing to drain)."""
         child = backend.child
-        if child is None or child.poll() is not None or not backend.life.alive:
+        if child is None or child.poll() is not None:
             return None
         now = self.wall()
         record = Retiring(

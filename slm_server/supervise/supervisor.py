@@ -57,6 +57,7 @@ from slm_server.supervise.footprints import Expected, Footprints
 from slm_server.supervise.housekeeping import ChoreErrors, Housekeeping
 from slm_server.supervise.phases import (
     Confirming,
+    Held,
     Ready,
     Starting,
 )
@@ -265,7 +266,7 @@ class Supervisor:
         known = [(r.pid, r.create_time) for r in self.previous_records]
         known += [
             (b.child.pid, b.child.create_time)
-            for b in self.backends.values()
+            for b in [*self.backends.values(), *self.retirements.backends()]
             if b.child is not None
         ]
         return verifiably_ours(holder.pid, holder.create_time, holder.argv, known, plan.argv)
@@ -511,15 +512,16 @@ class Supervisor:
                 self.registry.path, self.settings.config_watch_settle_seconds
             )
 
-    def publish_registry(self, text: str, generation: int) -> None:
+    def publish_registry(self, text: str, generation: int) -> bool:
         """Write the applied registry's snapshot now and its stamp with the next state
-        file (a failed write is reported; the stamp then stays as it was)."""
+        file; False when the snapshot cannot be written (reported; the stamp then stays
+        as it was)."""
         path = applied_registry.snapshot_path(self.settings.log_dir)
         try:
             applied_registry.write_snapshot(self.settings.log_dir, text)
         except OSError as exc:
             self.publisher.chores.failed("state_write_failed", str(path), exc)
-            return
+            return False
         self.stamp = RegistryStamp(
             applied_registry.version_of(text),
             generation,
@@ -527,6 +529,7 @@ class Supervisor:
             str(self.registry.path),
         )
         self.dirty = True
+        return True
 
     def sweep(self) -> None:
         """Take the router's requests, measure the ready backends again and trim
@@ -657,14 +660,20 @@ class Supervisor:
         self.events.emit("config_reload_requested", source=source, config=str(path))
         if self.stopping.is_set():
             return self.refuse(source, Refusal("stopping", ()))
-        prepared = prepare(path, self.keys, self.tools, self.settings.log_dir)
+        try:
+            prepared = prepare(path, self.keys, self.tools, self.settings.log_dir)
+            found = [] if isinstance(prepared, Refusal) else self.conflicts(prepared)
+        except Exception as exc:  # a bug must not take supervision down with it
+            log.exception("reload of %s failed", path)
+            return self.refuse(source, Refusal("invalid", (f"{path}: cannot be read: {exc!r}",)))
         if isinstance(prepared, Refusal):
             return self.refuse(source, prepared)
-        found = conflicts(
-            prepared, self.settings.memory.budget_mb, self.footprint_of, self.port_taken
-        )
         if found:
             return self.refuse(source, Refusal("conflict", tuple(found)))
+        generation = self.stamp.generation + 1 if self.stamp is not None else 1
+        if not self.publish_registry(prepared.text, generation):
+            why = f"{applied_registry.snapshot_path(self.settings.log_dir)} cannot be written"
+            return self.refuse(source, Refusal("conflict", (why,)))
         self.apply_registry(prepared)
         assert self.stamp is not None
         diff = prepared.diff
@@ -711,6 +720,19 @@ class Supervisor:
             False, error=refusal.message, problems=refusal.problems, refused=refusal.kind
         )
 
+    def conflicts(self, prepared: Prepared) -> list[str]:
+        """Why a valid registry cannot be applied now (see :func:`.reload.conflicts`);
+        also one that enables no model (the supervisor would have nothing left)."""
+        found = conflicts(
+            prepared, self.settings.memory.budget_mb, self.footprint_of, self.port_taken
+        )
+        if not prepared.registry.enabled:
+            found.append(
+                f"{prepared.registry.path}: no entry is enabled; the gateway would serve "
+                "nothing (stop it instead)"
+            )
+        return found
+
     def footprint_of(self, spec: ModelSpec) -> int | None:
         """What ``spec`` would be admitted by: the running backend's footprint when its
         launch is unchanged, else its ``memory_mb``, remembered or estimated one."""
@@ -732,14 +754,21 @@ class Supervisor:
         new entry); removed and replaced ones retire (drained, then stopped); added and
         replacing ones begin, a replacing one held until the process it replaces is
         gone. Reloads spend no restart budget; a replacing backend's starts fresh."""
+        # What running tasks reported is decided first, so a process spawned for a
+        # backend about to retire is known to be alive, and no report of the old
+        # backend reaches the new one of its role.
+        while self.inbox:
+            self.apply(self.inbox.pop(0))
         diff = prepared.diff
         registry = prepared.registry
         old = self.backends
+        disabled = {s.role for s in registry.models if not s.entry.enabled}
         for role in (*diff.removed, *diff.replaced):
             backend = old.get(role)
             if backend is None:
                 continue
-            reason: RetireReason = "removed" if role in diff.removed else "replaced"
+            gone = role in diff.removed or role in disabled
+            reason: RetireReason = "removed" if gone else "replaced"
             record = self.retirements.add(backend, reason)
             if record is not None:
                 self.events.emit(
@@ -769,11 +798,10 @@ class Supervisor:
         self.remotes.replace(remotes, set(diff.unchanged))
         self.registry = registry
         self.keys = dict(prepared.keys)
-        generation = self.stamp.generation + 1 if self.stamp is not None else 1
         self.registry_text = prepared.text
-        self.publish_registry(prepared.text, generation)
         self.dirty = True
         self.apply(core.Begin())
+        self.release_held()  # held by a process that was already gone
         self.publish()
 
     async def retire(self, retiree: Retiree, why: str) -> None:
@@ -811,11 +839,15 @@ class Supervisor:
             process.describe_exit(status),
         )
         self.dirty = True
+        self.release_held()
+
+    def release_held(self) -> None:
+        """Release every held backend that no retiring process blocks any more (by its
+        role or its port: a swap of ports holds each on the other's process)."""
         for backend in list(self.backends.values()):
-            if backend.life.held_by != record.pid:
+            if not isinstance(backend.life.phase, Held):
                 continue
-            still = self.retirements.holder(backend.role, backend.spec.entry.port)
-            if still is None:
+            if self.retirements.holder(backend.role, backend.spec.entry.port) is None:
                 self.apply(core.Released(backend.role))
 
     async def main(self) -> int:

@@ -2,8 +2,7 @@
 llama-servers: reloads while backends start, restart, are abandoned, held or draining;
 ports moved, swapped and reused; replicas and on-demand models; the launcher stopped
 mid-reload; forged ``retired`` commands; a forged snapshot; broken registry files; the
-file watch; the restart budget. A test marked ``xfail(strict=True)`` records a bug
-found here (see its reason)."""
+file watch; the restart budget."""
 
 from __future__ import annotations
 
@@ -219,11 +218,6 @@ def test_an_abandoned_backend_stays_abandoned_unless_its_launch_changes(tmp_path
 # -- a replaced backend still draining: reload again ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="conflicts() sees the port held by the entry's own retiring process, whose argv "
-    "is not the new launch's and which is no longer in self.backends: 'not ours'",
-)
 def test_an_entry_changed_again_while_its_old_process_drains(tmp_path: Path) -> None:
     """Attacks a backend held for its draining old process, changed again by the next
     reload: the reload must be taken, the backend stay held on the same old process,
@@ -289,11 +283,6 @@ def test_a_held_backend_removed_before_its_old_process_drained(tmp_path: Path) -
 # -- ports: reused, swapped, moved ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="conflicts() judges a port held by a retiring backend as 'not started by "
-    "slm_server' (is_ours only knows current backends and previous_records)",
-)
 def test_an_entry_added_on_the_port_a_removed_one_still_drains_on(tmp_path: Path) -> None:
     """Attacks reload 1 removing an entry and reload 2 adding another on the port its
     draining process still holds: the port is held by slm_server's own process, so the
@@ -312,11 +301,6 @@ def test_an_entry_added_on_the_port_a_removed_one_still_drains_on(tmp_path: Path
         assert stack.state("newcomer")["port"] == models["gone"]["port"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a backend held for one retiree but blocked by another is never released: "
-    "retire() releases only backends whose held_by is the pid that just ended",
-)
 def test_two_entries_swap_their_ports(tmp_path: Path) -> None:
     """Attacks one reload that swaps the ports of two entries: both are replaced, and
     both must be serving on their new ports once the old processes have drained."""
@@ -334,11 +318,6 @@ def test_two_entries_swap_their_ports(tmp_path: Path) -> None:
         assert stack.state("a")["port"] == models["b"]["port"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the moved entry is held_by its own old pid; when that one retires first the "
-    "port is still held by the removed one, and that one's retirement does not release it",
-)
 def test_an_entry_moved_onto_the_port_of_one_removed_in_the_same_reload(tmp_path: Path) -> None:
     """Attacks one reload that removes an entry and moves another onto its port; the
     moved entry's own old process drains first, the removed one's second. The moved
@@ -396,11 +375,6 @@ def test_a_role_renamed_and_another_moved_onto_a_freed_port(tmp_path: Path) -> N
         assert {r: stack.state(r)["port"] for r in new} == {r: e["port"] for r, e in new.items()}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="same as the swap: replica 1 is held_by its own old pid, but its new port is "
-    "the old port of replica 2, whose retirement releases only backends held_by it",
-)
 def test_replicas_shifted_by_one_port(tmp_path: Path) -> None:
     """Attacks an entry of two replicas moved up by one port (replica 1 onto replica
     2's old port): once the old processes are gone, both replicas must serve."""
@@ -662,11 +636,6 @@ def test_a_forged_snapshot_is_overwritten_and_a_planted_symlink_not_followed(
         assert stat.S_IMODE(snapshot.stat().st_mode) == 0o600
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply_registry applies the registry, then publish_registry fails to write the "
-    "snapshot and keeps the old stamp; the reply and config_reloaded carry the old version",
-)
 def test_a_snapshot_that_cannot_be_written(tmp_path: Path) -> None:
     """Attacks a snapshot path made unwritable (a directory in its place): the registry
     the supervisor applies and the version it reports and publishes must agree (either
@@ -728,11 +697,6 @@ def test_a_registry_path_that_is_a_directory_or_missing_is_refused(tmp_path: Pat
         assert supervisor_alive(stack) and stack.pid("a") == pid
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="read_registry_text lets UnicodeDecodeError escape (it catches OSError only); "
-    "reload() raises inside the socket handler, which closes without a reply",
-)
 def test_a_registry_that_is_not_utf8_is_refused_by_the_command(tmp_path: Path) -> None:
     """Attacks reload with a registry file that is not UTF-8 text (binary garbage): the
     command must be answered with a refusal, not a dropped connection."""
@@ -745,11 +709,6 @@ def test_a_registry_that_is_not_utf8_is_refused_by_the_command(tmp_path: Path) -
         assert supervisor_alive(stack) and stack.pid("a") == pid
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="inspect_registry lets RecursionError from PyYAML escape (deep nesting); "
-    "reload() raises inside the socket handler, which closes without a reply",
-)
 def test_a_deeply_nested_registry_is_refused_by_the_command(tmp_path: Path) -> None:
     """Attacks reload with valid-looking YAML nested 5000 levels deep."""
     models = {"a": fake_entry(tmp_path, "a")}
@@ -760,11 +719,6 @@ def test_a_deeply_nested_registry_is_refused_by_the_command(tmp_path: Path) -> N
         assert supervisor_alive(stack) and stack.pid("a") == pid
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a file or SIGHUP reload runs in Supervisor.turn(); the UnicodeDecodeError "
-    "escapes watch() and main() stops every backend: the launcher exits",
-)
 @pytest.mark.parametrize("way", ["watch", "sighup"])
 def test_a_file_or_sighup_reload_survives_a_file_that_is_not_utf8(tmp_path: Path, way: str) -> None:
     """Attacks the file watch, and SIGHUP, with a save of binary garbage, then a valid
@@ -796,11 +750,6 @@ def test_a_file_or_sighup_reload_survives_a_file_that_is_not_utf8(tmp_path: Path
         assert stack.pid("a") == pid
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reload() reads the registry with a blocking read on the event loop; a FIFO "
-    "(no writer) blocks the whole supervisor: no exit detection, no restart, no commands",
-)
 def test_a_registry_that_is_a_fifo_does_not_freeze_supervision(tmp_path: Path) -> None:
     """Attacks SIGHUP with a named pipe in place of the registry file (a read that never
     ends): the supervisor must go on supervising (a backend killed with SIGKILL is
@@ -822,11 +771,6 @@ def test_a_registry_that_is_a_fifo_does_not_freeze_supervision(tmp_path: Path) -
                 os.close(os.open(config, os.O_WRONLY | os.O_NONBLOCK))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no size limit on the registry a reload applies, but read_snapshot refuses a "
-    "snapshot over MAX_SNAPSHOT_BYTES (4 MiB): the published version can never be read",
-)
 def test_a_huge_registry_is_refused_or_published_readable(tmp_path: Path) -> None:
     """Attacks reload with a valid registry padded past 4 MiB with a comment: either it
     is refused, or the snapshot of the version it publishes can be read back."""
@@ -845,11 +789,6 @@ def test_a_huge_registry_is_refused_or_published_readable(tmp_path: Path) -> Non
             assert "b" not in stack.states()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a reload leaving no supervised backend (all disabled) is applied, then "
-    "watch() sees running() false and exits 1, killing the draining process at once",
-)
 def test_a_reload_that_disables_every_entry(tmp_path: Path) -> None:
     """Attacks a reload that disables every entry (valid for ``check``): the supervisor
     must either refuse it or keep running, listing the entries ``disabled`` and

@@ -193,7 +193,7 @@ class Info:
                     item["in_flight"] = gate.active
                     item["queued"] = gate.queued
             report[spec.role] = item
-        return JSONResponse(report)
+        return JSONResponse(report, headers=self.in_force.headers())
 
     async def health(self, _request: Request) -> JSONResponse:
         """``GET /health``: the router itself, and the registry it routes by."""
@@ -202,7 +202,8 @@ class Info:
                 "status": "ok",
                 "models": len(self.registry.entries),
                 "registry": self.in_force.to_json(),
-            }
+            },
+            headers=self.in_force.headers(),
         )
 
 

@@ -28,6 +28,14 @@ class InForce:
         self.generation = stamp.generation
         self.loaded_at = stamp.loaded_at
 
+    def headers(self) -> dict[str, str]:
+        """``X-Registry-Version`` and ``X-Registry-Generation``, for the answers whose
+        body has no room for the registry (``/v1/backends/health`` is keyed by role)."""
+        found = {"x-registry-version": self.version or "unknown"}
+        if self.generation is not None:
+            found["x-registry-generation"] = str(self.generation)
+        return found
+
     def to_json(self) -> dict[str, Any]:
         return {
             "version": self.version,

@@ -96,6 +96,10 @@ def test_a_new_stamp_whose_snapshot_matches_is_followed(tmp_path: Path) -> None:
                     "path": APPLIED_FROM,
                 },
             }
+            listing = await call(router.app, "/v1/backends/health", b"", method="GET")
+            assert listing.headers["x-registry-version"] == version_of(WITH_EXTRA)
+            assert listing.headers["x-registry-generation"] == "2"
+            assert set(listing.json()) == {"chat", "extra"}
             scrape = (await call(router.app, "/metrics", b"", method="GET")).body.decode()
             assert 'slm_backend_state{model="extra-model",replica="1",role="extra"' in scrape
 
