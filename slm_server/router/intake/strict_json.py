@@ -35,6 +35,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Iterator
 from typing import Any, Final, NoReturn
 
 from slm_server.errors import InvalidRequest
@@ -147,21 +148,27 @@ def _where(link: tuple[Any, ...] | None) -> str:
 
 
 def _walk(value: Any, depth_limit: bool, surrogates: bool) -> None:
-    """Refuse nesting past :data:`MAX_DEPTH` and lone surrogates, without recursion."""
-    stack: list[tuple[Any, int, tuple[Any, ...] | None]] = [(value, 1, None)]
+    """Refuse nesting past :data:`MAX_DEPTH` and lone surrogates, without recursion and
+    holding one iterator per level (a million sibling objects are walked one at a
+    time, never stacked at once)."""
+    root = value.items() if type(value) is dict else enumerate(value)
+    stack: list[tuple[Iterator[tuple[Any, Any]], tuple[Any, ...] | None]] = [(iter(root), None)]
     while stack:
-        node, depth, where = stack.pop()
-        if depth_limit and depth > MAX_DEPTH:
-            _refuse(f"arrays and objects are nested more than {MAX_DEPTH} deep")
-        items = node.items() if type(node) is dict else enumerate(node)
+        items, where = stack[-1]
         for key, item in items:
             if surrogates and type(key) is str and not key.isascii() and _SURROGATE.search(key):
                 _refuse(f"a key of the object at {_where(where)} {_LONE}")
             kind = type(item)
             if kind is dict or kind is list:
-                stack.append((item, depth + 1, (where, key)))
-            elif surrogates and kind is str and not item.isascii() and _SURROGATE.search(item):
+                if depth_limit and len(stack) + 1 > MAX_DEPTH:
+                    _refuse(f"arrays and objects are nested more than {MAX_DEPTH} deep")
+                inner = item.items() if kind is dict else enumerate(item)
+                stack.append((iter(inner), (where, key)))
+                break
+            if surrogates and kind is str and not item.isascii() and _SURROGATE.search(item):
                 _refuse(f"the string at {_where((where, key))} {_LONE}")
+        else:
+            stack.pop()
 
 
 def _more_than(classes: bytes, limit: int) -> bool:
