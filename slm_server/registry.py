@@ -55,6 +55,8 @@ class Registry:
                         by_alias.setdefault(name, spec)
         self.models = models
         self.enabled = enabled
+        # Its specs by identity (a spec a request holds is alive, so its id is its own).
+        self._held = frozenset(id(spec) for spec in models)
         self._by_id = by_id
         self._by_alias = by_alias
         self._replicas: dict[int, tuple[ModelSpec, ...]] = {
@@ -62,6 +64,11 @@ class Registry:
         }
         # The enabled entries, each by its first replica: one per model id unless ambiguous.
         self.entries = tuple(s for s in enabled if s.replica == 1)
+
+    def holds(self, spec: ModelSpec) -> bool:
+        """Whether ``spec`` is one of this registry's (not one a request was routed by
+        before :meth:`replace`)."""
+        return id(spec) in self._held
 
     def replicas(self, spec: ModelSpec) -> tuple[ModelSpec, ...]:
         """Every replica of ``spec``'s entry (``spec`` itself alone for one replica),

@@ -28,6 +28,7 @@ from slm_server.router.dispatch.balance import Balancer, Routing
 from slm_server.router.dispatch.drain import Drain
 from slm_server.router.dispatch.waits import client_of, running_loop
 from slm_server.router.intake.body_budget import BodyBudget
+from slm_server.router.intake.memory_return import MemoryReturn
 from slm_server.router.intake.payload import header_value, request_timeout
 from slm_server.router.intake.reception import Intake, Reception
 from slm_server.router.observe.exchange import Exchange, exchange_of
@@ -68,6 +69,7 @@ class Proxy:
         self._balanced: dict[str, tuple[BalancerShape, Balancer]] = {}  # by the entry's role
         self._balance()
         self.bodies = BodyBudget(serving.max_bodies_in_flight_bytes)
+        self.memory_return = MemoryReturn()
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
         replies = Replies(self.sender, drain, serving.max_sse_event_bytes)
@@ -168,7 +170,9 @@ class Proxy:
                     if len(tried) == size:
                         raise
         finally:
+            size = held.size
             held.release()
+            self.memory_return.released(size)
 
     def choose(
         self, spec: ModelSpec, payload: dict[str, Any], exchange: Exchange, tried: list[str]
@@ -232,8 +236,12 @@ class Proxy:
         intake = await self.reception.for_backend(intake, spec, endpoint)
         slot = await self.sender.admit(client, spec, exchange, deadline)
         try:
-            if self.readiness.awaited(spec):
+            if self.registry.holds(spec) and self.readiness.awaited(spec):
                 # Holding the slot, as for a load: the line behind it keeps its order.
+                # A request routed by the registry before a reload holds a slot of the
+                # old gate instead, and is served by the old process, still alive until
+                # retired: were it to wait, the old gate would not drain before its
+                # deadline, nor the old process be retired, nor the new one start.
                 await self.readiness.until_ready(spec, client, deadline.at)
                 self.reception.refuse_if_down(spec)  # failed meanwhile, or restarting
             loader = self.loader

@@ -366,3 +366,38 @@ def test_an_entry_whose_replicas_and_routing_a_reload_left_alone_keeps_its_balan
             assert (await call(router.app, CHAT, chat_body(CHAT_ID))).status == 200
 
     run(scenario())
+
+
+def test_a_request_queued_on_the_old_gate_is_served_by_the_old_process_not_held(
+    tmp_path: Path,
+) -> None:
+    """The benchmark's deadlock: a request admitted on a replaced backend's old gate
+    after the router followed the reload must not wait for the new backend (which
+    starts only once the old gate is idle and the old process retired): it is sent to
+    the old process, and the old gate drains at once."""
+    release = asyncio.Event()
+    router = make_router(tmp_path, held_until(release, ANSWER), concurrency=1, follow_seconds=3600)
+    router.states.alive = True
+
+    async def scenario() -> None:
+        async with serving(router):
+            first = asyncio.ensure_future(call(router.app, CHAT, chat_body(CHAT_ID)))
+            old_gate = router.deps.gates["chat"]
+            await until(lambda: old_gate.active == 1, "the first request in flight")
+            queued = asyncio.ensure_future(call(router.app, CHAT, chat_body(CHAT_ID)))
+            await until(lambda: old_gate.queued == 1, "the second request queued")
+            replaced = registry_text(concurrency=1, chat="    context_length: 4096\n")
+            publish(router, replaced, retiring=(retiring("chat", reason="replaced"),))
+            await router.follower.sync()
+            # The supervisor publishes the replacing backend: starting, by a reload.
+            new_spec = router.registry.enabled[0]
+            router.supervisor.publish(new_spec, "starting", reloaded=True)
+            release.set()
+            assert (await first).status == 200
+            got = await asyncio.wait_for(queued, 3)
+            assert got.status == 200, got.body
+            assert (old_gate.active, old_gate.queued) == (0, 0)
+            await router.follower.sync()
+            assert router.supervisor.sent("retired") == [Command("retired", "chat", pid=4242)]
+
+    run(scenario())
