@@ -19,6 +19,7 @@ from slm_server.router.dispatch.drain import Drain
 from slm_server.router.edge.fast_path import fast_path_of
 from slm_server.router.intake.body_budget import Held
 from slm_server.router.intake.forms import FORM_ENDPOINTS, read_form_fields
+from slm_server.router.intake.parsed_cost import parsed_cost
 from slm_server.router.intake.payload import (
     apply_defaults,
     ask_for_usage,
@@ -145,6 +146,8 @@ class Reception:
         if endpoint not in FORM_ENDPOINTS:
             check_json_type(header_value(request.scope["headers"], b"content-type"))
         raw = await self.body(request, held)
+        if endpoint not in FORM_ENDPOINTS:
+            held.take_parsed(parsed_cost(raw))
         if endpoint in FORM_ENDPOINTS:
             # Only read for its routing fields: the form goes upstream byte for byte.
             content_type = header_value(request.scope["headers"], b"content-type")
