@@ -50,6 +50,17 @@ def objects(route: str) -> bytes:
     return _wrap(route, b'"x"', b"[" + b",".join(b'{"a":1}' for _ in range(BODY // 8)) + b"]")
 
 
+def messages(route: str) -> bytes:
+    """Many messages of 600 characters: allocations of every size at once, which the C
+    allocator keeps (in the worker threads' arenas too) unless asked to give back."""
+    one = b'{"role":"user","content":"' + b"y" * 600 + b'"}'
+    listed = b"[" + b",".join(one for _ in range(BODY // (len(one) + 1))) + b"]"
+    if route == "/v1/responses":
+        return b'{"model":"big","input":' + listed + b"}"
+    extra = b',"max_tokens":8' if route == "/v1/messages" else b""
+    return b'{"model":"big","messages":' + listed + extra + b"}"
+
+
 def _wrap(route: str, text: bytes, enum: bytes | None) -> bytes:
     """A valid request of ``route``'s shape whose message is ``text`` and, when given,
     with a JSON schema whose ``enum`` is ``enum`` where each API takes one (the reply's
@@ -103,6 +114,7 @@ def send(url: str, route: str, body: bytes) -> int:
 
 ROUTES = ["/v1/chat/completions", "/v1/messages", "/v1/responses"]
 SHAPES: dict[str, Callable[[str], bytes]] = {
+    "messages": messages,
     "numbers": numbers,
     "strings": strings,
     "objects": objects,
