@@ -6,6 +6,7 @@
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run reload               # reloading the registry under load
+    uv run python -m benchmarks.run body_burst --against HEAD~5  # router memory, huge bodies
     uv run python -m benchmarks.run affinity             # routing policies on two replicas
     uv run python -m benchmarks.run agent_request        # a 20k-token agent request, 3 shapes
     uv run python -m benchmarks.run overhead --quick     # a short run to try things out
@@ -32,7 +33,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import affinity, agent_request, overhead, real, recovery, reload, swap
+from benchmarks import (
+    affinity,
+    agent_request,
+    body_burst,
+    overhead,
+    real,
+    recovery,
+    reload,
+    swap,
+)
 from benchmarks.instructions import checkout
 from benchmarks.machine import describe_machine, load_average, source_digest, wait_for_quiet
 from benchmarks.report import DASH, Check, checks_table, machine_line, show, write_results
@@ -205,6 +215,21 @@ def run_reload(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_body_burst(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = body_burst.Plan(rounds=1)
+    if quick:
+        plan = replace(plan, shapes=("strings",), routes=("/v1/chat/completions",))
+    runs = body_burst.run_rounds(plan, workdir, say)
+    return Outcome(
+        "Router memory under bursts of eight 30 MiB bodies (default limits, fast fake)",
+        asdict(plan),
+        runs,
+        body_burst.checks(runs),
+        body_burst.tables(runs),
+        runs,
+    )
+
+
 def run_affinity(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = affinity.Plan(rounds=rounds)
     if quick:
@@ -246,6 +271,7 @@ SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "recovery": run_recovery,
     "swap": run_swap,
     "reload": run_reload,
+    "body_burst": run_body_burst,
     "affinity": run_affinity,
     "agent_request": run_agent_request,
 }
