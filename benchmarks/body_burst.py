@@ -80,7 +80,8 @@ def run_rounds(plan: Plan, workdir: Path, say: Callable[[str], None]) -> list[di
     for number in range(1, plan.rounds + 1):
         for label, tree in trees.items():
             where = workdir / f"round{number}-{label.strip('@')}"
-            with fast_fake(where / "fake", chunks=4) as fake:
+            where.mkdir(parents=True, exist_ok=True)
+            with fast_fake(where, chunks=4) as fake:
                 options: dict[str, Any] = {} if tree is None else {"tree": tree}
                 with slm_router(where / "router", [fake], **options) as router:
                     for shape in plan.shapes:
