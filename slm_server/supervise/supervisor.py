@@ -810,20 +810,17 @@ class Supervisor:
         record = retiree.record
         status, survived = await self.stop_child(retiree.child, kill=False)
         self.retirements.done(record.pid)
+        ids = {"role": record.role, "model_id": record.model_id, "port": record.port}
         if survived:
             self.events.emit(
                 "process_unkillable",
-                role=record.role,
-                model_id=record.model_id,
-                port=record.port,
+                **ids,
                 pid=record.pid,
                 reason="still alive after SIGKILL while retiring; left, not waited on",
             )
         self.events.emit(
             "backend_retired",
-            role=record.role,
-            model_id=record.model_id,
-            port=record.port,
+            **ids,
             pid=record.pid,
             reason=record.reason,
             ended=why,

@@ -24,36 +24,31 @@ from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 CATCH_UP_SECONDS = 2.0
 
 
-class RegistryInvalid(InvalidRequest):
+class _Problems(GatewayError):
+    """A refusal whose error object also lists every problem, one by one."""
+
+    def __init__(self, message: str, problems: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        body["error"]["problems"] = list(self.problems)
+        return body
+
+
+class RegistryInvalid(_Problems, InvalidRequest):
     """The new registry does not validate (400): the message names every problem,
     and the error object lists them one by one in ``problems``."""
 
     default_code = "registry_invalid"
 
-    def __init__(self, message: str, problems: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.problems = problems
 
-    def body(self) -> dict[str, Any]:
-        body = super().body()
-        body["error"]["problems"] = list(self.problems)
-        return body
-
-
-class RegistryConflict(ModelConflict):
+class RegistryConflict(_Problems, ModelConflict):
     """The new registry validates but cannot be applied to the machine as it runs
     (409); its problems listed as for :class:`RegistryInvalid`."""
 
     default_code = "registry_conflict"
-
-    def __init__(self, message: str, problems: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.problems = problems
-
-    def body(self) -> dict[str, Any]:
-        body = super().body()
-        body["error"]["problems"] = list(self.problems)
-        return body
 
 
 def refusal(reply: Reply) -> GatewayError:
