@@ -743,7 +743,13 @@ class Supervisor:
         return self.new_backend(spec).footprint_mb
 
     def port_taken(self, spec: ModelSpec, plan: LaunchPlan) -> str | None:
-        """Who holds ``plan``'s port when it is not a process of ours."""
+        """Who holds ``plan``'s port when it is not a process of ours. A port one of
+        our backends (or retiring processes) listens on counts as ours whoever the
+        system says holds it: just after a ``kill -9`` the dying process's socket is
+        seen without a pid; its launch frees the port or waits, as a restart does."""
+        ours = [*self.backends.values(), *self.retirements.backends()]
+        if any(b.spec.entry.port == plan.port for b in ours):
+            return None
         holder = self.control.port_holder(plan.host, plan.port)
         if holder is None or self.is_ours(holder, plan):
             return None

@@ -5,6 +5,8 @@ reload changes is checked by pid and port in the state file and by the events in
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -17,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from slm_server import cli
+from slm_server.settings import Settings
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import ROOT, free_port, pid_alive, poll
 
@@ -32,6 +36,18 @@ def write_registry(stack: Watched, models: dict[str, dict[str, Any]]) -> None:
 
 
 def reload(stack: Watched) -> subprocess.CompletedProcess[str]:
+    """``python -m slm_server reload`` against the stack's supervisor, run in this
+    process (the command's own code, without a new interpreter's start-up: the attacks
+    in ``test_reload_hostile.py`` reload some hundred times); :func:`reload_command`
+    runs the real command line."""
+    out, err = io.StringIO(), io.StringIO()
+    settings = Settings.from_env({**os.environ, **stack.env})
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.cmd_reload(settings)
+    return subprocess.CompletedProcess(["reload"], code, out.getvalue(), err.getvalue())
+
+
+def reload_command(stack: Watched) -> subprocess.CompletedProcess[str]:
     """``python -m slm_server reload`` against the stack's supervisor."""
     return subprocess.run(
         [sys.executable, "-m", "slm_server", "reload"],
@@ -68,7 +84,7 @@ def test_a_reload_applies_only_the_difference(tmp_path: Path) -> None:
         new["add"] = fake_entry(tmp_path, "add")
         write_registry(stack, new)
 
-        done = reload(stack)
+        done = reload_command(stack)
         assert done.returncode == 0, done.stderr
         assert "added: add" in done.stdout and "replaced: change" in done.stdout
 
@@ -108,7 +124,7 @@ def test_an_invalid_registry_changes_nothing_and_names_every_problem(tmp_path: P
             "c": {**fake_entry(tmp_path, "c"), "max_queue": -1},  # a bad value
         }
         write_registry(stack, bad)
-        done = reload(stack)
+        done = reload_command(stack)
         assert done.returncode == 1
         assert "reload refused (invalid)" in done.stderr
         for needle in ("colour", "port", "max_queue"):
