@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,12 +47,7 @@ class RegistryStamp:
     path: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "generation": self.generation,
-            "loaded_at": self.loaded_at,
-            "path": self.path,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, raw: Any) -> RegistryStamp | None:
@@ -85,15 +80,7 @@ class Retiring:
     deadline: float
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "model_id": self.model_id,
-            "port": self.port,
-            "pid": self.pid,
-            "reason": self.reason,
-            "since": self.since,
-            "deadline": self.deadline,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, raw: Any) -> Retiring | None:

@@ -14,6 +14,7 @@ is then turned into the error that says why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -89,6 +90,16 @@ class ClientWatch:
             if message["type"] == "http.disconnect":
                 self._heard()
                 return
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task of the router's and wait until it has ended (its
+    cancellation swallowed): how each loop of its own is stopped at shutdown."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def running_loop() -> asyncio.AbstractEventLoop:

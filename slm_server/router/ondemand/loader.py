@@ -28,7 +28,7 @@ from slm_server.errors import BackendUnavailable, ModelNotFound
 from slm_server.registry import Registry
 from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.backend_state import StateSource, given_up
-from slm_server.router.dispatch.waits import ClientWatch, Waits, running_loop
+from slm_server.router.dispatch.waits import ClientWatch, Waits, cancel_and_wait, running_loop
 from slm_server.router.ondemand.memory_fit import Holder, Rules, make_room
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 
@@ -232,11 +232,8 @@ class Loader:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         assert self._wake is not None

@@ -18,13 +18,13 @@ reload routes by the registry the supervisor applied, not by the file on disk.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
 from slm_server.config import ConfigError, RegistryFile, parse_registry
 from slm_server.contracts.applied_registry import RegistryStamp, read_snapshot
 from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.dispatch.waits import cancel_and_wait
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.reload.retirements import Retirements
 from slm_server.router.reload.rewire import Rewire
@@ -75,11 +75,8 @@ class Follower:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

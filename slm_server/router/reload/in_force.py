@@ -3,7 +3,7 @@ dashboard name it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from slm_server.contracts.applied_registry import RegistryStamp
@@ -37,12 +37,7 @@ class InForce:
         return found
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "generation": self.generation,
-            "loaded_at": self.loaded_at,
-            "path": self.path,
-        }
+        return asdict(self)
 
 
 __all__ = ["InForce"]

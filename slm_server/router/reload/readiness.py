@@ -26,7 +26,7 @@ import contextlib
 from slm_server.config import ModelSpec
 from slm_server.errors import BackendUnavailable
 from slm_server.router.dispatch.backend_state import StateSource, awaits_reload
-from slm_server.router.dispatch.waits import ClientWatch, Waits, running_loop
+from slm_server.router.dispatch.waits import ClientWatch, Waits, cancel_and_wait, running_loop
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 
@@ -97,11 +97,7 @@ class Readiness:
             self._task = None
 
     async def stop(self) -> None:
-        task = self._task
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._task)
 
 
 __all__ = ["Readiness"]
