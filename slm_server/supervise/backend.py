@@ -4,12 +4,24 @@ process, its expected footprint)."""
 
 from __future__ import annotations
 
-from slm_server.config import ModelSpec
+from slm_server.config import ModelEntry, ModelSpec
 from slm_server.launch.plan import LaunchPlan
 from slm_server.memory import measure
 from slm_server.memory.store import FootprintKey
 from slm_server.supervise.control import Child
 from slm_server.supervise.decide import Lifecycle
+
+
+def admitted_mb(entry: ModelEntry, measured: int | None, estimate: int | None) -> int | None:
+    """What the router admits a backend by: the registry's ``memory_mb``, else the
+    footprint measured at its last load, else the estimate. Where resident memory
+    misses GPU memory (macOS: Metal's wired memory), the larger of the measured and the
+    estimate."""
+    if entry.memory_mb is not None:
+        return entry.memory_mb
+    if measured is None or estimate is None:
+        return measured if measured is not None else estimate
+    return measured if measure.RSS_COUNTS_GPU_MEMORY else max(measured, estimate)
 
 
 class Backend:
@@ -25,17 +37,8 @@ class Backend:
 
     @property
     def footprint_mb(self) -> int | None:
-        """What the router admits this backend by: the registry's ``memory_mb``, else
-        the footprint measured at its last load, else the estimate. Where resident
-        memory misses GPU memory (macOS: Metal's wired memory), the larger of the
-        measured and the estimate."""
-        entry = self.spec.entry
-        measured, estimate = self.life.measured_mb, self.estimate_mb
-        if entry.memory_mb is not None:
-            return entry.memory_mb
-        if measured is None or estimate is None:
-            return measured if measured is not None else estimate
-        return measured if measure.RSS_COUNTS_GPU_MEMORY else max(measured, estimate)
+        """What the router admits this backend by (:func:`admitted_mb`)."""
+        return admitted_mb(self.spec.entry, self.life.measured_mb, self.estimate_mb)
 
     @property
     def role(self) -> str:

@@ -47,7 +47,7 @@ from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
 from slm_server.settings import Settings
 from slm_server.supervise import command_socket, launcher_lock
 from slm_server.supervise import decide as core
-from slm_server.supervise.backend import Backend
+from slm_server.supervise.backend import Backend, admitted_mb
 from slm_server.supervise.command_socket import CommandSocket
 from slm_server.supervise.config_watch import ConfigWatch
 from slm_server.supervise.confirm import judge
@@ -740,7 +740,8 @@ class Supervisor:
         key = self.keys.get(spec.role)
         if running is not None and key is not None and running.spec.entry == spec.entry:
             return running.footprint_mb
-        return self.new_backend(spec).footprint_mb
+        expected = self.footprints.expect(spec)
+        return admitted_mb(spec.entry, expected.remembered_mb, expected.estimate_mb)
 
     def port_taken(self, spec: ModelSpec, plan: LaunchPlan) -> str | None:
         """Who holds ``plan``'s port when it is not a process of ours. A port one of
