@@ -227,7 +227,16 @@ def test_a_backend_that_crashes_on_every_start_is_abandoned(tmp_path: Path) -> N
         exits = [e for e in stack.events("backend_exited") if e["role"] == "broken"]
         assert len(exits) == 6
         assert all(e["exit_code"] == 3 for e in exits)
-        response = chat(stack, "broken")
+        # The router reads the state file at most every STAT_EVERY_SECONDS: a look it
+        # took just before the supervisor wrote "abandoned" may answer for a moment.
+        replies: list[httpx.Response] = []
+
+        def refused_as_abandoned() -> bool:
+            replies.append(chat(stack, "broken"))
+            return bool(replies[-1].json()["error"]["code"] == "backend_abandoned")
+
+        poll(refused_as_abandoned, 2, "the router to see the backend abandoned")
+        response = replies[-1]
         assert response.status_code == 503
         error = response.json()["error"]
         assert error["code"] == "backend_abandoned"
