@@ -195,8 +195,11 @@ def test_an_abandoned_backend_stays_abandoned_unless_its_launch_changes(tmp_path
         tmp_path, models, router=False, wait_ready=False, SLM_WATCHDOG_MAX_RESTARTS="1"
     ) as stack:
         stack.wait_ready("base")
-        stack.wait_state("crashy", "abandoned")
+        # The state file is written before the events that report it: the count is
+        # taken once the last of them (backend_abandoned follows backend_exited) is in.
+        stack.wait_event("backend_abandoned", role="crashy")
         launches = len(stack.events("backend_exited"))
+        assert launches == 2
 
         diff = reloaded(stack, {**models, "more": fake_entry(tmp_path, "more")})
         assert diff["unchanged"] == ["crashy", "base"]
