@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slm_server.memory.physical import default_budget_mb, physical_memory_mb
+from slm_server.memory.available import simulated_mb
+from slm_server.memory.physical import default_budget_mb, default_floor_mb, physical_memory_mb
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -283,28 +284,70 @@ class MemorySettings:
     models may hold together, how many may be loaded, and the rule against swapping
     back and forth — a model that served a request within ``hold_seconds`` is not
     evicted for another, unless that other has waited ``aging_seconds``, when the models
-    in its way stop admitting, finish what they hold, and make room."""
+    in its way stop admitting, finish what they hold, and make room.
+
+    And memory pressure (``SLM_MEMORY_FLOOR_MB`` and friends): the least free memory
+    the machine keeps (``floor_mb``, 0: no floor), read every ``poll_seconds``; below it
+    idle on-demand models are unloaded and loads refused. ``simulated_file``, for tests
+    and diagnosis only, names a file read instead of the machine's memory."""
 
     budget_mb: int
     max_loaded: int | None = None
     hold_seconds: float = 2.0
     aging_seconds: float = 20.0
+    floor_mb: int = 0
+    poll_seconds: float = 1.0
+    simulated_file: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> MemorySettings:
         raw_budget = env.get("SLM_MEMORY_BUDGET_MB", "").strip()
+        total = physical_memory_mb()
         budget = (
             _int(env, "SLM_MEMORY_BUDGET_MB", 0, minimum=1)
             if raw_budget
-            else default_budget_mb(physical_memory_mb())
+            else default_budget_mb(total)
         )
         max_loaded = _int(env, "SLM_MAX_LOADED", 0, minimum=0)
+        floor = _int(env, "SLM_MEMORY_FLOOR_MB", default_floor_mb(total), minimum=0)
+        simulated = _simulated_file(env)
+        if floor >= total and simulated is None:
+            raise SettingsError(
+                f"SLM_MEMORY_FLOOR_MB={floor} must be less than the machine's physical "
+                f"memory ({total} MiB), or 0 for no floor"
+            )
         return cls(
             budget_mb=budget,
             max_loaded=max_loaded or None,
             hold_seconds=_float(env, "SLM_SWAP_HOLD_SECONDS", 2.0),
             aging_seconds=_float(env, "SLM_SWAP_AGING_SECONDS", 20.0),
+            floor_mb=floor,
+            poll_seconds=_float(env, "SLM_MEMORY_POLL_SECONDS", 1.0, minimum=0.05),
+            simulated_file=simulated,
         )
+
+
+SIMULATED_FILE_VAR = "SLM_MEMORY_SIMULATED_FILE"
+
+
+def _simulated_file(env: Mapping[str, str]) -> Path | None:
+    """``SLM_MEMORY_SIMULATED_FILE``: for tests and diagnosis only. So that it never
+    stands in for the machine by accident, the file must exist when the setting is read
+    and hold ``simulated_available_mb <N>``; anything else stops the process."""
+    raw = env.get(SIMULATED_FILE_VAR, "").strip()
+    if not raw:
+        return None
+    path = _path(env, SIMULATED_FILE_VAR, PROJECT_ROOT)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{SIMULATED_FILE_VAR}={raw}: cannot be read ({exc})") from None
+    if simulated_mb(text) is None:
+        raise SettingsError(
+            f"{SIMULATED_FILE_VAR}={raw}: the file must hold 'simulated_available_mb <MiB>' "
+            "(a diagnostic source of the machine's free memory, for tests only)"
+        )
+    return path
 
 
 @dataclass(frozen=True)

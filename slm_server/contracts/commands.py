@@ -51,7 +51,7 @@ COMMAND_TIMEOUT_SECONDS = 2.0
 RELOAD_TIMEOUT_SECONDS = 30.0
 Op = Literal["load", "unload", "reload", "retired"]
 OPS = ("load", "unload", "reload", "retired")
-UNLOAD_REASONS = frozenset({"idle_ttl", "evicted", "api", "no_waiter"})
+UNLOAD_REASONS = frozenset({"idle_ttl", "evicted", "api", "no_waiter", "pressure"})
 
 
 class CommandError(Exception):

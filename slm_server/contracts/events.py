@@ -51,6 +51,8 @@ EVENTS = frozenset(
         "backend_loaded",
         "backend_unloaded",
         "load_failed",
+        "memory_pressure",
+        "evicted_for_pressure",
         "remote_ejected",
         "remote_readmitted",
         "config_reload_requested",

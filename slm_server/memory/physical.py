@@ -10,6 +10,10 @@ rules leave almost nothing, never less than ``FLOOR_MB`` (512 MiB: one small mod
 capped at the machine's total. On Apple Silicon the share is also about what macOS
 lets the GPU wire by default (two thirds to three quarters of memory), the ceiling
 for MLX and Metal models anyway.
+
+``default_floor_mb`` is what ``SLM_MEMORY_FLOOR_MB`` (the least free memory the
+machine keeps, see :mod:`slm_server.router.ondemand.memory_pressure`) defaults to:
+1 GiB, an eighth of the machine when that is less.
 """
 
 from __future__ import annotations
@@ -43,3 +47,17 @@ def default_budget_mb(total_mb: int) -> int:
         raise ValueError(f"physical memory must be positive, not {total_mb} MiB")
     budget = min(int(total_mb * SHARE), total_mb - RESERVE_MB)
     return min(max(budget, FLOOR_MB), total_mb)
+
+
+FREE_FLOOR_MB: Final = 1024
+FREE_FLOOR_SHARE: Final = 8  # at most this fraction (1/8) of a small machine
+
+
+def default_floor_mb(total_mb: int) -> int:
+    """The default memory floor (``SLM_MEMORY_FLOOR_MB``): 1 GiB, or an eighth of a
+    machine smaller than 8 GiB. Half of :data:`RESERVE_MB`, the least the default budget
+    leaves to the rest of the machine, so that a machine running little but the gateway
+    with its budget full stays above it; low enough that reaching it means the machine
+    is short (on Linux the OOM killer is near, on macOS the compressor and swap are at
+    work)."""
+    return min(FREE_FLOOR_MB, max(total_mb, 0) // FREE_FLOOR_SHARE)

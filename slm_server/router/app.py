@@ -37,6 +37,7 @@ from slm_server.contracts import commands
 from slm_server.contracts.applied_registry import version_of
 from slm_server.contracts.events import EventLog, EventSink
 from slm_server.errors import GatewayError, HttpStatusError
+from slm_server.memory.available import MemorySource, machine_source
 from slm_server.registry import Registry
 from slm_server.router.answer.error_shape import error_response
 from slm_server.router.apis.models_and_health import Info
@@ -57,6 +58,8 @@ from slm_server.router.observe.telemetry import Telemetry
 from slm_server.router.ondemand.load_api import ModelsApi
 from slm_server.router.ondemand.loader import Commander, Loader
 from slm_server.router.ondemand.memory_fit import Rules
+from slm_server.router.ondemand.memory_pressure import Floor
+from slm_server.router.ondemand.pressure_watch import PressureWatch
 from slm_server.router.reload.follower import POLL_SECONDS, Follower
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.reload.reload_api import ReloadApi
@@ -111,6 +114,9 @@ class Dependencies:
     metrics: Metrics
     drain: Drain
     commander: Commander  # commands to the supervisor: load, unload, reload, retired
+    # The machine's free memory; None: as the settings say (the platform's, or the
+    # simulated file's).
+    memory: MemorySource | None = None
 
 
 def gates_for(registry: Registry) -> dict[str, Gate]:
@@ -208,6 +214,20 @@ def create_app(
     proxy = Proxy(settings, registry, upstream, tripwire, deps.states, drain, deps.gates, in_force)
     memory = settings.memory
     rules = Rules(memory.budget_mb, memory.max_loaded, memory.hold_seconds, memory.aging_seconds)
+    source = deps.memory or machine_source(memory.simulated_file)
+    if memory.simulated_file is not None:
+        log.warning(
+            "the machine's free memory is read from %s (SLM_MEMORY_SIMULATED_FILE), not "
+            "from the operating system: for tests and diagnosis only",
+            memory.simulated_file,
+        )
+    pressure = PressureWatch(
+        source,
+        Floor.of(memory.floor_mb),
+        deps.events,
+        poll_seconds=memory.poll_seconds,
+        budget_mb=memory.budget_mb,
+    )
     loader = Loader(
         registry,
         deps.states,
@@ -216,6 +236,7 @@ def create_app(
         deps.commander,
         proxy.sender.waits,
         drain_seconds=settings.serving.drain_timeout_seconds,
+        pressure=pressure,
     )
     proxy.loader = loader
     retirements = Retirements(deps.commander)
@@ -238,6 +259,7 @@ def create_app(
         loader.status,
         in_force,
         list_aliases=settings.serving.list_aliases,
+        memory=pressure.report,
     )
     models_api = ModelsApi(registry, loader, info.describe)
     metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
@@ -254,6 +276,7 @@ def create_app(
         drain.bind(asyncio.get_running_loop())
         logging_setup.bind_to_loop(asyncio.get_running_loop())
         loader.start()
+        pressure.start()
         await follower.start()  # a reload applied before the router started is followed
 
         async def end_waiting_requests() -> None:
@@ -267,6 +290,7 @@ def create_app(
             ender.cancel()
             await follower.stop()
             await proxy.readiness.stop()
+            await pressure.stop()
             await loader.stop()
             await upstream.aclose()
             await telemetry.shutdown()

@@ -181,6 +181,31 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         {**BACKEND, "reason": "exited with status 1 while loading"},
         f'{NAMED}  reason="exited with status 1 while loading"',
     ),
+    "memory_pressure": (
+        {
+            "state": "entered",
+            "free_mb": 812,
+            "floor_mb": 1024,
+            "resume_mb": 1280,
+            "source": "meminfo",
+            "holders": [
+                {
+                    "role": "chat",
+                    "model_id": "qwen3",
+                    "memory_mb": 5120,
+                    "load": "always",
+                    "busy": False,
+                }
+            ],
+        },
+        "state=entered free=812MB floor=1024MB resume=1280MB source=meminfo"
+        ' holders=[{"role":"chat","model_id":"qwen3","memory_mb":5120,"load":"always",'
+        '"busy":false}]',
+    ),
+    "evicted_for_pressure": (
+        {**BACKEND, "memory_mb": 2048, "free_mb": 812, "floor_mb": 1024},
+        f"{NAMED}  memory=2048MB free=812MB floor=1024MB",
+    ),
     "remote_ejected": (
         {
             "role": "gpu-box",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from slm_server.memory.physical import default_floor_mb, physical_memory_mb
 from slm_server.settings import (
     PROJECT_ROOT,
     Settings,
@@ -314,3 +315,59 @@ def test_aliases_are_listed_unless_turned_off(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as caught:
         settings(tmp_path, SLM_LIST_ALIASES="hidden")
     assert str(caught.value) == "SLM_LIST_ALIASES='hidden' is not a boolean (true/false)"
+
+
+# --- memory pressure -------------------------------------------------------------------------
+
+
+def test_memory_floor_defaults_to_a_gib_or_an_eighth_of_a_small_machine(tmp_path: Path) -> None:
+    memory = settings(tmp_path).memory
+    assert memory.floor_mb == default_floor_mb(physical_memory_mb())
+    assert memory.poll_seconds == 1.0 and memory.simulated_file is None
+    assert default_floor_mb(65536) == 1024
+    assert default_floor_mb(8192) == 1024
+    assert default_floor_mb(4096) == 512
+    assert default_floor_mb(0) == 0
+
+
+def test_memory_floor_and_poll_are_read(tmp_path: Path) -> None:
+    memory = settings(tmp_path, SLM_MEMORY_FLOOR_MB="2048", SLM_MEMORY_POLL_SECONDS="0.2").memory
+    assert (memory.floor_mb, memory.poll_seconds) == (2048, 0.2)
+    assert settings(tmp_path, SLM_MEMORY_FLOOR_MB="0").memory.floor_mb == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SLM_MEMORY_FLOOR_MB": "-1"}, "SLM_MEMORY_FLOOR_MB='-1' must be at least 0"),
+        ({"SLM_MEMORY_FLOOR_MB": "1g"}, "SLM_MEMORY_FLOOR_MB='1g' is not an integer"),
+        ({"SLM_MEMORY_POLL_SECONDS": "0"}, "SLM_MEMORY_POLL_SECONDS='0' must be at least 0.05"),
+    ],
+)
+def test_memory_pressure_settings_are_validated(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SettingsError) as caught:
+        settings(tmp_path, **env)
+    assert str(caught.value) == message
+
+
+def test_a_floor_the_machine_cannot_keep_is_refused(tmp_path: Path) -> None:
+    total = physical_memory_mb()
+    with pytest.raises(SettingsError) as caught:
+        settings(tmp_path, SLM_MEMORY_FLOOR_MB=str(total))
+    assert "less than the machine's physical memory" in str(caught.value)
+
+
+def test_the_simulated_memory_file_cannot_be_turned_on_by_accident(tmp_path: Path) -> None:
+    """The diagnostic source must name a file that exists and says what it is."""
+    path = tmp_path / "free"
+    with pytest.raises(SettingsError) as caught:
+        settings(tmp_path, SLM_MEMORY_SIMULATED_FILE=str(path))
+    assert "cannot be read" in str(caught.value)
+    path.write_text("800\n")
+    with pytest.raises(SettingsError) as caught:
+        settings(tmp_path, SLM_MEMORY_SIMULATED_FILE=str(path))
+    assert "simulated_available_mb <MiB>" in str(caught.value)
+    path.write_text("simulated_available_mb 800\n")
+    assert settings(tmp_path, SLM_MEMORY_SIMULATED_FILE=str(path)).memory.simulated_file == path

@@ -36,8 +36,10 @@ class Info:
         in_force: InForce,
         *,
         list_aliases: bool = True,
+        memory: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.list_aliases = list_aliases
+        self.memory = memory
         self.in_force = in_force
         self.gates = gates
         self.status = status
@@ -196,15 +198,16 @@ class Info:
         return JSONResponse(report, headers=self.in_force.headers())
 
     async def health(self, _request: Request) -> JSONResponse:
-        """``GET /health``: the router itself, and the registry it routes by."""
-        return JSONResponse(
-            {
-                "status": "ok",
-                "models": len(self.registry.entries),
-                "registry": self.in_force.to_json(),
-            },
-            headers=self.in_force.headers(),
-        )
+        """``GET /health``: the router itself, the registry it routes by, and the
+        machine's free memory beside the budget."""
+        body: dict[str, Any] = {
+            "status": "ok",
+            "models": len(self.registry.entries),
+            "registry": self.in_force.to_json(),
+        }
+        if self.memory is not None:
+            body["memory"] = self.memory()
+        return JSONResponse(body, headers=self.in_force.headers())
 
 
 def _as_alias(model: dict[str, Any], name: str) -> dict[str, Any]:

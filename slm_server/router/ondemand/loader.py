@@ -30,6 +30,8 @@ from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.backend_state import StateSource, given_up
 from slm_server.router.dispatch.waits import ClientWatch, Waits, cancel_and_wait, running_loop
 from slm_server.router.ondemand.memory_fit import Holder, Rules, make_room
+from slm_server.router.ondemand.memory_pressure import refusal_reason
+from slm_server.router.ondemand.pressure_watch import PressureWatch
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 
 log = logging.getLogger("slm_server.router")
@@ -104,6 +106,7 @@ class Loader:
         waits: Waits,
         *,
         drain_seconds: float = 30.0,
+        pressure: PressureWatch | None = None,
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
     ) -> None:
@@ -124,6 +127,9 @@ class Loader:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._started = False
+        self.pressure = pressure
+        if pressure is not None:
+            pressure.bind(self.holders, self.wake)
 
     # -- the request path -----------------------------------------------------------
 
@@ -262,6 +268,10 @@ class Loader:
             last = max(last, model.ready_seen_at)
         return last
 
+    def holders(self) -> list[Holder]:
+        """Every model holding memory now (see :meth:`_holders`)."""
+        return self._holders({spec.role: self.state_of(spec) for spec in self.registry.enabled})
+
     def _holders(self, states: Mapping[str, BackendState | None]) -> list[Holder]:
         """Every model holding memory: as published, and the ones this router just
         asked to load (the state file may not show it yet)."""
@@ -349,6 +359,7 @@ class Loader:
                         future.set_result(None)
                 model.waiting = None
             busy = busy or name in ("loading", "unloading") or model.waiting is not None
+        await self._relieve_pressure(states)
         # Waiting models, oldest first; only the oldest may evict (no starvation).
         queue = sorted(
             (m for m in self.models.values() if m.waiting is not None),
@@ -364,6 +375,11 @@ class Loader:
                 continue
             if name not in ("unloaded", "stopped"):
                 continue  # loading, or unloading first: look again next turn
+            pressure = self.pressure
+            if pressure is not None and pressure.below:
+                why = refusal_reason(pressure.free_mb, pressure.floor)
+                self._fail(model, why, "insufficient_memory")
+                continue
             footprint = state.footprint_mb if state is not None else None
             room = make_room(
                 role, footprint or 0, waiting.since, self._holders(states), self.rules, now
@@ -398,6 +414,21 @@ class Loader:
         await self._drop_unwanted_loads(states, now)
         await self._expire_idle(states, now)
         return busy
+
+    async def _relieve_pressure(self, states: Mapping[str, BackendState | None]) -> None:
+        """Unload the idle models the pressure watch's last reading asks to evict
+        (each checked idle again as its gate is paused: a request may have come)."""
+        if self.pressure is None:
+            return
+        for role in self.pressure.take_evictions():
+            model = self.models.get(role)  # (a reload may have removed it)
+            if model is None or model.unload_sent:
+                continue
+            state = states.get(role)
+            footprint = state.footprint_mb if state is not None else None
+            if await self._unload(model, "pressure"):
+                entry = model.spec.entry
+                self.pressure.evicted(role, entry.id, entry.port, footprint or 0)
 
     def _release_drained(self) -> None:
         """Resume a model drained for a waiter that no longer needs its room (it gave

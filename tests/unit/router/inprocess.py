@@ -38,6 +38,7 @@ from slm_server.router.observe.telemetry import Telemetry
 from slm_server.router.reload.follower import POLL_SECONDS, Follower
 from slm_server.router.upstream.client import Probe, UpstreamResponse
 from slm_server.settings import Settings
+from tests.fakes.memory import ScriptedMemory
 from tests.unit.router.door_client import through_door
 
 Step = bytes | BaseException | asyncio.Event
@@ -360,6 +361,7 @@ class Router:
     deps: Dependencies
     settings: Settings
     registry: RegistryFile
+    memory: ScriptedMemory  # the machine's free memory as the router reads it
 
     @property
     def spec(self) -> ModelSpec:
@@ -423,6 +425,7 @@ def make_router(
     registry_file = parse_registry(text, tmp_path / "models.yaml")
     registry = Registry(registry_file.models)
     transport, states, events = FakeTransport(script), FakeStates(), FakeEvents()
+    memory = ScriptedMemory()
     supervisor = FakeSupervisor(states, registry.enabled)
     if not any(spec.entry.load == "on_demand" for spec in registry.enabled):
         states.states.clear()  # no launcher: nothing published
@@ -436,6 +439,7 @@ def make_router(
         metrics=Metrics(registry, states),
         drain=Drain(settings.serving.drain_timeout_seconds),
         commander=supervisor,
+        memory=memory,
     )
     app = create_app(
         settings,
@@ -445,7 +449,7 @@ def make_router(
         version=version_of(text),
         follow_seconds=follow_seconds,
     )
-    return Router(app, transport, states, events, supervisor, deps, settings, registry_file)
+    return Router(app, transport, states, events, supervisor, deps, settings, registry_file, memory)
 
 
 @dataclass
