@@ -11,6 +11,7 @@ docs/dashboard.png is made)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -35,6 +36,9 @@ from tests.processes import free_port
 KEY = "dashboard-key"
 WAIT_SECONDS = 30.0
 NONE = "\N{EN DASH}"  # what the page shows for no value
+# The header's memory: the machine's free memory, its floor, what the models hold and
+# the budget (GET /health's ``memory``).
+MEMORY_SHOWN = r"free \d+ MiB \(floor \d+\) \N{MIDDLE DOT} held \d+ / budget \d+ MiB"
 
 
 @contextmanager
@@ -116,6 +120,11 @@ def exercise(stack: Watched, always: str, lazy: str, alias: str | None = None) -
         version = version_of((stack.tmp / "models.yaml").read_text(encoding="utf-8"))
         shown = driver.find_element(By.ID, "registry")
         page.until(lambda: shown.text.startswith(f"registry {version}"), "the registry shown")
+        memory = driver.find_element(By.ID, "memory")
+        page.until(
+            lambda: re.fullmatch(MEMORY_SHOWN, memory.text) is not None,
+            "the machine's free memory beside the budget",
+        )
         page.until(lambda: page.cell(always, "state") == "ready", f"{always} shown ready")
         page.until(lambda: page.cell(lazy, "state") == "unloaded", f"{lazy} shown unloaded")
         assert page.cell(always, "model") == always_id + (f" ({alias})" if alias else "")

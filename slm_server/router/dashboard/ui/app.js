@@ -1,4 +1,5 @@
-// The slm_server dashboard: polls /v1/backends/health, /health (the registry in force)
+// The slm_server dashboard: polls /v1/backends/health, /health (the registry in force,
+// the machine's free memory)
 // and /v1/ui/requests every POLL_MS, reads one stream of /v1/ui/events, and builds
 // every node with textContent (never as markup): model ids, log lines and event fields
 // are shown as text.
@@ -12,6 +13,7 @@ const BAD_EVENTS = new Set([
   "backend_failure", "backend_exited", "backend_not_running", "restart_failed",
   "backend_abandoned", "process_unkillable", "load_failed", "restart_not_confirmed",
   "port_stray_killed", "state_write_failed", "backend_log_trim_failed",
+  "evicted_for_pressure",
 ]);
 const GOOD_EVENTS = new Set(["restart_succeeded", "restart_confirmed", "backend_loaded"]);
 
@@ -204,6 +206,22 @@ function renderRegistry(registry) {
   shown.title = "the registry the router routes by: " + dash(registry.path);
 }
 
+// The machine's free memory beside the budget and what the models hold; red while it is
+// below the floor (loads refused, idle on-demand models unloaded).
+function renderMemory(memory) {
+  const shown = $("memory");
+  if (!memory) return;
+  let text = "free " + dash(memory.free_mb) + " MiB";
+  if (memory.floor_mb) text += " (floor " + memory.floor_mb + ")";
+  text += " · held " + dash(memory.held_mb) + " / budget " + dash(memory.budget_mb) + " MiB";
+  if (memory.below_floor) text += " · below the floor";
+  if (shown.textContent !== text) shown.textContent = text;
+  shown.classList.toggle("bad", !!memory.below_floor);
+  shown.title = "the machine's free memory (" + dash(memory.source) + ", floor " +
+    dash(memory.floor_mb) + " MiB, loads resume at " + dash(memory.resume_mb) +
+    " MiB) beside what the models hold and the memory budget";
+}
+
 // -- polling --------------------------------------------------------------------------
 
 let pollTimer = null;
@@ -215,7 +233,11 @@ async function pollModels() {
     if (!response.ok) throw new Error("HTTP " + response.status);
     renderModels(await response.json());
     const health = await api("/health");
-    if (health.ok) renderRegistry((await health.json()).registry);
+    if (health.ok) {
+      const body = await health.json();
+      renderRegistry(body.registry);
+      renderMemory(body.memory);
+    }
     const requests = await api("/v1/ui/requests");
     if (requests.ok) renderRequests((await requests.json()).data || []);
     say("updated " + new Date().toLocaleTimeString());
