@@ -66,11 +66,11 @@ class PressureWatch:
     # -- readings -------------------------------------------------------------------
 
     async def read(self) -> Verdict:
-        """Take one reading and act on it."""
+        """Take one reading and act on it (a source that fails gives no reading)."""
         holders = self._holders()
         try:
             free = await asyncio.to_thread(self.source.available_mb)
-        except Exception:  # a source that fails is no reading, never the end of the watch
+        except Exception:
             log.exception("reading the machine's free memory (%s) failed", self.source.name)
             free = None
         return self.observe(free, holders)
@@ -132,7 +132,10 @@ class PressureWatch:
 
     async def _run(self) -> None:
         while True:
-            await self.read()
+            try:
+                await self.read()
+            except Exception:  # one bad reading never ends the watch
+                log.exception("the memory pressure watch failed a reading")
             await asyncio.sleep(self.poll_seconds)
 
     # -- reporting ------------------------------------------------------------------
