@@ -51,6 +51,7 @@ EVENTS = frozenset(
         "backend_loaded",
         "backend_unloaded",
         "load_failed",
+        "memory_grew",
         "remote_ejected",
         "remote_readmitted",
         "config_reload_requested",
