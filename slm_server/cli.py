@@ -49,7 +49,8 @@ def cmd_check(settings: Settings) -> int:
     path = settings.config_path
     registry = inspect_registry(read_registry_text(path), path)
     tools = Toolchain.discover(settings.llama_server_bin)
-    plans, failures = plan_registry(registry, tools, settings.log_dir)
+    budget = settings.memory.budget_mb
+    plans, failures = plan_registry(registry, tools, settings.log_dir, budget_mb=budget)
     for warning in registry.warnings:
         print(warning)
     for spec in registry.models:
@@ -59,7 +60,6 @@ def cmd_check(settings: Settings) -> int:
             name = remote.missing_key(spec.entry, load_environment())
             key = f"; {name} is not set, no key will be sent" if name is not None else ""
             print(f"{spec.role} ({spec.entry.id}) -> remote {remote.shown_url(spec.entry)}{key}")
-    budget = settings.memory.budget_mb
     memory_problems: list[Problem] = []
     always_mb = 0
     by_role = {spec.role: spec for spec in registry.models}
@@ -67,7 +67,7 @@ def cmd_check(settings: Settings) -> int:
         print(f"{plan.role} ({plan.model_id}) -> {plan.host}:{plan.port}, log {plan.log_path}")
         print("  " + " ".join(_quote(arg) for arg in plan.argv))
         spec = by_role[plan.role]
-        needed, shown = _footprint(spec.entry)
+        needed, shown = _footprint(spec.entry, plan.prompt_cache_mb)
         print(f"  memory: {shown}; load: {spec.entry.load}")
         if needed is not None and needed > budget:
             memory_problems.append(
@@ -100,16 +100,23 @@ def cmd_check(settings: Settings) -> int:
     return 0
 
 
-def _footprint(entry: ModelEntry) -> tuple[int | None, str]:
+def _footprint(entry: ModelEntry, prompt_cache_mb: int | None) -> tuple[int | None, str]:
     """The footprint ``check`` judges an entry by (its ``memory_mb``, else the
-    estimate), and how to show it."""
+    estimate and what its prompt cache may hold), and how to show it."""
     if entry.memory_mb is not None:
         return entry.memory_mb, f"{entry.memory_mb} MiB (memory_mb)"
+    if prompt_cache_mb is None:
+        cache = "; prompt cache unbounded (cache_ram: -1), not within the memory budget"
+    elif prompt_cache_mb:
+        cache = f" + prompt cache {prompt_cache_mb} MiB (--cache-ram)"
+    else:
+        cache = ""
     try:
         estimate = estimate_entry(entry)
     except NoEstimate as exc:
-        return None, f"no estimate ({exc})"
-    return estimate.mb, f"~{estimate.mb} MiB estimated ({estimate.detail})"
+        return None, f"no estimate ({exc}){cache}"
+    needed = estimate.mb + (prompt_cache_mb or 0)
+    return needed, f"~{needed} MiB: ~{estimate.mb} MiB estimated ({estimate.detail}){cache}"
 
 
 def _quote(arg: str) -> str:
@@ -219,11 +226,21 @@ def _router_view(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def _memory(b: BackendState) -> str:
-    """The footprint a backend is admitted by: measured, or ``~`` an estimate."""
+    """The footprint a backend is admitted by (its prompt cache's allowance included):
+    measured, or ``~`` an estimate."""
     if b.footprint_mb is None:
         return "-"
-    estimated = b.memory_measured_mb is None or b.footprint_mb != b.memory_measured_mb
+    measured = b.memory_measured_mb
+    estimated = measured is None or b.footprint_mb != measured + (b.prompt_cache_mb or 0)
     return f"{'~' if estimated else ''}{b.footprint_mb}M"
+
+
+def _resident(b: BackendState) -> str:
+    """Its resident memory at the last measure; ``!`` when above its footprint."""
+    if b.memory_resident_mb is None:
+        return "-"
+    above = b.footprint_mb is not None and b.memory_resident_mb > b.footprint_mb
+    return f"{b.memory_resident_mb}M{'!' if above else ''}"
 
 
 def _print_table(
@@ -244,6 +261,7 @@ def _print_table(
         "PID",
         "UPTIME",
         "MEMORY",
+        "RESIDENT",
         "LOAD",
         "TTL LEFT",
         "RESTARTS",
@@ -272,6 +290,7 @@ def _print_table(
                 str(b.pid) if b.pid is not None and alive else "-",
                 uptime,
                 _memory(b),
+                _resident(b),
                 b.load,
                 _duration(left) if isinstance(left, int | float) else "-",
                 str(b.restarts),
@@ -285,6 +304,13 @@ def _print_table(
             if b.last_restart_reason:
                 why = f"{why} (last restart: {b.last_restart_reason})".strip()
             notes.append(f"  {b.role}: {why}")
+        if b.prompt_cache_mb is None:
+            notes.append(f"  {b.role}: prompt cache unbounded (cache_ram: -1)")
+        if _resident(b).endswith("!"):
+            notes.append(
+                f"  {b.role}: resident {b.memory_resident_mb} MiB, above the "
+                f"{b.footprint_mb} MiB it is admitted by"
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))

@@ -51,6 +51,7 @@ EVENTS = frozenset(
         "backend_loaded",
         "backend_unloaded",
         "load_failed",
+        "memory_grew",
         "memory_pressure",
         "evicted_for_pressure",
         "remote_ejected",

@@ -129,6 +129,10 @@ class BackendState:
     memory_measured_mb: int | None = None
     footprint_mb: int | None = None
     loaded_at: float | None = None
+    # What its prompt cache may hold (MiB, in ``footprint_mb``; None: unbounded), and
+    # the resident memory of its process tree at the last sweep while ready.
+    prompt_cache_mb: int | None = 0
+    memory_resident_mb: int | None = None
     # A remote (backend ``remote``): its url (no credentials), and while it is
     # ``ejected`` until when (wall clock) and how many ejections in a row it is on.
     url: str | None = None

@@ -1,7 +1,8 @@
 """A registry entry's memory footprint before it is started: its files resolved as the
 launch resolves them, estimated by :mod:`slm_server.memory.estimate`, and the key under
 which a measured footprint is remembered (:class:`~slm_server.memory.store.FootprintKey`:
-a different file, context or concurrency is a different footprint)."""
+a different file, context or concurrency is a different footprint), and the size its
+prompt cache is given (:mod:`slm_server.memory.prompt_cache`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from slm_server.config import ModelEntry
 from slm_server.launch.llama_argv import kv_cache_types
+from slm_server.memory import prompt_cache
 from slm_server.memory.estimate import Estimate, EstimateError, estimate_gguf, estimate_mlx
 from slm_server.memory.store import FootprintKey
 from slm_server.model_path import ModelPathError, resolve_file_field, resolve_model_path
@@ -66,6 +68,27 @@ def estimate_entry(entry: ModelEntry) -> Estimate:
         raise NoEstimate(str(exc)) from None
 
 
+def caches_prompts(entry: ModelEntry, native: bool) -> bool:
+    """Whether the entry's server keeps a prompt cache in memory: a native llama-server
+    generating text (see :mod:`slm_server.memory.prompt_cache` for the others)."""
+    generates = entry.model_type not in ("embeddings", "rerank")
+    return entry.backend == "llamacpp" and native and generates
+
+
+def prompt_cache_mb(entry: ModelEntry, native: bool, budget_mb: int) -> int | None:
+    """The most the entry's prompt cache holds, in MiB (0: it keeps none; ``None``:
+    unbounded, ``cache_ram: -1``)."""
+    if not caches_prompts(entry, native):
+        return 0
+    kv_mb = None
+    if entry.cache_ram is None:
+        try:
+            kv_mb = estimate_entry(entry).kv_mb
+        except NoEstimate:
+            kv_mb = None
+    return prompt_cache.size_mb(entry.cache_ram, kv_mb, budget_mb)
+
+
 def footprint_key(entry: ModelEntry) -> FootprintKey | None:
     """The key a measured footprint of this entry is remembered under; None when its
     model is not a local file."""
@@ -90,4 +113,10 @@ def footprint_key(entry: ModelEntry) -> FootprintKey | None:
         return None
 
 
-__all__ = ["NoEstimate", "estimate_entry", "footprint_key"]
+__all__ = [
+    "NoEstimate",
+    "caches_prompts",
+    "estimate_entry",
+    "footprint_key",
+    "prompt_cache_mb",
+]

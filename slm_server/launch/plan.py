@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slm_server.config import NATIVE_ONLY_FIELDS, ModelSpec, Problem, RegistryFile
+from slm_server.config import NATIVE_ONLY_FIELDS, ModelEntry, ModelSpec, Problem, RegistryFile
+from slm_server.launch.footprint import prompt_cache_mb
 from slm_server.launch.llama_argv import (
     ModelFiles,
     native_argv,
@@ -54,6 +55,9 @@ class LaunchPlan:
     # defaults, which it cannot take as flags).
     kind: str = ""
     request_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # The most its prompt cache may hold (MiB; None: unbounded), counted in its
+    # footprint (see slm_server.memory.prompt_cache).
+    prompt_cache_mb: int | None = 0
 
     @property
     def health_url(self) -> str:
@@ -120,7 +124,18 @@ def _llama_files(spec: ModelSpec, model: str, source: str) -> ModelFiles:
     )
 
 
-def _llama_argv(spec: ModelSpec, model: str, tools: Toolchain, source: str) -> list[str]:
+def _sized_cache(entry: ModelEntry, budget_mb: int) -> ModelEntry:
+    """``entry`` with its prompt cache's size filled in (``--cache-ram``), when the
+    registry leaves it to us."""
+    if entry.cache_ram is not None:
+        return entry
+    size = prompt_cache_mb(entry, True, budget_mb)
+    return entry.model_copy(update={"cache_ram": size})
+
+
+def _llama_argv(
+    spec: ModelSpec, model: str, tools: Toolchain, source: str, budget_mb: int
+) -> list[str]:
     entry = spec.entry
     if tools.llama is None:
         raise PlanError([Problem(source, spec.label, "backend", tools.llama_error or "")])
@@ -143,7 +158,7 @@ def _llama_argv(spec: ModelSpec, model: str, tools: Toolchain, source: str) -> l
             )
     files = _llama_files(spec, model, source)
     if tools.llama.is_native:
-        return native_argv(tools.llama.program, entry, files)
+        return native_argv(tools.llama.program, _sized_cache(entry, budget_mb), files)
     return python_argv(tools.llama.program, entry, files)
 
 
@@ -155,8 +170,11 @@ def health_path(spec: ModelSpec, tools: Toolchain) -> str:
     return "/health"
 
 
-def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -> LaunchPlan:
-    """The launch plan for one entry; raises :class:`PlanError` naming every problem."""
+def plan_launch(
+    spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str, *, budget_mb: int
+) -> LaunchPlan:
+    """The launch plan for one entry under a memory budget of ``budget_mb`` (which
+    sizes its prompt cache); raises :class:`PlanError` naming every problem."""
     entry = spec.entry
     try:
         model = resolve_model_path(entry)
@@ -164,9 +182,11 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
         problem = Problem(source, spec.label, exc.field, exc.message)
         raise PlanError([problem], missing=exc.missing) from None
     defaults: dict[str, Any] = {}
+    cache_mb: int | None = 0
     if entry.backend == "llamacpp":
-        argv = _llama_argv(spec, model, tools, source)
+        argv = _llama_argv(spec, model, tools, source, budget_mb)
         native = tools.llama is not None and tools.llama.is_native
+        cache_mb = prompt_cache_mb(entry, native, budget_mb)
         kind = "llama-server" if native else "llama_cpp.server"
         defaults = {} if native else python_request_defaults(entry)
     elif entry.backend == "mlx":
@@ -204,11 +224,12 @@ def plan_launch(spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str) -
         health_path=health_path(spec, tools),
         kind=kind,
         request_defaults=defaults,
+        prompt_cache_mb=cache_mb,
     )
 
 
 def plan_registry(
-    registry: RegistryFile, tools: Toolchain, log_dir: Path
+    registry: RegistryFile, tools: Toolchain, log_dir: Path, *, budget_mb: int
 ) -> tuple[list[LaunchPlan], list[tuple[ModelSpec, PlanError]]]:
     """Plans for every enabled entry but the remotes (nothing is started for one), and
     the entries that cannot be planned."""
@@ -218,7 +239,7 @@ def plan_registry(
         if spec.entry.remote:
             continue
         try:
-            plans.append(plan_launch(spec, tools, log_dir, str(registry.path)))
+            plans.append(plan_launch(spec, tools, log_dir, str(registry.path), budget_mb=budget_mb))
         except PlanError as exc:
             failures.append((spec, exc))
     return plans, failures

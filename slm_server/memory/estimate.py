@@ -43,8 +43,8 @@ the feed-forward width, the logits buffer with the slots. Over twelve configurat
 resident set once ready, and within -1 to +4 % of it after a first request.
 
 It deliberately ignores: GPU offload (the weights and cache are counted once, as
-host memory), the prompt cache the server fills with use (``--cache-ram``, up to
-8 GiB by default: it grows after the load was measured), context checkpoints, the
+host memory), the prompt cache the server fills with use (``--cache-ram``: sized and
+added to the footprint by ``prompt_cache.py``), context checkpoints, the
 mmproj's compute buffer, architecture-specific caches (shared-KV layers, MLA,
 indexer and recurrent state caches: counted as ordinary caches from the metadata,
 which may be off either way), and memory pressure evicting mmap-ed weights.

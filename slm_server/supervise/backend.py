@@ -12,16 +12,21 @@ from slm_server.supervise.control import Child
 from slm_server.supervise.decide import Lifecycle
 
 
-def admitted_mb(entry: ModelEntry, measured: int | None, estimate: int | None) -> int | None:
+def admitted_mb(
+    entry: ModelEntry, measured: int | None, estimate: int | None, prompt_cache: int | None
+) -> int | None:
     """What the router admits a backend by: the registry's ``memory_mb``, else the
-    footprint measured at its last load, else the estimate. Where resident memory
-    misses GPU memory (macOS: Metal's wired memory), the larger of the measured and the
-    estimate."""
+    footprint measured at its last load, else the estimate, plus what its prompt cache
+    may grow to (an unbounded one, ``cache_ram: -1``, adds nothing: it cannot be
+    budgeted). Where resident memory misses GPU memory (macOS: Metal's wired memory),
+    the larger of the measured and the estimate."""
     if entry.memory_mb is not None:
         return entry.memory_mb
     if measured is None or estimate is None:
-        return measured if measured is not None else estimate
-    return measured if measure.RSS_COUNTS_GPU_MEMORY else max(measured, estimate)
+        base = measured if measured is not None else estimate
+    else:
+        base = measured if measure.RSS_COUNTS_GPU_MEMORY else max(measured, estimate)
+    return None if base is None else base + (prompt_cache or 0)
 
 
 class Backend:
@@ -33,12 +38,15 @@ class Backend:
         self.plan: LaunchPlan | None = None
         self.child: Child | None = None
         self.estimate_mb: int | None = None  # the footprint expected before a load
+        self.prompt_cache_mb: int | None = 0  # what its prompt cache may hold (None: no limit)
         self.footprint_key: FootprintKey | None = None  # where its measurement is kept
 
     @property
     def footprint_mb(self) -> int | None:
         """What the router admits this backend by (:func:`admitted_mb`)."""
-        return admitted_mb(self.spec.entry, self.life.measured_mb, self.estimate_mb)
+        return admitted_mb(
+            self.spec.entry, self.life.measured_mb, self.estimate_mb, self.prompt_cache_mb
+        )
 
     @property
     def role(self) -> str:

@@ -85,8 +85,8 @@ class Policy:
     future_tolerance_seconds: float = 1.0
     # A starting backend's /health is probed at most this often, one probe at a time.
     probe_interval_seconds: float = 0.0
-    # A ready backend measured above its footprint by more than this factor is
-    # remembered at its new size.
+    # A ready backend measured above its admitted footprint by more than this factor
+    # is reported (memory_grew) and remembered at its new size.
     remeasure_growth: float = 1.05
 
 
@@ -110,7 +110,12 @@ class Lifecycle:
     last_exit: str | None = None
     last_restart_reason: str | None = None
     on_demand: bool = False  # ``load: on_demand``: may be loaded and unloaded
-    measured_mb: int | None = None  # resident footprint measured when it became ready
+    # Resident footprint measured when it became ready (its prompt cache still empty),
+    # raised when serving outgrows what it is admitted by; the latest measure; the
+    # resident size last reported as growth (memory_grew).
+    measured_mb: int | None = None
+    resident_mb: int | None = None
+    grown_mb: int | None = None
     loaded_wall: float | None = None  # wall clock of the last time it became ready
     enabled: bool = True  # the registry's ``enabled``: DISABLED from the start if not
     begun: bool = False  # :class:`Begin` chose its first phase
@@ -175,10 +180,14 @@ class ProbeLost:
 
 @dataclass(frozen=True)
 class Measured:
-    """A ready backend's process tree was measured again: ``resident_mb``."""
+    """A ready backend's process tree was measured again: ``resident_mb``, against the
+    footprint it is admitted by (``admitted_mb``) of which ``prompt_cache_mb`` is what
+    its prompt cache may fill (``None``: unbounded)."""
 
     role: str
     resident_mb: int
+    admitted_mb: int | None = None
+    prompt_cache_mb: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -542,6 +551,7 @@ class _Decision:
             self.move(life, Ready())
             life.loaded_wall = self.wall
             life.reloaded = False
+            life.resident_mb, life.grown_mb = probe.resident_mb, None
             if probe.resident_mb is not None:
                 life.measured_mb = probe.resident_mb
             self.log(
@@ -644,15 +654,39 @@ class _Decision:
         else:
             self.actions.append(Answer(False, state, f"cannot {op} while {state}"))
 
-    # Ready: a footprint grown past ``remeasure_growth`` of the known one is kept.
+    # Ready: the measure is kept for the state file. Resident memory above the admitted
+    # footprint raises the measured part to cover it (the prompt cache may be full, so
+    # at least ``resident - prompt cache`` is not cache); above it by more than
+    # ``remeasure_growth`` (and by as much above the last such report) it is an event,
+    # and the new size is remembered.
     def measured(self, life: Lifecycle, measure: Measured) -> None:
         if life.state is not State.READY or not life.alive:
             return
-        known, resident = life.measured_mb, measure.resident_mb
-        if known is not None and resident <= known * self.policy.remeasure_growth:
+        resident, admitted = measure.resident_mb, measure.admitted_mb
+        life.resident_mb = resident
+        if admitted is None:
+            if life.measured_mb is None:  # nothing known at all: this is the footprint
+                life.measured_mb = resident
+                self.actions.append(Remember(life.role, resident))
             return
-        life.measured_mb = resident
-        self.actions.append(Remember(life.role, resident))
+        if resident <= admitted:
+            return
+        not_cache = resident - (measure.prompt_cache_mb or 0)
+        life.measured_mb = max(life.measured_mb or 0, not_cache)
+        growth = self.policy.remeasure_growth
+        if resident <= admitted * growth:
+            return
+        if life.grown_mb is not None and resident <= life.grown_mb * growth:
+            return
+        life.grown_mb = resident
+        self.emit(
+            "memory_grew",
+            **life.ids(),
+            resident_mb=resident,
+            admitted_mb=admitted,
+            prompt_cache_mb=measure.prompt_cache_mb,
+        )
+        self.actions.append(Remember(life.role, life.measured_mb))
 
     # Confirming -> Restarting when the evidence says the backend cannot serve;
     # Confirming -> Ready otherwise (the trip is logged as not confirmed).

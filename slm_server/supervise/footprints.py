@@ -1,7 +1,7 @@
-"""What each backend weighs: the estimate from its files and settings, the resident
-memory measured when it became ready or grew while serving (decided by
-:mod:`~slm_server.supervise.decide`: :class:`Measured`, :class:`Remember`), and the
-store that remembers a measurement across runs."""
+"""What each backend weighs: the estimate from its files and settings, the size its
+prompt cache is given, the resident memory measured when it became ready or grew while
+serving (decided by :mod:`~slm_server.supervise.decide`: :class:`Measured`,
+:class:`Remember`), and the store that remembers a measurement across runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from slm_server.config import ModelSpec
 from slm_server.contracts.states import State
-from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key
+from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key, prompt_cache_mb
 from slm_server.memory.store import FootprintKey, FootprintStore
 from slm_server.supervise.backend import Backend
 from slm_server.supervise.control import ProcessControl
@@ -24,21 +24,33 @@ log = logging.getLogger("slm_server.supervisor")
 
 @dataclass(frozen=True)
 class Expected:
-    """Where an entry's footprint is kept, its estimate, and the one remembered from an
-    earlier load of the same files and settings."""
+    """Where an entry's footprint is kept, its estimate, the one remembered from an
+    earlier load of the same files and settings (both without the prompt cache), and
+    its prompt cache's size (``None``: unbounded)."""
 
     key: FootprintKey | None = None
     estimate_mb: int | None = None
     remembered_mb: int | None = None
+    prompt_cache_mb: int | None = 0
 
 
 class Footprints:
     """Estimates, measurements and the store, through the process control."""
 
-    def __init__(self, path: Path, control: ProcessControl, chores: ChoreErrors) -> None:
+    def __init__(
+        self,
+        path: Path,
+        control: ProcessControl,
+        chores: ChoreErrors,
+        *,
+        native: bool,
+        budget_mb: int,
+    ) -> None:
         self.store = FootprintStore(path)
         self.control = control
         self.chores = chores
+        self.native = native  # whether llama.cpp entries run the native llama-server
+        self.budget_mb = budget_mb
 
     def expect(self, spec: ModelSpec) -> Expected:
         entry = spec.entry
@@ -49,7 +61,8 @@ class Footprints:
             estimate = estimate_entry(entry).mb
         except NoEstimate as exc:
             log.info("no memory estimate for %s (%s): %s", spec.role, entry.id, exc)
-        return Expected(key, estimate, remembered)
+        cache = prompt_cache_mb(entry, self.native, self.budget_mb)
+        return Expected(key, estimate, remembered, cache)
 
     def measure(self, backends: Iterable[Backend]) -> list[Measured]:
         """Serving grows a backend (buffers on its first requests, the prompt cache):
@@ -61,7 +74,8 @@ class Footprints:
                 continue
             resident = self.control.resident_mb(child.pid)
             if resident is not None:
-                found.append(Measured(backend.role, resident))
+                admitted, cache = backend.footprint_mb, backend.prompt_cache_mb
+                found.append(Measured(backend.role, resident, admitted, cache))
         return found
 
     def remember(self, backend: Backend, resident_mb: int) -> None:

@@ -60,7 +60,7 @@ class Prepared:
 
 
 def plan_all(
-    registry: RegistryFile, tools: Toolchain, log_dir: Path
+    registry: RegistryFile, tools: Toolchain, log_dir: Path, *, budget_mb: int
 ) -> tuple[dict[str, LaunchPlan], dict[str, LaunchKey], list[str]]:
     """Plans and launch keys for every backend of ``registry``, and the problems of
     the entries that cannot be planned."""
@@ -71,7 +71,9 @@ def plan_all(
         entry = spec.entry
         if entry.enabled and not entry.remote:
             try:
-                plans[spec.role] = plan_launch(spec, tools, log_dir, str(registry.path))
+                plans[spec.role] = plan_launch(
+                    spec, tools, log_dir, str(registry.path), budget_mb=budget_mb
+                )
             except PlanError as exc:
                 problems += [str(p) for p in exc.problems]
                 keys[spec.role] = ("unplanned", entry.model_dump_json())
@@ -85,6 +87,8 @@ def prepare(
     running: Mapping[str, LaunchKey],
     tools: Toolchain,
     log_dir: Path,
+    *,
+    budget_mb: int,
 ) -> Prepared | Refusal:
     """Read and validate the registry at ``path`` and diff it against the ``running``
     launch keys; a :class:`Refusal` naming every problem when it cannot be used."""
@@ -94,7 +98,7 @@ def prepare(
     except ConfigError as exc:
         return Refusal("invalid", tuple(str(p) for p in exc.problems))
     problems = [str(p) for p in registry.problems]
-    plans, keys, plan_problems = plan_all(registry, tools, log_dir)
+    plans, keys, plan_problems = plan_all(registry, tools, log_dir, budget_mb=budget_mb)
     problems += plan_problems
     if problems:
         return Refusal("invalid", tuple(problems))

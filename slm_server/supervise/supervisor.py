@@ -125,7 +125,13 @@ class Supervisor:
         self._wake: asyncio.Event | None = None
         chores = ChoreErrors(self.events)
         self.publisher = Publisher(settings, chores, clock, wall)
-        self.footprints = Footprints(settings.footprints_path, self.control, chores)
+        self.footprints = Footprints(
+            settings.footprints_path,
+            self.control,
+            chores,
+            native=self.tools.llama is not None and self.tools.llama.is_native,
+            budget_mb=settings.memory.budget_mb,
+        )
         self.housekeeping = Housekeeping(settings, self.control, self.events, chores)
         self.commands = CommandSocket(settings.log_dir)
         remotes = [s for s in registry.enabled if s.entry.remote]
@@ -302,7 +308,13 @@ class Supervisor:
         """Plan and spawn the backend; reports :class:`Launched`."""
         spec = backend.spec
         try:
-            plan = plan_launch(spec, self.tools, self.settings.log_dir, str(self.registry.path))
+            plan = plan_launch(
+                spec,
+                self.tools,
+                self.settings.log_dir,
+                str(self.registry.path),
+                budget_mb=self.settings.memory.budget_mb,
+            )
         except PlanError as exc:
             reason = "; ".join(p.message for p in exc.problems)
             if exc.missing:
@@ -492,6 +504,7 @@ class Supervisor:
         )
         backend = Backend(spec, life)
         backend.footprint_key, backend.estimate_mb = expected.key, expected.estimate_mb
+        backend.prompt_cache_mb = expected.prompt_cache_mb
         return backend
 
     def stamp_registry(self) -> None:
@@ -503,7 +516,12 @@ class Supervisor:
                 text = self.registry.path.read_text(encoding="utf-8")
             except OSError:
                 text = None
-        _plans, self.keys, _problems = plan_all(self.registry, self.tools, self.settings.log_dir)
+        _plans, self.keys, _problems = plan_all(
+            self.registry,
+            self.tools,
+            self.settings.log_dir,
+            budget_mb=self.settings.memory.budget_mb,
+        )
         if text is not None:
             self.registry_text = text
             self.publish_registry(text, 1)
@@ -541,7 +559,11 @@ class Supervisor:
             else:
                 self.apply(core.Requested(request))
         for measured in self.footprints.measure(self.backends.values()):
+            life = self.backends[measured.role].life
+            before = (life.resident_mb, life.measured_mb)
             self.apply(measured)
+            if (life.resident_mb, life.measured_mb) != before:
+                self.dirty = True
         self.housekeeping.trim_logs(self.backends.values())
 
     def running(self) -> bool:
@@ -661,7 +683,13 @@ class Supervisor:
         if self.stopping.is_set():
             return self.refuse(source, Refusal("stopping", ()))
         try:
-            prepared = prepare(path, self.keys, self.tools, self.settings.log_dir)
+            prepared = prepare(
+                path,
+                self.keys,
+                self.tools,
+                self.settings.log_dir,
+                budget_mb=self.settings.memory.budget_mb,
+            )
             found = [] if isinstance(prepared, Refusal) else self.conflicts(prepared)
         except Exception as exc:  # a bug must not take supervision down with it
             log.exception("reload of %s failed", path)
@@ -741,7 +769,9 @@ class Supervisor:
         if running is not None and key is not None and running.spec.entry == spec.entry:
             return running.footprint_mb
         expected = self.footprints.expect(spec)
-        return admitted_mb(spec.entry, expected.remembered_mb, expected.estimate_mb)
+        return admitted_mb(
+            spec.entry, expected.remembered_mb, expected.estimate_mb, expected.prompt_cache_mb
+        )
 
     def port_taken(self, spec: ModelSpec, plan: LaunchPlan) -> str | None:
         """Who holds ``plan``'s port when it is not a process of ours. A port one of

@@ -574,7 +574,9 @@ def test_always_models_are_never_unloaded_to_make_room(tmp_path: Path) -> None:
 def test_a_measured_footprint_is_remembered_across_a_restart_of_backends(tmp_path: Path) -> None:
     """The fake holds 150 MiB for real: its RSS is measured at load, published, written
     to logs/footprints.json, read back by the next launcher before any load, and then
-    used for admission (a budget below it refuses the load at once)."""
+    used for admission with its prompt cache's size on top (a fake model file cannot
+    be estimated, so the cache is an eighth of the budget, at most 8192 MiB): a budget
+    below that refuses the load at once."""
     models = {"heavy": on_demand(tmp_path, "heavy", {"footprint_mb": 150})}
     with gateway(tmp_path, models) as stack:
         assert stack.state("heavy")["memory_measured_mb"] is None
@@ -582,8 +584,10 @@ def test_a_measured_footprint_is_remembered_across_a_restart_of_backends(tmp_pat
         assert loaded.status_code == 200, loaded.text
         measured = stack.state("heavy")["memory_measured_mb"]
         assert isinstance(measured, int) and 150 <= measured < 400, measured
-        assert stack.state("heavy")["footprint_mb"] == measured
+        assert stack.state("heavy")["prompt_cache_mb"] == 8192  # 100000 // 8, capped
+        assert stack.state("heavy")["footprint_mb"] == measured + 8192
         assert loaded.json()["status"]["memory_mb"]["measured"] == measured
+        assert loaded.json()["status"]["memory_mb"]["prompt_cache"] == 8192
         event = stack.wait_event("backend_loaded", role="heavy")
         assert event["memory_measured_mb"] == measured
         store = json.loads((stack.log_dir / "footprints.json").read_text())
@@ -593,13 +597,16 @@ def test_a_measured_footprint_is_remembered_across_a_restart_of_backends(tmp_pat
         state = stack.state("heavy")
         assert state["state"] == "unloaded" and state["pid"] is None
         assert state["memory_measured_mb"] == measured, state
-        assert state["footprint_mb"] == measured, state
-        assert status(stack, "fake-heavy")["memory_mb"]["admitted_as"] == measured
+        cache = (measured - 1) // 8
+        assert state["prompt_cache_mb"] == cache, state
+        assert state["footprint_mb"] == measured + cache, state
+        assert status(stack, "fake-heavy")["memory_mb"]["admitted_as"] == measured + cache
         started = time.monotonic()
         refused = chat(stack, "fake-heavy")
         assert time.monotonic() - started < 2
         assert refused.status_code == 503 and code_of(refused) == "insufficient_memory"
-        assert f"needs {measured} MiB" in refused.json()["error"]["message"], refused.text
+        needs = f"needs {measured + cache} MiB"
+        assert needs in refused.json()["error"]["message"], refused.text
         assert len(stack.events("backend_loading")) == 1  # the first run's only
 
 

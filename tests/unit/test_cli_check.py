@@ -178,6 +178,8 @@ def valid_registry(sb: Sandbox) -> Launch:
             "spare": entry("spare-model", 8601, sb.models / "absent.gguf", enabled=False),
         }
     )
+    # Its share sizes the prompt cache of a model it cannot estimate: 8000 // 8.
+    (sb.root / "absent.env").write_text("SLM_MEMORY_BUDGET_MB=8000\n", encoding="utf-8")
     return Launch(llama_bin=sb.fake_llama)
 
 
@@ -293,6 +295,9 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
     # Empty stand-in model files: no GGUF to estimate from, and check says so.
     assert len(memory) == 2 and all("no estimate" in line for line in memory)
     assert all(line.endswith("; load: always") for line in memory)
+    # The chat model's prompt cache is sized and counted; the embedder keeps none.
+    assert "+ prompt cache 1000 MiB (--cache-ram)" in memory[0]
+    assert "prompt cache" not in memory[1]
     assert argv_lines[0] == [
         str(sandbox.fake_llama),
         "--model",
@@ -313,6 +318,8 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
         '{"enable_thinking": false}',
         "--temp",
         "0.7",
+        "--cache-ram",
+        "1000",
         "--cache-type-k",
         "q8_0",
         "--cache-type-v",
@@ -322,6 +329,7 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
     ]
     assert argv_lines[1][:3] == [str(sandbox.fake_llama), "--model", str(model)]
     assert "--embedding" in argv_lines[1]
+    assert argv_lines[1][argv_lines[1].index("--cache-ram") + 1] == "0"
     assert len(argv_lines) == 2
     assert f"llama.cpp server: {sandbox.fake_llama} (native, from SLM_LLAMA_SERVER_BIN)" in lines
     assert lines[-1] == f"{sandbox.config}: 2 model(s) ready to launch"

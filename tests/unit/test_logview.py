@@ -177,6 +177,10 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         {**BACKEND, "pid": 41220, "reason": "evicted", "for_model": "qwen3-coder", "seconds": 0.4},
         f"{NAMED}  pid=41220 reason=evicted for_model=qwen3-coder seconds=0.4",
     ),
+    "memory_grew": (
+        {**BACKEND, "resident_mb": 1340, "admitted_mb": 1200, "prompt_cache_mb": 1000},
+        f"{NAMED}  resident=1340MB admitted=1200MB prompt_cache=1000MB",
+    ),
     "load_failed": (
         {**BACKEND, "reason": "exited with status 1 while loading"},
         f'{NAMED}  reason="exited with status 1 while loading"',

@@ -622,6 +622,8 @@ class Loader:
                 "estimate": state.memory_estimate_mb if state is not None else None,
                 "measured": state.memory_measured_mb if state is not None else None,
                 "admitted_as": state.footprint_mb if state is not None else entry.memory_mb,
+                "prompt_cache": state.prompt_cache_mb if state is not None else None,
+                "resident": state.memory_resident_mb if state is not None else None,
                 "budget": self.rules.budget_mb,
             },
             "loaded_at": state.loaded_at if state is not None else None,

@@ -18,6 +18,7 @@ NATIVE = LlamaRuntime("native", "/opt/llama/llama-server", "test")
 PYTHON = LlamaRuntime("python", sys.executable, "test")
 MLX_SERVER = "/opt/mlx/mlx-openai-server"
 SOURCE = "/cfg/models.yaml"
+BUDGET_MB = 8000
 FALLBACK_MESSAGE = (
     "needs the native llama-server, but only the Python fallback "
     "(llama_cpp.server) is available; run scripts/build_llama.sh"
@@ -59,12 +60,12 @@ def log_dir(tmp_path: Path) -> Path:
 
 
 def plan(s: ModelSpec, toolchain: Toolchain, log_dir: Path) -> LaunchPlan:
-    return plan_launch(s, toolchain, log_dir, SOURCE)
+    return plan_launch(s, toolchain, log_dir, SOURCE, budget_mb=BUDGET_MB)
 
 
 def plan_problems(s: ModelSpec, toolchain: Toolchain, log_dir: Path) -> list[str]:
     with pytest.raises(PlanError) as caught:
-        plan_launch(s, toolchain, log_dir, SOURCE)
+        plan_launch(s, toolchain, log_dir, SOURCE, budget_mb=BUDGET_MB)
     lines = [str(p) for p in caught.value.problems]
     assert str(caught.value) == "\n".join(lines)
     return lines
@@ -474,14 +475,16 @@ def test_plan_registry(model: Path, log_dir: Path, tmp_path: Path) -> None:
     off = spec(role="off", index=2, id="c", port=8503, enabled=False, model_path="/gone.gguf")
     ok2 = spec(role="ok2", index=3, id="d", port=8504, model_path=str(model))
     registry = RegistryFile(path=Path("/etc/reg.yaml"), models=(ok, broken, off, ok2))
-    plans, failures = plan_registry(registry, tools(), log_dir)
+    plans, failures = plan_registry(registry, tools(), log_dir, budget_mb=BUDGET_MB)
     assert [p.role for p in plans] == ["ok", "ok2"]
     assert [(s.role, e.missing) for s, e in failures] == [("broken", True)]
     assert str(failures[0][1].problems[0]).startswith("/etc/reg.yaml: model 'broken' (id 'b')")
 
 
 def test_plan_registry_empty(log_dir: Path) -> None:
-    assert plan_registry(RegistryFile(path=Path("r.yaml"), models=()), tools(), log_dir) == (
+    assert plan_registry(
+        RegistryFile(path=Path("r.yaml"), models=()), tools(), log_dir, budget_mb=BUDGET_MB
+    ) == (
         [],
         [],
     )

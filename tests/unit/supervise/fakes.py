@@ -181,6 +181,12 @@ def port(index: int) -> int:
     return 8601 + index
 
 
+# The memory budget of every supervisor made here: a model file that is not GGUF has no
+# estimate, so its prompt cache is the budget's share alone (PROMPT_CACHE_MB).
+BUDGET_MB = 8000
+PROMPT_CACHE_MB = BUDGET_MB // 8
+
+
 def make(
     tmp_path: Path,
     roles: tuple[str, ...] = ("a",),
@@ -200,6 +206,7 @@ def make(
         "SLM_WATCHDOG_RESTART_COOLDOWN_SECONDS": "0",
         "SLM_WATCHDOG_STARTUP_GRACE_SECONDS": "0",
         "SLM_WATCHDOG_SWEEP_SECONDS": "0.05",
+        "SLM_MEMORY_BUDGET_MB": str(BUDGET_MB),
         **env,
     }
     specs = tuple(

@@ -1344,17 +1344,63 @@ def test_the_footprint_measured_when_ready_is_remembered() -> None:
     assert not any(isinstance(a, Remember) for a in r2.step(HealthProbed(ROLE, True)))
 
 
+def test_a_measure_with_nothing_known_becomes_the_footprint() -> None:
+    r = run(lifecycle(measured_mb=None)).serving()
+    assert r.step(Measured(ROLE, 300)) == [Remember(ROLE, 300)]
+    assert (r.life.measured_mb, r.life.resident_mb) == (300, 300)
+
+
 @pytest.mark.parametrize(
-    ("known", "resident", "kept"),
-    [(None, 300, True), (200, 260, True), (200, 210, False), (200, 211, True), (200, 150, False)],
+    ("resident", "measured", "event"),
+    [
+        (150, 200, False),  # below what it measured at ready
+        (1200, 200, False),  # its prompt cache filled: exactly the admitted footprint
+        (1201, 201, False),  # beyond it: the measured part rises to cover it
+        (1260, 260, False),  # by 5 %: still no event
+        (1261, 261, True),  # by more than 5 %: memory_grew, remembered
+    ],
 )
-def test_a_ready_backend_that_grew_is_remembered_at_its_new_size(
-    known: int | None, resident: int, kept: bool
+def test_growth_beyond_the_admitted_footprint_raises_it_and_past_5_percent_is_an_event(
+    resident: int, measured: int, event: bool
 ) -> None:
-    r = run(lifecycle(measured_mb=known)).serving()
-    actions = r.step(Measured(ROLE, resident))
-    assert actions == ([Remember(ROLE, resident)] if kept else [])
-    assert r.life.measured_mb == (resident if kept else known)
+    """Measured 200 MiB at ready, admitted with a 1000 MiB prompt cache: 1200 MiB."""
+    r = run(lifecycle(measured_mb=200)).serving()
+    actions = r.step(Measured(ROLE, resident, admitted_mb=1200, prompt_cache_mb=1000))
+    grew = [
+        Emit(
+            "memory_grew",
+            {
+                **r.life.ids(),
+                "resident_mb": resident,
+                "admitted_mb": 1200,
+                "prompt_cache_mb": 1000,
+            },
+        ),
+        Remember(ROLE, measured),
+    ]
+    assert actions == (grew if event else [])
+    assert (r.life.measured_mb, r.life.resident_mb) == (measured, resident)
+
+
+def test_growth_is_reported_again_only_past_5_percent_of_the_last_report() -> None:
+    """With ``memory_mb`` the admitted footprint never rises: the last report is the
+    mark the next must pass, so a steady excess is one event, not one per sweep."""
+    r = run(lifecycle(measured_mb=200)).serving()
+
+    def grew(resident: int) -> bool:
+        actions = r.step(Measured(ROLE, resident, admitted_mb=500, prompt_cache_mb=0))
+        return any(isinstance(a, Emit) and a.event == "memory_grew" for a in actions)
+
+    assert grew(600)
+    assert not grew(600)
+    assert not grew(630)
+    assert grew(631)
+
+
+def test_an_unbounded_prompt_cache_counts_nothing_off_the_measure() -> None:
+    r = run(lifecycle(measured_mb=200)).serving()
+    r.step(Measured(ROLE, 400, admitted_mb=200, prompt_cache_mb=None))
+    assert r.life.measured_mb == 400
 
 
 @pytest.mark.parametrize("setup", [_launching, _restarting_dead, _at_restarting_stop, _failed])

@@ -10,7 +10,7 @@ from pathlib import Path
 from slm_server.contracts.states import State
 from slm_server.supervise.decide import Measured
 from slm_server.supervise.footprints import Expected
-from tests.unit.supervise.fakes import events, make, serving, until
+from tests.unit.supervise.fakes import PROMPT_CACHE_MB, events, make, serving, until
 
 
 def test_an_entry_is_expected_at_what_an_earlier_run_measured(tmp_path: Path) -> None:
@@ -20,7 +20,9 @@ def test_an_entry_is_expected_at_what_an_earlier_run_measured(tmp_path: Path) ->
     assert first.key is not None and first.remembered_mb is None
     supervisor.footprints.store.put(first.key, 777)
     again, _control = make(tmp_path)
-    assert again.footprints.expect(spec) == Expected(first.key, first.estimate_mb, 777)
+    assert again.footprints.expect(spec) == Expected(
+        first.key, first.estimate_mb, 777, PROMPT_CACHE_MB
+    )
 
 
 def test_only_ready_live_backends_are_measured_again(tmp_path: Path) -> None:
@@ -37,7 +39,8 @@ def test_only_ready_live_backends_are_measured_again(tmp_path: Path) -> None:
         for role, mb in (("a", 300), ("c", 400)):  # b: no figure (gone)
             control.resident[control.child(role).pid] = mb
         measured = supervisor.footprints.measure(supervisor.backends.values())
-        assert measured == [Measured("a", 300)]
+        admitted = supervisor.backends["a"].footprint_mb
+        assert measured == [Measured("a", 300, admitted, PROMPT_CACHE_MB)]
         await supervisor.stop_all()
 
     asyncio.run(scenario())

@@ -30,6 +30,7 @@ from tests.unit.supervise.fakes import (
     HEALTHY,
     LLAMA,
     ONLY_SIGKILL,
+    PROMPT_CACHE_MB,
     STOP_TIMEOUT,
     TOOLS,
     UNKILLABLE,
@@ -348,7 +349,10 @@ def test_an_on_demand_model_waits_unloaded_and_loads_on_the_routers_command(
             "on_demand",
             321,
         )
-        assert snapshot.footprint_mb == 321
+        # What it measured at ready, and what its prompt cache may fill on top.
+        assert snapshot.prompt_cache_mb == PROMPT_CACHE_MB
+        assert snapshot.footprint_mb == 321 + PROMPT_CACHE_MB
+        assert snapshot.memory_resident_mb == 321
         assert snapshot.loaded_at == WALL
         reply = supervisor.command(Command("unload", "a", "idle_ttl"))
         assert reply == Reply(True, "unloading")
@@ -420,7 +424,7 @@ def test_the_measured_footprint_is_remembered_across_runs(tmp_path: Path) -> Non
     asyncio.run(load(first, control))
     second, _control = make(tmp_path, fields={"load": "on_demand"})
     second.start()
-    assert second.backends["a"].footprint_mb == 654
+    assert second.backends["a"].footprint_mb == 654 + PROMPT_CACHE_MB
     with_override, _control = make(tmp_path, fields={"load": "on_demand", "memory_mb": 900})
     with_override.start()
     assert with_override.backends["a"].footprint_mb == 900
@@ -442,10 +446,14 @@ def test_commands_for_always_or_unknown_models_are_refused(tmp_path: Path) -> No
     asyncio.run(scenario())
 
 
-def test_a_backend_that_grows_while_serving_is_remembered_at_its_new_size(
+def test_a_backend_that_outgrows_its_footprint_is_reported_and_remembered(
     tmp_path: Path,
 ) -> None:
+    """Admitted at what it measured when ready plus its prompt cache's size: growth
+    within that is the cache filling (nothing changes); beyond it the footprint rises
+    to cover it, and beyond it by 5 % it is an event and remembered for the next run."""
     supervisor, control = make(tmp_path)
+    admitted = 200 + PROMPT_CACHE_MB
 
     async def scenario() -> None:
         supervisor.start()
@@ -453,12 +461,29 @@ def test_a_backend_that_grows_while_serving_is_remembered_at_its_new_size(
         pid = control.child("a").pid
         control.resident[pid] = 200
         await until(supervisor, lambda: state(supervisor) is State.READY, "ready")
-        control.resident[pid] = 205  # within 5 %: not worth a write
+        backend = supervisor.backends["a"]
+        assert backend.footprint_mb == admitted
+        control.resident[pid] = admitted  # the cache full: still within
         supervisor.sweep()
-        assert supervisor.backends["a"].life.measured_mb == 200
-        control.resident[pid] = 260
+        assert (backend.life.measured_mb, backend.footprint_mb) == (200, admitted)
+        assert backend.life.resident_mb == admitted
+        control.resident[pid] = admitted + 20  # beyond, by less than 5 %
         supervisor.sweep()
-        assert supervisor.backends["a"].life.measured_mb == 260
+        assert (backend.life.measured_mb, backend.footprint_mb) == (220, admitted + 20)
+        assert events(supervisor, "memory_grew") == []
+        control.resident[pid] = admitted + 200  # beyond by more than 5 %
+        supervisor.sweep()
+        assert (backend.life.measured_mb, backend.footprint_mb) == (400, admitted + 200)
+        [grew] = events(supervisor, "memory_grew")
+        assert grew["resident_mb"] == admitted + 200
+        assert grew["admitted_mb"] == admitted + 20
+        assert grew["prompt_cache_mb"] == PROMPT_CACHE_MB
+        supervisor.sweep()  # the same size again: no second event
+        assert len(events(supervisor, "memory_grew")) == 1
+        supervisor.publish()
+        [snapshot] = read_state(supervisor.settings.state_path)[1]
+        assert snapshot.memory_resident_mb == admitted + 200
+        assert snapshot.footprint_mb == admitted + 200
         await supervisor.stop_all()
 
     asyncio.run(scenario())
@@ -470,7 +495,7 @@ def test_a_backend_that_grows_while_serving_is_remembered_at_its_new_size(
         await again.stop_all()
         return measured
 
-    assert asyncio.run(remembered()) == 260
+    assert asyncio.run(remembered()) == 400
 
 
 def test_the_restart_budget_is_published_with_when_each_restart_was_spent(
