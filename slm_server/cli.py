@@ -50,7 +50,14 @@ def cmd_check(settings: Settings) -> int:
     registry = inspect_registry(read_registry_text(path), path)
     tools = Toolchain.discover(settings.llama_server_bin)
     budget = settings.memory.budget_mb
-    plans, failures = plan_registry(registry, tools, settings.log_dir, budget_mb=budget)
+    slots = settings.slot_cache
+    plans, failures = plan_registry(
+        registry,
+        tools,
+        settings.log_dir,
+        budget_mb=budget,
+        slot_dir=slots.directory if slots.enabled else None,
+    )
     for warning in registry.warnings:
         print(warning)
     for spec in registry.models:
@@ -69,6 +76,10 @@ def cmd_check(settings: Settings) -> int:
         spec = by_role[plan.role]
         needed, shown = _footprint(spec.entry, plan.prompt_cache_mb)
         print(f"  memory: {shown}; load: {spec.entry.load}")
+        if plan.slot_cache_key is not None:
+            print(f"  prompt cache kept across unloads (key {plan.slot_cache_key})")
+        elif spec.entry.backend == "llamacpp" and spec.entry.model_type in ("lm", "multimodal"):
+            print(f"  prompt cache not kept across unloads: {plan.slot_cache_skip}")
         if needed is not None and needed > budget:
             memory_problems.append(
                 Problem(
@@ -159,6 +170,16 @@ def cmd_reload(settings: Settings) -> int:
     return 0
 
 
+def cmd_clear_slots(settings: Settings) -> int:
+    """Delete every saved slot of ours (a running gateway saves again at its next unload)."""
+    from slm_server.slotcache.store import SlotStore
+
+    store = SlotStore(settings.slot_cache.directory, settings.slot_cache.budget_mb)
+    removed = store.clear()
+    print(f"{store.directory}: {removed} file(s) removed")
+    return 0
+
+
 def cmd_router(settings: Settings) -> int:
     import uvicorn
 
@@ -225,6 +246,11 @@ def _router_view(settings: Settings) -> dict[str, dict[str, Any]]:
     }
 
 
+# Why a backend's slots are not kept, worth a line in ``status`` (the others are plain
+# from the model's kind).
+KEPT_NOT_SAID = ("sliding-window", "turned off", "cache_prompt")
+
+
 def _memory(b: BackendState) -> str:
     """The footprint a backend is admitted by (its prompt cache's allowance included):
     measured, or ``~`` an estimate."""
@@ -262,6 +288,7 @@ def _print_table(
         "UPTIME",
         "MEMORY",
         "RESIDENT",
+        "SAVED",
         "LOAD",
         "TTL LEFT",
         "RESTARTS",
@@ -291,6 +318,7 @@ def _print_table(
                 uptime,
                 _memory(b),
                 _resident(b),
+                "-" if b.slot_cache_tokens is None else str(b.slot_cache_tokens),
                 b.load,
                 _duration(left) if isinstance(left, int | float) else "-",
                 str(b.restarts),
@@ -304,6 +332,8 @@ def _print_table(
             if b.last_restart_reason:
                 why = f"{why} (last restart: {b.last_restart_reason})".strip()
             notes.append(f"  {b.role}: {why}")
+        if b.slot_cache_skip is not None and b.slot_cache_skip.startswith(KEPT_NOT_SAID):
+            notes.append(f"  {b.role}: prompt cache not kept across unloads: {b.slot_cache_skip}")
         if b.prompt_cache_mb is None:
             notes.append(f"  {b.role}: prompt cache unbounded (cache_ram: -1)")
         if _resident(b).endswith("!"):
@@ -476,6 +506,7 @@ COMMANDS: dict[str, str] = {
     "status": "print each backend's state",
     "reload": "reload the registry into the running gateway (only what changed restarts)",
     "settings": "print resolved settings by name, for scripts",
+    "clear-slots": "delete every saved prompt cache (SLM_SLOT_CACHE_DIR)",
     "logs": "show start.out and the watchdog log (server, watchdog, all or raw)",
     "mlx-rerank": "serve one Qwen3-Reranker-style model with MLX (started by `backends`)",
 }
@@ -529,6 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_backends(settings)
         if args.command == "reload":
             return cmd_reload(settings)
+        if args.command == "clear-slots":
+            return cmd_clear_slots(settings)
         if args.command == "router":
             return cmd_router(settings)
         if args.command == "mlx-rerank":

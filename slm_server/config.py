@@ -74,6 +74,7 @@ LLAMACPP_ONLY_FIELDS = frozenset(
         "verbose",
         "mmproj_path",
         "pooling",
+        "slot_cache",
     }
 )
 NATIVE_ONLY_FIELDS = frozenset(
@@ -188,6 +189,9 @@ class ModelEntry(BaseModel):
     cache_type_k: CacheType | None = None
     cache_type_v: CacheType | None = None
     cache_ram: int | None = Field(default=None, ge=-1)
+    # Keep the slots' prompt caches across an unload and a load (slm_server.slotcache);
+    # null: yes, where the server's restored cache is reused.
+    slot_cache: bool | None = None
     kv_offload: bool | None = None
     flash_attn: bool | Literal["auto"] | None = None
     kv_unified: bool | None = None

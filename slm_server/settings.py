@@ -221,6 +221,30 @@ class DoorLimits:
 
 
 @dataclass(frozen=True)
+class SlotCacheSettings:
+    """Keeping each model's prompt cache across an unload and a load
+    (``SLM_SLOT_CACHE*``, see ``slm_server.slotcache``): on or off, where the saved
+    slots go, how much disk they may take together, and how long one save or restore
+    may take before it is given up."""
+
+    directory: Path
+    enabled: bool = True
+    budget_mb: int = 4096
+    timeout_seconds: float = 30.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SlotCacheSettings:
+        cache = env.get("SLM_CACHE_DIR", "").strip()
+        base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "slm_server"
+        return cls(
+            enabled=_bool(env, "SLM_SLOT_CACHE", True),
+            directory=_path(env, "SLM_SLOT_CACHE_DIR", base / "slots"),
+            budget_mb=_int(env, "SLM_SLOT_CACHE_MB", 4096, minimum=0),
+            timeout_seconds=_float(env, "SLM_SLOT_CACHE_TIMEOUT_SECONDS", 30.0, minimum=0.1),
+        )
+
+
+@dataclass(frozen=True)
 class ServingSettings:
     """The router's serving policy: body size, API keys, drain (``SLM_*``)."""
 
@@ -371,6 +395,7 @@ class Settings:
     # has been left unchanged for ``config_watch_settle_seconds``.
     config_watch: bool = False
     config_watch_settle_seconds: float = 1.0
+    slot_cache: SlotCacheSettings = field(default_factory=lambda: SlotCacheSettings.from_env({}))
 
     @property
     def pidfile_path(self) -> Path:
@@ -410,4 +435,5 @@ class Settings:
             config_watch_settle_seconds=_float(
                 env, "SLM_CONFIG_WATCH_SETTLE_SECONDS", 1.0, minimum=0.05
             ),
+            slot_cache=SlotCacheSettings.from_env(env),
         )

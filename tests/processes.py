@@ -93,6 +93,8 @@ def start_command(
     ``slm_server``, under ``prefix`` when one is given (e.g. valgrind)."""
     full_env = {**os.environ, **env}
     full_env.setdefault("SLM_ENV_FILE", str(output.parent / "no.env"))
+    # Saved slots stay with the test (not in the home's cache, shared by every test).
+    full_env.setdefault("SLM_SLOT_CACHE_DIR", str(output.parent / "slots"))
     handle = output.open("wb")
     try:
         popen = subprocess.Popen(

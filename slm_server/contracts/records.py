@@ -133,6 +133,10 @@ class BackendState:
     # the resident memory of its process tree at the last sweep while ready.
     prompt_cache_mb: int | None = 0
     memory_resident_mb: int | None = None
+    # Its slots' prompt caches kept across an unload and a load: the tokens saved for
+    # its launch (None: not kept, ``slot_cache_skip`` says why).
+    slot_cache_tokens: int | None = None
+    slot_cache_skip: str | None = None
     # A remote (backend ``remote``): its url (no credentials), and while it is
     # ``ejected`` until when (wall clock) and how many ejections in a row it is on.
     url: str | None = None

@@ -25,6 +25,8 @@ from slm_server.launch.mlx_argv import mlx_argv, mlx_rerank_argv, unsupported_ch
 from slm_server.launch.mlx_options import read_mlx_options
 from slm_server.launch.runtime import LlamaRuntime, RuntimeNotFound, find_llama_runtime
 from slm_server.model_path import ModelPathError, resolve_file_field, resolve_model_path
+from slm_server.slotcache import eligible
+from slm_server.slotcache.key import cache_key
 
 LOG_KINDS = {"llamacpp": "llama", "mlx": "mlx", "mlx-rerank": "mlx-rerank"}
 # llama-cpp-python's server has no /health; it loads the model before it listens, so
@@ -58,6 +60,10 @@ class LaunchPlan:
     # The most its prompt cache may hold (MiB; None: unbounded), counted in its
     # footprint (see slm_server.memory.prompt_cache).
     prompt_cache_mb: int | None = 0
+    # Its slots' prompt caches kept across an unload and a load: the key a saved set
+    # is valid under, or why they are not kept (slm_server.slotcache).
+    slot_cache_key: str | None = None
+    slot_cache_skip: str | None = None
 
     @property
     def health_url(self) -> str:
@@ -171,10 +177,17 @@ def health_path(spec: ModelSpec, tools: Toolchain) -> str:
 
 
 def plan_launch(
-    spec: ModelSpec, tools: Toolchain, log_dir: Path, source: str, *, budget_mb: int
+    spec: ModelSpec,
+    tools: Toolchain,
+    log_dir: Path,
+    source: str,
+    *,
+    budget_mb: int,
+    slot_dir: Path | None = None,
 ) -> LaunchPlan:
     """The launch plan for one entry under a memory budget of ``budget_mb`` (which
-    sizes its prompt cache); raises :class:`PlanError` naming every problem."""
+    sizes its prompt cache), its slots saved in ``slot_dir`` (None: not kept); raises
+    :class:`PlanError` naming every problem."""
     entry = spec.entry
     try:
         model = resolve_model_path(entry)
@@ -183,10 +196,16 @@ def plan_launch(
         raise PlanError([problem], missing=exc.missing) from None
     defaults: dict[str, Any] = {}
     cache_mb: int | None = 0
+    key: str | None = None
+    skip: str | None = eligible.why_not(entry, False, slot_dir is not None)
     if entry.backend == "llamacpp":
         argv = _llama_argv(spec, model, tools, source, budget_mb)
         native = tools.llama is not None and tools.llama.is_native
         cache_mb = prompt_cache_mb(entry, native, budget_mb)
+        skip = eligible.why_not(entry, native, slot_dir is not None)
+        if skip is None and slot_dir is not None:
+            key = cache_key(argv)
+            argv += ["--slot-save-path", str(slot_dir)]
         kind = "llama-server" if native else "llama_cpp.server"
         defaults = {} if native else python_request_defaults(entry)
     elif entry.backend == "mlx":
@@ -225,11 +244,18 @@ def plan_launch(
         kind=kind,
         request_defaults=defaults,
         prompt_cache_mb=cache_mb,
+        slot_cache_key=key,
+        slot_cache_skip=skip,
     )
 
 
 def plan_registry(
-    registry: RegistryFile, tools: Toolchain, log_dir: Path, *, budget_mb: int
+    registry: RegistryFile,
+    tools: Toolchain,
+    log_dir: Path,
+    *,
+    budget_mb: int,
+    slot_dir: Path | None = None,
 ) -> tuple[list[LaunchPlan], list[tuple[ModelSpec, PlanError]]]:
     """Plans for every enabled entry but the remotes (nothing is started for one), and
     the entries that cannot be planned."""

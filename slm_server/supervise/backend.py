@@ -39,6 +39,12 @@ class Backend:
         self.child: Child | None = None
         self.estimate_mb: int | None = None  # the footprint expected before a load
         self.prompt_cache_mb: int | None = 0  # what its prompt cache may hold (None: no limit)
+        # Its slots kept across unloads (slm_server.slotcache): the tokens saved for its
+        # launch (None: not kept, ``slot_skip`` says why), and the process they were
+        # last restored into.
+        self.slot_tokens: int | None = None
+        self.slot_skip: str | None = None
+        self.restored_pid: int | None = None
         self.footprint_key: FootprintKey | None = None  # where its measurement is kept
 
     @property

@@ -79,6 +79,13 @@ class ProcessControl(Protocol):
         """Whether ``GET path`` on ``base_url`` answered 200 within ``timeout``."""
         ...
 
+    async def post_json(
+        self, base_url: str, path: str, payload: Mapping[str, object], timeout: float
+    ) -> tuple[int, bytes]:
+        """``POST path`` with a JSON body: the status and body; :class:`ProbeError` when
+        there is no answer within ``timeout``."""
+        ...
+
     async def gather_evidence(
         self, base_url: str, target: Target, budget_seconds: float
     ) -> Evidence:
@@ -149,6 +156,11 @@ class RealControl:
         except ProbeError:
             return False
         return status == 200
+
+    async def post_json(
+        self, base_url: str, path: str, payload: Mapping[str, object], timeout: float
+    ) -> tuple[int, bytes]:
+        return await self._http(base_url).post_json(path, payload, timeout)
 
     async def gather_evidence(
         self, base_url: str, target: Target, budget_seconds: float

@@ -317,11 +317,13 @@ class Launch:
 
 @dataclass(frozen=True)
 class Stop:
-    """Stop ``pid``: SIGTERM then SIGKILL, or (``kill``) SIGKILL at once."""
+    """Stop ``pid``: SIGTERM then SIGKILL, or (``kill``) SIGKILL at once; ``save``:
+    first save its slots (an unload of a ready backend, see ``slot_saves``)."""
 
     role: str
     pid: int
     kill: bool = False
+    save: bool = False
 
 
 @dataclass(frozen=True)
@@ -624,7 +626,9 @@ class _Decision:
         loaded = life.state in (State.LOADING, State.READY)
         if isinstance(phase, Starting | Ready | Confirming) and loaded and life.pid and life.alive:
             self.move(life, Unloading(reason, for_model), reason)
-            self.actions.append(Stop(life.role, life.pid))
+            # Only a ready one is worth keeping: one starting holds nothing yet, one
+            # being confirmed may be wedged.
+            self.actions.append(Stop(life.role, life.pid, save=isinstance(phase, Ready)))
 
     # The router's command: refused for an unknown role or a ``load: always`` model;
     # else the Load or Unload row, taken when it leaves the backend loading or ready

@@ -57,6 +57,8 @@ def snapshot(backend: Backend, log_dir_path: str, now: float, wall: float) -> Ba
         footprint_mb=backend.footprint_mb,
         loaded_at=life.loaded_wall if life.state is State.READY else None,
         prompt_cache_mb=backend.prompt_cache_mb,
+        slot_cache_tokens=backend.slot_tokens,
+        slot_cache_skip=backend.slot_skip,
         memory_resident_mb=life.resident_mb if alive and life.state is State.READY else None,
         reloaded=life.reloaded,
     )

@@ -60,7 +60,12 @@ class Prepared:
 
 
 def plan_all(
-    registry: RegistryFile, tools: Toolchain, log_dir: Path, *, budget_mb: int
+    registry: RegistryFile,
+    tools: Toolchain,
+    log_dir: Path,
+    *,
+    budget_mb: int,
+    slot_dir: Path | None = None,
 ) -> tuple[dict[str, LaunchPlan], dict[str, LaunchKey], list[str]]:
     """Plans and launch keys for every backend of ``registry``, and the problems of
     the entries that cannot be planned."""
@@ -72,7 +77,7 @@ def plan_all(
         if entry.enabled and not entry.remote:
             try:
                 plans[spec.role] = plan_launch(
-                    spec, tools, log_dir, str(registry.path), budget_mb=budget_mb
+                    spec, tools, log_dir, str(registry.path), budget_mb=budget_mb, slot_dir=slot_dir
                 )
             except PlanError as exc:
                 problems += [str(p) for p in exc.problems]
@@ -89,6 +94,7 @@ def prepare(
     log_dir: Path,
     *,
     budget_mb: int,
+    slot_dir: Path | None = None,
 ) -> Prepared | Refusal:
     """Read and validate the registry at ``path`` and diff it against the ``running``
     launch keys; a :class:`Refusal` naming every problem when it cannot be used."""
@@ -98,7 +104,9 @@ def prepare(
     except ConfigError as exc:
         return Refusal("invalid", tuple(str(p) for p in exc.problems))
     problems = [str(p) for p in registry.problems]
-    plans, keys, plan_problems = plan_all(registry, tools, log_dir, budget_mb=budget_mb)
+    plans, keys, plan_problems = plan_all(
+        registry, tools, log_dir, budget_mb=budget_mb, slot_dir=slot_dir
+    )
     problems += plan_problems
     if problems:
         return Refusal("invalid", tuple(problems))

@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -45,6 +46,7 @@ from slm_server.contracts.states import SUPERVISED
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
 from slm_server.settings import Settings
+from slm_server.slotcache.store import SlotStore
 from slm_server.supervise import command_socket, launcher_lock
 from slm_server.supervise import decide as core
 from slm_server.supervise.backend import Backend, admitted_mb
@@ -67,6 +69,7 @@ from slm_server.supervise.reload import Prepared, Refusal, conflicts, plan_all, 
 from slm_server.supervise.remotes import Remotes
 from slm_server.supervise.restart_budget import RestartBudget
 from slm_server.supervise.retire import Retiree, Retirements
+from slm_server.supervise.slot_saves import SlotSaves
 from slm_server.supervise.strays import verifiably_ours
 
 log = logging.getLogger("slm_server.supervisor")
@@ -133,6 +136,10 @@ class Supervisor:
             budget_mb=settings.memory.budget_mb,
         )
         self.housekeeping = Housekeeping(settings, self.control, self.events, chores)
+        slots = settings.slot_cache
+        store = SlotStore(slots.directory, slots.budget_mb)
+        self.slot_saves = SlotSaves(store, self.control, self.events, slots.timeout_seconds)
+        self.slot_dir = self.prepare_slot_dir(store) if slots.enabled else None
         self.commands = CommandSocket(settings.log_dir)
         remotes = [s for s in registry.enabled if s.entry.remote]
         self.remotes = Remotes(
@@ -161,6 +168,16 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.request_stop)
         signal.signal(signal.SIGHUP, self.request_reload)
+
+    def prepare_slot_dir(self, store: SlotStore) -> Path | None:
+        """The directory slots are saved in, made private; None (nothing kept) when it
+        cannot be."""
+        try:
+            store.prepare()
+        except OSError as exc:
+            log.error("prompt caches are not kept across unloads: %s: %s", store.directory, exc)
+            return None
+        return store.directory
 
     def sweep_leftovers(self) -> None:
         self.previous_records = self.housekeeping.sweep_leftovers()
@@ -210,7 +227,7 @@ class Supervisor:
         elif isinstance(action, core.Stop):
             backend = self.backends[action.role]
             if backend.child is not None and backend.child.pid == action.pid:
-                self.spawn_task(self.stop_task(backend, backend.child, action.kill))
+                self.spawn_task(self.stop_task(backend, backend.child, action.kill, action.save))
         elif isinstance(action, core.Probe):
             self.spawn_task(self.probe(self.backends[action.role]))
         elif isinstance(action, core.Remember):
@@ -314,6 +331,7 @@ class Supervisor:
                 self.settings.log_dir,
                 str(self.registry.path),
                 budget_mb=self.settings.memory.budget_mb,
+                slot_dir=self.slot_dir,
             )
         except PlanError as exc:
             reason = "; ".join(p.message for p in exc.problems)
@@ -381,7 +399,10 @@ class Supervisor:
         self.control.signal_group(child.pid, signal.SIGKILL)
         return status, status is None
 
-    async def stop_task(self, backend: Backend, child: Child, kill: bool) -> None:
+    async def stop_task(self, backend: Backend, child: Child, kill: bool, save: bool) -> None:
+        if save and child.poll() is None:
+            await self.slot_saves.save(backend)
+            self.dirty = True
         status, survived = await self.stop_child(child, kill)
         self.report(core.Stopped(backend.role, child.pid, status, survived))
 
@@ -395,6 +416,10 @@ class Supervisor:
             timeout = self.settings.health_probe_timeout_seconds
             ok = await self.control.probe(backend.plan.base_url, backend.plan.health_path, timeout)
             child = backend.child
+            if ok and child is not None and backend.restored_pid != child.pid:
+                backend.restored_pid = child.pid  # once per process, before it is ready
+                await self.slot_saves.restore(backend)
+                self.dirty = True
             resident = self.control.resident_mb(child.pid) if ok and child is not None else None
             answered = True
             if self.current(backend):
@@ -505,7 +530,26 @@ class Supervisor:
         backend = Backend(spec, life)
         backend.footprint_key, backend.estimate_mb = expected.key, expected.estimate_mb
         backend.prompt_cache_mb = expected.prompt_cache_mb
+        if entry.enabled and not entry.remote:
+            self.expect_slots(backend)
         return backend
+
+    def expect_slots(self, backend: Backend) -> None:
+        """Whether its slots are kept across unloads, and what is saved for it."""
+        try:
+            plan = plan_launch(
+                backend.spec,
+                self.tools,
+                self.settings.log_dir,
+                str(self.registry.path),
+                budget_mb=self.settings.memory.budget_mb,
+                slot_dir=self.slot_dir,
+            )
+        except PlanError:
+            return
+        backend.slot_skip = plan.slot_cache_skip
+        slots = backend.spec.entry.max_concurrency
+        backend.slot_tokens = self.slot_saves.saved_tokens(plan.slot_cache_key, slots)
 
     def stamp_registry(self) -> None:
         """Publish the registry at start: its snapshot, then (with the state file) its
@@ -521,6 +565,7 @@ class Supervisor:
             self.tools,
             self.settings.log_dir,
             budget_mb=self.settings.memory.budget_mb,
+            slot_dir=self.slot_dir,
         )
         if text is not None:
             self.registry_text = text
@@ -620,6 +665,8 @@ class Supervisor:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
         async def stop(backend: Backend, child: Child) -> None:
+            if isinstance(backend.life.phase, Ready):
+                await self.slot_saves.save(backend)  # a graceful stop keeps the caches
             status, survived = await self.stop_child(child, kill=False)
             if survived:
                 self.events.emit(
@@ -689,6 +736,7 @@ class Supervisor:
                 self.tools,
                 self.settings.log_dir,
                 budget_mb=self.settings.memory.budget_mb,
+                slot_dir=self.slot_dir,
             )
             found = [] if isinstance(prepared, Refusal) else self.conflicts(prepared)
         except Exception as exc:  # a bug must not take supervision down with it
@@ -845,6 +893,8 @@ class Supervisor:
         """Stop a retiring backend (``why``: drained, deadline, exited) and release the
         backend that waited for its port."""
         record = retiree.record
+        if why == "drained" and retiree.child.poll() is None:
+            await self.slot_saves.save(retiree.backend)  # its record's tokens: not published
         status, survived = await self.stop_child(retiree.child, kill=False)
         self.retirements.done(record.pid)
         ids = {"role": record.role, "model_id": record.model_id, "port": record.port}

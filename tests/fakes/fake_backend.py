@@ -12,6 +12,9 @@ Proxied endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/re
 json, text, srt, vtt or verbose_json transcripts, an SSE stream when ``stream`` is true),
 GET /v1/models.  GET /health answers {"status":"ok"}.  GET /slots answers like
 llama-server's (see ``slots_answer``) when the script sets ``slots``, else 404.
+POST /slots/{id}?action=save|restore (as llama-server, given --slot-save-path): a slot
+"holds" the last request's body size / 4 as tokens; saved as a small file of our own
+format, which a restore checks (anything else: 400, like a corrupt file).
 Every request is recorded with its content type, body size and SHA-256, and for a form
 each part's name, filename, content type, size and SHA-256 (and its text, for a field
 that is not a file).
@@ -195,6 +198,10 @@ class State:
     shutting_down: bool = False
     active: set[asyncio.Event] = field(default_factory=set)
     on_first_healthy: Callable[[], None] | None = None  # called at the first /health 200
+    # As llama-server: --slot-save-path, --parallel, and the tokens each slot holds.
+    slot_dir: str | None = None
+    parallel: int = 1
+    slot_tokens: dict[int, int] = field(default_factory=dict)
 
     def shutdown(self) -> None:
         self.shutting_down = True
@@ -698,6 +705,8 @@ async def proxied(request: Request) -> Response:
     if path in FORM_PATHS:
         record.form = await read_form(request)
     state.requests.append(record)
+    if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        state.slot_tokens[0] = max(1, len(raw) // 4)
     script = state.script if state.script.applies_to(path, raw) else state.script.shape_only()
     out_headers = {"x-fake-backend": state.model_id, "x-fake-seq": str(record.seq)}
 
@@ -845,6 +854,50 @@ async def slots(request: Request) -> Response:
     return JSONResponse(slots_answer(state))
 
 
+SLOT_MAGIC = b"FAKE-SLOT-1\n"
+
+
+async def slot_action(request: Request) -> Response:
+    """llama-server's POST /slots/{id}?action=save|restore, in its answers' shapes."""
+    state = _state(request)
+    if state.slot_dir is None:
+        message = "This server does not support slots action. Start it with `--slot-save-path`"
+        return JSONResponse(error_body(501, message, "not_supported_error"), 501)
+    try:
+        slot = int(request.path_params["slot"])
+        name = json.loads(await request.body())["filename"]
+    except (ValueError, KeyError, TypeError):
+        return JSONResponse(error_body(400, "Invalid request"), 400)
+    if not 0 <= slot < state.parallel:
+        return JSONResponse(error_body(400, "Invalid slot ID"), 400)
+    if not isinstance(name, str) or "/" in name or name.startswith("."):
+        return JSONResponse(error_body(400, "Invalid filename"), 400)
+    path = os.path.join(state.slot_dir, name)
+    action = request.query_params.get("action")
+    if action == "save":
+        tokens = state.slot_tokens.get(slot, 0)
+        data = SLOT_MAGIC + json.dumps({"slot": slot, "tokens": tokens}).encode()
+        with open(path, "wb") as handle:
+            handle.write(data)
+        timings = {"save_ms": 0.5}
+        body = {"id_slot": slot, "filename": name, "n_saved": tokens, "n_written": len(data)}
+        return JSONResponse({**body, "timings": timings})
+    if action == "restore":
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+            saved = json.loads(data.removeprefix(SLOT_MAGIC)) if data.startswith(SLOT_MAGIC) else {}
+            tokens = int(saved["tokens"])
+        except (OSError, ValueError, KeyError, TypeError):
+            state.slot_tokens.pop(slot, None)
+            message = "Unable to restore slot: invalid slot save file"
+            return JSONResponse(error_body(400, message), 400)
+        state.slot_tokens[slot] = tokens
+        body = {"id_slot": slot, "filename": name, "n_restored": tokens, "n_read": len(data)}
+        return JSONResponse({**body, "timings": {"restore_ms": 0.5}})
+    return JSONResponse(error_body(400, "Invalid action"), 400)
+
+
 async def control_api(request: Request) -> Response:
     """POST /_control, GET /_requests, GET /_health_requests, POST /_reset."""
     state = _state(request)
@@ -871,6 +924,7 @@ def build_app(model_id: str) -> Starlette:
         Route("/v1/models", proxied, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/slots", slots, methods=["GET"]),
+        Route("/slots/{slot}", slot_action, methods=["POST"]),
     ]
     routes += [Route(p, control_api, methods=["POST"]) for p in ("/_control", "/_reset")]
     routes += [Route(p, control_api, methods=["GET"]) for p in ("/_requests", "/_health_requests")]
@@ -958,6 +1012,8 @@ def main_as_llama_server(argv: list[str]) -> int:
     app = build_app(start.alias)
     app.state.held_memory = startup.hold_memory(start.behaviour.footprint_mb)
     app.state.fake.script = script
+    app.state.fake.slot_dir = start.slot_save_path
+    app.state.fake.parallel = start.parallel
     after = start.behaviour.exit_after_seconds
     if after is not None:
         app.state.fake.on_first_healthy = lambda: startup.exit_later(after)

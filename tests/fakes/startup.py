@@ -130,6 +130,8 @@ class LlamaServerStart:
     alias: str
     ignored: list[str]
     behaviour: Behaviour
+    slot_save_path: str | None = None
+    parallel: int = 1
 
     def describe(self) -> str:
         ignored = " ".join(self.ignored) or "nothing"
@@ -154,6 +156,8 @@ def prepare(argv: list[str]) -> LlamaServerStart:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--alias")
+    parser.add_argument("--slot-save-path")
+    parser.add_argument("--parallel", type=int, default=1)
     args, ignored = parser.parse_known_args(argv)
     model: Path = args.model
     behaviour = read_behaviour(model)
@@ -169,6 +173,8 @@ def prepare(argv: list[str]) -> LlamaServerStart:
         alias=args.alias or model.stem,
         ignored=ignored,
         behaviour=behaviour,
+        slot_save_path=args.slot_save_path,
+        parallel=args.parallel,
     )
 
 

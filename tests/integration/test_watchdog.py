@@ -78,14 +78,15 @@ def test_kill_9_is_noticed_without_traffic_and_requests_never_hang(tmp_path: Pat
         assert table.returncode == 0, table.stdout + table.stderr
         [row] = [line for line in table.stdout.splitlines() if line.startswith("standard ")]
         assert row.split()[2:5] == [str(stack.port("standard")), "ready", str(done["new_pid"])]
-        # ... UPTIME, MEMORY (measured + prompt cache), RESIDENT, LOAD, TTL LEFT, RESTARTS,
-        # BUDGET, FREES IN, LAST EXIT
+        # ... UPTIME, MEMORY (measured + prompt cache), RESIDENT, SAVED (tokens of prompt
+        # cache kept for its next load), LOAD, TTL LEFT, RESTARTS, BUDGET, FREES IN, LAST EXIT
         cells = row.split()
         assert cells[6].endswith("M") and cells[7].endswith("M")
         assert int(cells[7][:-1]) < int(cells[6].lstrip("~")[:-1])  # resident within it
-        assert cells[8:12] == ["always", "-", "1", "4/5"]
-        assert cells[12].endswith(("s", "m"))  # the restart leaves the 600 s window
-        assert cells[13:] == ["killed", "by", "SIGKILL"]
+        assert cells[8] == "0"  # nothing saved: a crash saves nothing
+        assert cells[9:13] == ["always", "-", "1", "4/5"]
+        assert cells[13].endswith(("s", "m"))  # the restart leaves the 600 s window
+        assert cells[14:] == ["killed", "by", "SIGKILL"]
         assert "memory: " in table.stdout and "MiB held (SLM_MEMORY_BUDGET_MB)" in table.stdout
         assert "(last restart: exited)" in table.stdout
         timeline = subprocess.run(

@@ -28,6 +28,7 @@ HEAD = f"{SOURCE}: model 'standard' (id 'm1')"
 # A valid value for every backend-specific field.
 LLAMACPP_VALUES: dict[str, Any] = {
     "chat_template_file": "config/template.jinja",
+    "slot_cache": False,
     "temp": 0.7,
     "top_p": 0.9,
     "top_k": 40,

@@ -177,6 +177,22 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         {**BACKEND, "pid": 41220, "reason": "evicted", "for_model": "qwen3-coder", "seconds": 0.4},
         f"{NAMED}  pid=41220 reason=evicted for_model=qwen3-coder seconds=0.4",
     ),
+    "cache_saved": (
+        {**BACKEND, "slots": 2, "tokens": 6053, "bytes": 139000000, "ms": 41.2},
+        f"{NAMED}  slots=2 tokens=6053 bytes=139000000 ms=41.2",
+    ),
+    "cache_save_failed": (
+        {**BACKEND, "slot": 1, "reason": "no answer within 30s"},
+        f'{NAMED}  slot=1 reason="no answer within 30s"',
+    ),
+    "cache_restored": (
+        {**BACKEND, "slots": 1, "tokens": 6053, "bytes": 139000000, "ms": 33.0},
+        f"{NAMED}  slots=1 tokens=6053 bytes=139000000 ms=33",
+    ),
+    "cache_rejected": (
+        {**BACKEND, "reason": "a.slot0.bin has 12 bytes, not 139000000"},
+        f'{NAMED}  reason="a.slot0.bin has 12 bytes, not 139000000"',
+    ),
     "memory_grew": (
         {**BACKEND, "resident_mb": 1340, "admitted_mb": 1200, "prompt_cache_mb": 1000},
         f"{NAMED}  resident=1340MB admitted=1200MB prompt_cache=1000MB",

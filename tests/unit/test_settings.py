@@ -11,6 +11,7 @@ from slm_server.settings import (
     PROJECT_ROOT,
     Settings,
     SettingsError,
+    SlotCacheSettings,
     WatchdogSettings,
     load_environment,
     read_dotenv,
@@ -154,6 +155,24 @@ def test_defaults(tmp_path: Path) -> None:
     )
     assert s.pidfile_path == PROJECT_ROOT / "logs" / "backends.pids.json"
     assert s.state_path == PROJECT_ROOT / "logs" / "backends.state.json"
+
+
+def test_slot_cache_settings(tmp_path: Path) -> None:
+    home = Path.home() / ".cache" / "slm_server" / "slots"
+    assert settings(tmp_path).slot_cache == SlotCacheSettings(home, True, 4096, 30.0)
+    assert settings(tmp_path, SLM_CACHE_DIR=str(tmp_path / "c")).slot_cache.directory == (
+        tmp_path / "c" / "slots"
+    )
+    chosen = settings(
+        tmp_path,
+        SLM_SLOT_CACHE="false",
+        SLM_SLOT_CACHE_DIR=str(tmp_path / "s"),
+        SLM_SLOT_CACHE_MB="10",
+        SLM_SLOT_CACHE_TIMEOUT_SECONDS="2.5",
+    ).slot_cache
+    assert chosen == SlotCacheSettings(tmp_path / "s", False, 10, 2.5)
+    with pytest.raises(SettingsError, match="SLM_SLOT_CACHE_MB"):
+        settings(tmp_path, SLM_SLOT_CACHE_MB="-1")
 
 
 def test_project_root_is_the_repository() -> None:

@@ -91,6 +91,11 @@ class FakeControl:
         self.leftovers_stopped: list[tuple[int, float]] = []
         self.spawn_error: OSError | None = None
         self.resident: dict[int, int] = {}  # pid -> resident MiB of its tree
+        # The slot API, as llama-server with --slot-save-path: tokens each port's slot 0
+        # holds, every POST made, and answers that replace the real ones (by action).
+        self.slot_tokens: dict[int, int] = {}
+        self.slot_posts: list[tuple[int, str]] = []  # port, path
+        self.slot_failures: dict[str, tuple[int, bytes]] = {}
 
     def child(self, role: str, index: int = -1) -> FakeChild:
         return [c for c in self.children if c.role == role][index]
@@ -130,6 +135,28 @@ class FakeControl:
         self.leftovers.discard(pid)
         self.leftovers_stopped.append((pid, create_time))
         return True
+
+    async def post_json(
+        self, base_url: str, path: str, payload: Any, timeout: float
+    ) -> tuple[int, bytes]:
+        port = int(base_url.rsplit(":", 1)[1])
+        self.slot_posts.append((port, path))
+        slot = int(path.split("/")[2].split("?")[0])
+        action = path.rsplit("=", 1)[1]
+        if action in self.slot_failures:
+            return self.slot_failures[action]
+        [plan] = [p for p in self.plans if p.port == port][-1:]
+        folder = Path(plan.argv[plan.argv.index("--slot-save-path") + 1])
+        file = folder / payload["filename"]
+        if action == "save":
+            tokens = self.slot_tokens.get(port, 0) if slot == 0 else 0
+            file.write_text(json.dumps({"tokens": tokens}))
+            answer = {"n_saved": tokens, "n_written": file.stat().st_size}
+        else:
+            tokens = json.loads(file.read_text())["tokens"]
+            self.slot_tokens[port] = tokens
+            answer = {"n_restored": tokens, "n_read": file.stat().st_size}
+        return 200, json.dumps({"id_slot": slot, "filename": file.name, **answer}).encode()
 
     async def probe(self, base_url: str, path: str, timeout: float) -> bool:
         url = f"{base_url}{path}"
@@ -207,6 +234,7 @@ def make(
         "SLM_WATCHDOG_STARTUP_GRACE_SECONDS": "0",
         "SLM_WATCHDOG_SWEEP_SECONDS": "0.05",
         "SLM_MEMORY_BUDGET_MB": str(BUDGET_MB),
+        "SLM_SLOT_CACHE_DIR": str(tmp_path / "slots"),
         **env,
     }
     specs = tuple(

@@ -1084,13 +1084,22 @@ def test_a_second_load_while_loading_or_ready_does_nothing() -> None:
     assert state(r.life) is State.READY
 
 
+def test_only_a_ready_backend_s_slots_are_saved_on_unload() -> None:
+    """One still loading holds nothing worth keeping; one whose trip is being confirmed
+    may be wedged: asking it to save would only wait, and keep a broken state."""
+    loading = run(on_demand())
+    loading.step(Load(ROLE))
+    loading.step(Launched(ROLE, OLD))
+    assert loading.step(Unload(ROLE, "api", None)) == [Stop(ROLE, OLD, save=False)]
+
+
 def test_an_unload_stops_the_process_and_ends_unloaded_spending_nothing() -> None:
     r = run(on_demand())
     r.step(Load(ROLE))
     r.step(Launched(ROLE, OLD))
     r.step(HealthProbed(ROLE, True))
     actions = r.step(Unload(ROLE, "evicted", "m2"))
-    assert actions == [Stop(ROLE, OLD)]
+    assert actions == [Stop(ROLE, OLD, save=True)]  # a ready one's slots are kept
     assert state(r.life) is State.UNLOADING
     assert r.life.reason == "evicted"
     # The process going away while it is unloaded is no failure.
@@ -1305,7 +1314,7 @@ def test_an_unload_is_taken_then_answered() -> None:
     r.step(Launched(ROLE, OLD))
     r.step(HealthProbed(ROLE, True))
     actions = r.step(UnloadRequested(ROLE, "evicted", "m2"))
-    assert actions == [Stop(ROLE, OLD), Answer(True, "unloading")]
+    assert actions == [Stop(ROLE, OLD, save=True), Answer(True, "unloading")]
     assert (r.life.state, r.life.reason) == (State.UNLOADING, "evicted")
     assert r.step(LoadRequested(ROLE)) == [
         Answer(False, "unloading", "cannot load while unloading")
