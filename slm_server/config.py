@@ -65,6 +65,7 @@ LLAMACPP_ONLY_FIELDS = frozenset(
         "kv_offload",
         "flash_attn",
         "kv_unified",
+        "swa_full",
         "fit",
         "cont_batching",
         "cache_prompt",
@@ -83,6 +84,7 @@ NATIVE_ONLY_FIELDS = frozenset(
         "cache_ram",
         "kv_offload",
         "kv_unified",
+        "swa_full",
         "fit",
         "cont_batching",
         "cache_prompt",
@@ -195,6 +197,7 @@ class ModelEntry(BaseModel):
     kv_offload: bool | None = None
     flash_attn: bool | Literal["auto"] | None = None
     kv_unified: bool | None = None
+    swa_full: bool | None = None
     fit: bool | None = None
     cont_batching: bool | None = None
     cache_prompt: bool | None = None

@@ -55,6 +55,7 @@ def estimate_entry(entry: ModelEntry) -> Estimate:
                 kv_unified=bool(entry.kv_unified),
                 fit=entry.fit is not False,
                 ubatch_size=entry.ubatch_size,
+                swa_full=bool(entry.swa_full),
                 draft_model=draft,
                 extra_files=tuple(extra),
             )
@@ -99,6 +100,8 @@ def footprint_key(entry: ModelEntry) -> FootprintKey | None:
     cache_k, cache_v = kv_cache_types(entry) if entry.backend == "llamacpp" else (None, None)
     flags = [f"kv_unified={entry.kv_unified}", f"spec={entry.spec_model_path}"]
     flags += [f"mmproj={entry.mmproj_path}", f"fit={entry.fit}", f"ubatch={entry.ubatch_size}"]
+    if entry.swa_full:
+        flags.append("swa_full=True")
     try:
         return FootprintKey.of(
             entry.backend,

@@ -102,6 +102,8 @@ def native_argv(program: str, entry: ModelEntry, files: ModelFiles) -> list[str]
         argv += ["--flash-attn", mode]
     if entry.kv_unified is not None:
         argv += ["--kv-unified" if entry.kv_unified else "--no-kv-unified"]
+    if entry.swa_full:
+        argv += ["--swa-full"]
     if entry.fit is not None:
         argv += ["--fit", _on_off(entry.fit)]
     if entry.cont_batching is not None:

@@ -265,7 +265,10 @@ def plan_registry(
         if spec.entry.remote:
             continue
         try:
-            plans.append(plan_launch(spec, tools, log_dir, str(registry.path), budget_mb=budget_mb))
+            source = str(registry.path)
+            plans.append(
+                plan_launch(spec, tools, log_dir, source, budget_mb=budget_mb, slot_dir=slot_dir)
+            )
         except PlanError as exc:
             failures.append((spec, exc))
     return plans, failures

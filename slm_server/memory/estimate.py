@@ -333,12 +333,14 @@ def kv_cache_bytes(
     cache_type_k: str = DEFAULT_CACHE_TYPE,
     cache_type_v: str = DEFAULT_CACHE_TYPE,
     ubatch_size: int = DEFAULT_UBATCH,
+    swa_full: bool = False,
 ) -> int:
-    """The bytes of the KV cache ``shape`` takes in ``context``."""
+    """The bytes of the KV cache ``shape`` takes in ``context`` (``swa_full``: the
+    sliding-window layers hold the whole context too, ``--swa-full``)."""
     if not shape.has_kv:
         return 0
     swa_cells = context.cells
-    if shape.sliding_window > 0:
+    if shape.sliding_window > 0 and not swa_full:
         # A unified stream holds the windows of every sequence.
         windows = context.sequences if context.streams == 1 else 1
         swa_cells = _pad(min(context.cells, shape.sliding_window * windows + ubatch_size))
@@ -379,6 +381,7 @@ def estimate_gguf(
     kv_unified: bool = False,
     fit: bool = True,
     ubatch_size: int | None = None,
+    swa_full: bool = False,
     draft_model: Path | None = None,
     extra_files: Sequence[Path] = (),
 ) -> Estimate:
@@ -405,6 +408,7 @@ def estimate_gguf(
             cache_type_k=type_k,
             cache_type_v=type_v,
             ubatch_size=ubatch,
+            swa_full=swa_full,
         )
 
     weights, kv = size, cache(shape)
@@ -426,6 +430,7 @@ def estimate_gguf(
     )
     swa = (
         f", window {shape.sliding_window} on {sum(shape.swa_layers)} layers"
+        + (" held whole (swa_full)" if swa_full else "")
         if shape.sliding_window and any(shape.swa_layers)
         else ""
     )

@@ -4,10 +4,12 @@ Only a native llama-server that generates text can: it saves a slot with
 ``POST /slots/{id}?action=save`` (given ``--slot-save-path``) and restores it with
 ``?action=restore``. Not kept, and said so:
 
-- sliding-window attention (Gemma 2 and 3, and the others of ``SWA_PATTERNS``): at the
-  pinned release a restored sliding-window cache saves and restores without an error,
-  yet the next request evaluates the whole prompt again (measured on Gemma 3 270M:
-  5,774 of 5,774 tokens), so saving it would only cost disk and time;
+- sliding-window attention (Gemma 2 and 3, and the others of ``SWA_PATTERNS``) unless
+  the entry sets ``swa_full: true``: at the pinned release a restored sliding-window
+  cache saves and restores without an error, yet the next request evaluates the whole
+  prompt again (Gemma 3 270M, a 941-token prompt: 941 evaluated after the restore).
+  With ``--swa-full`` (those layers hold the whole context, as the others do: more
+  memory, counted by the estimate) the restored cache is reused (1 evaluated);
 - embedding and rerank models (nothing to continue), llama-cpp-python's server (no
   slot API), MLX servers (no equivalent at mlx-openai-server 1.8.1);
 - a model whose registry entry says ``slot_cache: false``, or every model with
@@ -23,7 +25,10 @@ from slm_server.memory.estimate import EstimateError, attention_shape
 from slm_server.memory.gguf_header import GgufError, read_header
 from slm_server.model_path import ModelPathError, resolve_model_path
 
-SLIDING_WINDOW = "sliding-window attention: at the pinned llama.cpp a restored cache is not reused"
+SLIDING_WINDOW = (
+    "sliding-window attention: at the pinned llama.cpp a restored cache is reused only "
+    "with swa_full: true"
+)
 
 
 def _sliding_window(entry: ModelEntry) -> bool:
@@ -52,7 +57,7 @@ def why_not(entry: ModelEntry, native: bool, enabled: bool) -> str | None:
         return f"{entry.model_type} model: no conversation to continue"
     if entry.cache_prompt is False:
         return "cache_prompt: false: the server reuses no prompt"
-    if _sliding_window(entry):
+    if not entry.swa_full and _sliding_window(entry):
         return SLIDING_WINDOW
     return None
 

@@ -289,8 +289,13 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
     argv_lines = [
         shlex.split(line)
         for line in lines
-        if line.startswith("  ") and not line.startswith("  memory: ")
+        if line.startswith("  ") and not line.startswith(("  memory: ", "  prompt cache "))
     ]
+    # The chat model's slots are kept (its empty stand-in file cannot be read for a
+    # sliding window); the embedder has no conversation to keep.
+    assert (
+        sum(line.startswith("  prompt cache kept across unloads (key ") for line in lines) == 1
+    ), lines
     memory = [line for line in lines if line.startswith("  memory: ")]
     # Empty stand-in model files: no GGUF to estimate from, and check says so.
     assert len(memory) == 2 and all("no estimate" in line for line in memory)
@@ -326,6 +331,8 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
         "q8_0",
         "--flash-attn",
         "auto",
+        "--slot-save-path",  # the cache directory's, under the home
+        str(sandbox.root / ".cache" / "slm_server" / "slots"),
     ]
     assert argv_lines[1][:3] == [str(sandbox.fake_llama), "--model", str(model)]
     assert "--embedding" in argv_lines[1]

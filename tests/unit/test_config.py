@@ -43,6 +43,7 @@ LLAMACPP_VALUES: dict[str, Any] = {
     "kv_offload": True,
     "flash_attn": "auto",
     "kv_unified": True,
+    "swa_full": True,
     "fit": True,
     "cont_batching": True,
     "cache_prompt": True,

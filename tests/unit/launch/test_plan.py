@@ -173,6 +173,7 @@ NATIVE_ONLY_VALUES: dict[str, Any] = {
     "cache_ram": 4096,
     "kv_offload": False,
     "kv_unified": True,
+    "swa_full": True,
     "fit": False,
     "cont_batching": True,
     "cache_prompt": False,

@@ -289,6 +289,10 @@ def test_gemma3_estimate_is_plausible() -> None:
     # layers of pad256(512 + 512) = 1024 cells, 1 KiB a cell
     assert estimate.kv_mb == (3 * 4096 + 15 * 1024) * 1024 // MIB == 27
     assert 320 <= estimate.mb <= 370  # measured: 340 MiB
+    # --swa-full: the sliding layers hold all 4096 cells too (what keeping its slots needs)
+    full = estimate_gguf(GEMMA3, context_length=4096, parallel=1, swa_full=True)
+    assert full.kv_mb == 18 * 4096 * 1024 // MIB == 72
+    assert "held whole (swa_full)" in full.detail
 
 
 def write_mlx(directory: Path, config: dict[str, Any], sizes: list[int]) -> Path:
