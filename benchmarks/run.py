@@ -6,6 +6,7 @@
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run reload               # reloading the registry under load
+    uv run python -m benchmarks.run resume               # a 6k-token prefix after a swap
     uv run python -m benchmarks.run body_burst --against HEAD~5  # router memory, huge bodies
     uv run python -m benchmarks.run affinity             # routing policies on two replicas
     uv run python -m benchmarks.run agent_request        # a 20k-token agent request, 3 shapes
@@ -41,6 +42,7 @@ from benchmarks import (
     real,
     recovery,
     reload,
+    resume,
     swap,
 )
 from benchmarks.instructions import checkout
@@ -215,6 +217,20 @@ def run_reload(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_resume(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = resume.Plan(trials=1 if quick else max(rounds, 3))
+    trials = resume.run_trials(plan, workdir, say)
+    return Outcome(
+        "Resume: a 6k-token prefix after a swap away and back, with and without the slot "
+        "cache (llama-server, SmolLM2 135M and Gemma 3 270M)",
+        asdict(plan) | {"one_model_budget_mb": resume.ONE_MODEL_BUDGET_MB},
+        trials,
+        resume.checks(trials),
+        resume.tables(trials),
+        trials,
+    )
+
+
 def run_body_burst(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = body_burst.Plan(rounds=1)
     if quick:
@@ -271,6 +287,7 @@ SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "recovery": run_recovery,
     "swap": run_swap,
     "reload": run_reload,
+    "resume": run_resume,
     "body_burst": run_body_burst,
     "affinity": run_affinity,
     "agent_request": run_agent_request,

@@ -95,6 +95,9 @@ def start_command(
     full_env.setdefault("SLM_ENV_FILE", str(output.parent / "no.env"))
     # Saved slots stay with the test (not in the home's cache, shared by every test).
     full_env.setdefault("SLM_SLOT_CACHE_DIR", str(output.parent / "slots"))
+    # The machine's free memory is not the test's: no floor unless the test sets one
+    # (and then from a simulated source), so that a busy CI machine never refuses loads.
+    full_env.setdefault("SLM_MEMORY_FLOOR_MB", "0")
     handle = output.open("wb")
     try:
         popen = subprocess.Popen(

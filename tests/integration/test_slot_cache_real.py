@@ -108,6 +108,19 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
         _, evaluated = ask(stack, model_id, 1, "Which word comes first?")
         assert evaluated <= 4
 
+        # Wedged (stopped, caught by the first-byte stall): killed, never asked to save.
+        stack.past_startup_grace("standard")
+        wedged = stack.pid("standard")
+        os.kill(wedged, signal.SIGSTOP)
+        body = {"model": model_id, "messages": [{"role": "user", "content": "hi"}]}
+        with one_shot.stream(
+            "POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+        ):
+            pass
+        assert stack.wait_event("restart_succeeded", old_pid=wedged)["reason"] == "stall"
+        poll(lambda: len(stack.events("cache_restored")) == 3, 10, "the restore after it")
+        assert len(stack.events("cache_saved")) == 1 and stack.events("cache_save_failed") == []
+
         # A slot file that is not one: the server refuses it, the load goes on.
         api(stack, "unload", model_id)
         poll(lambda: len(stack.events("cache_saved")) == 2, 10, "the second save")
@@ -123,9 +136,8 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
         assert slot_files(stack) == []
         _, evaluated = ask(stack, model_id, 1, "Which word comes first?")
         assert evaluated > 500  # nothing was trusted
-        assert stack.events("restart_started") == [
-            e for e in stack.events("restart_started") if e["old_pid"] == killed
-        ]
+        restarted = {e["old_pid"] for e in stack.events("restart_started")}
+        assert restarted == {killed, wedged}  # the refused file restarted nothing
 
 
 def test_two_slots_are_both_restored_and_both_used(tmp_path: Path) -> None:
@@ -172,6 +184,11 @@ def test_another_launch_and_a_sliding_window_model_keep_nothing(
         _, evaluated = ask(stack, model_id, 21, "Name one word.")
         assert evaluated > 500
         assert stack.events("cache_restored") == [] and stack.events("cache_rejected") == []
+        old = stack.events("cache_saved")[0]
+        api(stack, "unload", model_id)  # the new launch's set replaces the old one
+        poll(lambda: len(stack.events("cache_saved")) == 2, 10, "the new launch's save")
+        assert stack.events("cache_saved")[1]["dropped"], (old, stack.events("cache_saved"))
+        assert len(slot_files(stack)) == 1
 
 
 def test_a_set_larger_than_the_disk_budget_is_not_kept(tmp_path: Path) -> None:
