@@ -110,7 +110,7 @@ class SlotStore:
             return f"manifest of {status.st_size} bytes"
         try:
             data = json.loads(path.read_bytes())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # too deep is corrupt too
             return f"unreadable manifest: {exc}"
         return data if isinstance(data, dict) else "manifest is not an object"
 

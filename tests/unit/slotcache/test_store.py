@@ -193,6 +193,17 @@ def test_the_forged_manifests_differ_from_a_good_one_only_in_what_is_attacked(
     assert isinstance(store.saved(KEY, 2), SavedSet)
 
 
+def test_a_deeply_nested_manifest_is_refused_not_raised(store: SlotStore) -> None:
+    """Under the size limit, yet too deep for json's recursion: a RecursionError out of
+    ``saved`` would fail the supervisor's start (expect_slots), and out of ``commit``
+    (which reads every manifest) every later save."""
+    forge(store, b"[" * (MANIFEST_MAX_BYTES - 1))
+    assert "unreadable" in refused(store)
+    assert keep(store, OTHER) == []  # the corrupt one is no set: its files go as leftovers
+    assert isinstance(store.saved(OTHER, 1), SavedSet)
+    assert not any(n.startswith(KEY) for n in os.listdir(store.directory))
+
+
 def test_a_slot_missing_from_disk_is_refused(store: SlotStore) -> None:
     keep(store, KEY, (100, 100))
     (store.directory / slot_file(KEY, 1)).unlink()
