@@ -356,6 +356,34 @@ def test_clear_removes_only_our_files(store: SlotStore) -> None:
     assert (store.directory / "sub" / slot_file(THIRD, 0)).exists()
 
 
+def test_clear_leaves_a_subdirectory_named_like_ours(store: SlotStore) -> None:
+    """Not a file of ours: neither removed nor a reason to stop clearing the rest."""
+    keep(store, KEY)
+    (store.directory / slot_file(OTHER, 0)).mkdir()
+    (store.directory / f"{THIRD}.json").mkdir()
+    assert store.clear() == 2
+    assert sorted(os.listdir(store.directory)) == sorted([slot_file(OTHER, 0), f"{THIRD}.json"])
+
+
+def test_a_subdirectory_named_like_ours_does_not_fail_a_commit(store: SlotStore) -> None:
+    (store.directory / f"{THIRD}.json").mkdir()
+    (store.directory / slot_file(FOURTH, 0)).mkdir()
+    assert keep(store, KEY) == []
+    assert isinstance(store.saved(KEY, 1), SavedSet)
+
+
+def test_discard_leaves_a_subdirectory_named_like_its_files(store: SlotStore) -> None:
+    """A save that fails discards its key: a directory in the way must not raise out
+    of it (stop_task would then never stop the process)."""
+    keep(store, KEY, (10, 10))
+    (store.directory / slot_file(KEY, 2)).mkdir()
+    store.discard(KEY)
+    assert os.listdir(store.directory) == [slot_file(KEY, 2)]
+    (store.directory / f"{OTHER}.json").mkdir()
+    store.discard(OTHER)
+    assert (store.directory / f"{OTHER}.json").is_dir()
+
+
 def test_clear_of_a_missing_directory_is_zero(tmp_path: Path) -> None:
     assert SlotStore(tmp_path / "none", 1).clear() == 0
 
