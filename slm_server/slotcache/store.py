@@ -228,7 +228,8 @@ class SlotStore:
         sizes = {key: self._size(key) for key in sets}
         total = sum(sizes.values())
         dropped = []
-        for key in sorted(used, key=lambda k: used[k]):
+        # A set larger than the whole budget can never fit: it goes first, alone.
+        for key in sorted(used, key=lambda k: (sizes[k] <= self.budget_bytes, used[k])):
             if total <= self.budget_bytes:
                 break
             self.discard(key)

@@ -308,6 +308,19 @@ def test_touch_of_nothing_is_nothing(store: SlotStore) -> None:
     assert os.listdir(store.directory) == []
 
 
+def test_a_set_larger_than_the_whole_budget_is_not_kept(tmp_path: Path) -> None:
+    """Nor does it push out the sets that fit: it can never fit, so it goes first."""
+    store = SlotStore(tmp_path / "slots", budget_mb=1)
+    store.prepare()
+    keep(store, OTHER, (1000,), model_id="b", mtime=OLD)
+    keep(store, THIRD, (1000,), model_id="c", mtime=OLD + 1)
+    assert keep(store, KEY, (MIB, 1)) == [KEY]
+    assert store.saved(KEY, 2) is None
+    assert not any(n.startswith(KEY) for n in os.listdir(store.directory))
+    assert isinstance(store.saved(OTHER, 1), SavedSet)
+    assert isinstance(store.saved(THIRD, 1), SavedSet)
+
+
 def test_a_set_within_the_budget_is_kept_and_its_manifest_counts(tmp_path: Path) -> None:
     store = SlotStore(tmp_path / "slots", budget_mb=1)
     store.prepare()
