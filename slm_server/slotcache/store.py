@@ -88,6 +88,17 @@ def _ours(path: Path) -> os.stat_result | None:
     return status
 
 
+def _remove(path: Path) -> bool:
+    """Unlink a file or link named like ours; a directory (never ours) is left."""
+    try:
+        if stat.S_ISDIR(path.lstat().st_mode):
+            return False
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 class SlotStore:
     def __init__(self, directory: Path, budget_mb: int) -> None:
         self.directory = directory
@@ -110,7 +121,7 @@ class SlotStore:
             return f"manifest of {status.st_size} bytes"
         try:
             data = json.loads(path.read_bytes())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # too deep is corrupt too
             return f"unreadable manifest: {exc}"
         return data if isinstance(data, dict) else "manifest is not an object"
 
@@ -212,12 +223,13 @@ class SlotStore:
         for name in names:
             match = _OURS.match(name)
             if match is not None and match.group(1) not in sets:
-                (self.directory / name).unlink(missing_ok=True)  # a save cut short
+                _remove(self.directory / name)  # a save cut short
         used = {key: self._manifest(key).stat().st_mtime for key in sets}
         sizes = {key: self._size(key) for key in sets}
         total = sum(sizes.values())
         dropped = []
-        for key in sorted(used, key=lambda k: used[k]):
+        # A set larger than the whole budget can never fit: it goes first, alone.
+        for key in sorted(used, key=lambda k: (sizes[k] <= self.budget_bytes, used[k])):
             if total <= self.budget_bytes:
                 break
             self.discard(key)
@@ -232,9 +244,9 @@ class SlotStore:
 
     def discard(self, key: str) -> None:
         """Remove ``key``'s set, manifest first (so no half set is ever used)."""
-        self._manifest(key).unlink(missing_ok=True)
+        _remove(self._manifest(key))
         for name in self._files(key):
-            (self.directory / name).unlink(missing_ok=True)
+            _remove(self.directory / name)
 
     def clear(self) -> int:
         """Remove every file of ours; how many."""
@@ -244,8 +256,7 @@ class SlotStore:
             return 0
         removed = 0
         for name in sorted(names, key=lambda n: not n.endswith(".json")):
-            if _OURS.match(name):
-                (self.directory / name).unlink(missing_ok=True)
+            if _OURS.match(name) and _remove(self.directory / name):
                 removed += 1
         return removed
 
