@@ -31,6 +31,7 @@ import httpx
 
 from benchmarks.report import DASH, Check, show, spread, table
 from benchmarks.servers import Launched, free_port, launcher, router_for
+from tests import one_shot
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.processes import poll
 
@@ -114,7 +115,7 @@ def trial(workdir: Path, index: int, kept: bool, plan: Plan) -> dict[str, Any]:
         "SLM_SLOT_CACHE_DIR": str(workdir / "slots"),
     }
     with launcher(workdir, models, env) as launched, router_for(workdir, launched.env) as router:
-        load = httpx.post(f"{router.url}/v1/models/load", json={"model": small}, timeout=120)
+        load = one_shot.post(f"{router.url}/v1/models/load", json={"model": small}, timeout=120)
         load.raise_for_status()
         cold = _ttft(router.url, small, prefix)
         warm = _ttft(router.url, small, prefix)
@@ -124,7 +125,7 @@ def trial(workdir: Path, index: int, kept: bool, plan: Plan) -> dict[str, Any]:
         loading = _events(launched, "backend_loading", 2, role="standard")[-1]
         loaded = _events(launched, "backend_loaded", 2, role="standard")[-1]
         _ttft(router.url, other, None)
-        loaded_again = httpx.post(
+        loaded_again = one_shot.post(
             f"{router.url}/v1/models/load", json={"model": small}, timeout=120
         )
         loaded_again.raise_for_status()

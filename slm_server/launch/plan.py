@@ -204,7 +204,7 @@ def plan_launch(
         cache_mb = prompt_cache_mb(entry, native, budget_mb)
         skip = eligible.why_not(entry, native, slot_dir is not None)
         if skip is None and slot_dir is not None:
-            key = cache_key(argv)
+            key = cache_key(argv, spec.role)
             argv += ["--slot-save-path", str(slot_dir)]
         kind = "llama-server" if native else "llama_cpp.server"
         defaults = {} if native else python_request_defaults(entry)

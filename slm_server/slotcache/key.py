@@ -9,6 +9,8 @@ micro-batch, every other flag the server is started with) and the same server bu
 releases). So the key is a digest of the launch's command line and of every file it
 names, leaving out only what cannot change a cache: where it listens, its name, its
 metrics, the sampling defaults, the prompt cache's and the saved slots' own settings.
+The role is part of it too: two backends of one launch (replicas, or roles that differ
+only in their port or name) hold different conversations, each its own set.
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ def _file(path: str) -> list[object] | None:
     return [path, stat.st_size, stat.st_mtime_ns]
 
 
-def components(argv: Sequence[str]) -> dict[str, object]:
-    """What the key is a digest of: the program, the flags that matter, and every
-    file the command line names (by path, size and modification time)."""
+def components(argv: Sequence[str], role: str = "") -> dict[str, object]:
+    """What the key is a digest of: the role, the program, the flags that matter, and
+    every file the command line names (by path, size and modification time)."""
     flags: list[str] = []
     index = 1
     while index < len(argv):
@@ -64,12 +66,13 @@ def components(argv: Sequence[str]) -> dict[str, object]:
             flags.append(arg)
         index += 1
     files = [found for arg in flags if (found := _file(arg)) is not None]
-    return {"server": _file(argv[0]) or [argv[0]], "flags": flags, "files": files}
+    server = _file(argv[0]) or [argv[0]]
+    return {"role": role, "server": server, "flags": flags, "files": files}
 
 
-def cache_key(argv: Sequence[str]) -> str:
-    """The key of a launch's saved slots (hex, safe as a file name)."""
-    text = json.dumps(components(argv), sort_keys=True, separators=(",", ":"))
+def cache_key(argv: Sequence[str], role: str = "") -> str:
+    """The key of the saved slots of ``role``'s launch (hex, safe as a file name)."""
+    text = json.dumps(components(argv, role), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 

@@ -133,13 +133,16 @@ class SlotStore:
             return None
         if isinstance(data, str):
             return Refused(key, data)
-        if data.get("format") != FORMAT or data.get("key") != key:
-            return Refused(key, "manifest of another format or key")
+        form = data.get("format")
+        if not isinstance(form, int) or isinstance(form, bool) or form != FORMAT:
+            return Refused(key, "manifest of another format")
+        if data.get("key") != key:
+            return Refused(key, "manifest of another key")
         found: list[SavedSlot] = []
         listed = data.get("slots")
         for raw in listed if isinstance(listed, list) else []:
             item = _slot(raw, key, slots)
-            if item is None:
+            if item is None or any(seen.slot == item.slot for seen in found):
                 return Refused(key, f"manifest lists a slot it cannot have: {raw!r:.200}")
             status = _ours(self.directory / item.file)
             if status is None:

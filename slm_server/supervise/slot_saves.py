@@ -13,6 +13,7 @@ of either is an event and nothing more: the unload, the load go on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -49,6 +50,15 @@ class SlotSaves:
         self.control = control
         self.events = events
         self.timeout = timeout
+        # One save or restore at a time: a commit's budget check removes files no
+        # manifest names yet, which another save in flight has just written, and may
+        # drop a set another restore is reading.
+        self._one_at_a_time: asyncio.Lock | None = None
+
+    def _lock(self) -> asyncio.Lock:
+        if self._one_at_a_time is None:
+            self._one_at_a_time = asyncio.Lock()
+        return self._one_at_a_time
 
     async def _action(self, backend: Backend, slot: int, action: str, name: str) -> _Answer:
         plan = backend.plan
@@ -83,6 +93,15 @@ class SlotSaves:
     async def save(self, backend: Backend) -> None:
         """Save every slot of a ready backend that holds a prompt; the set replaces the
         model's earlier one."""
+        async with self._lock():
+            await self._save(backend)
+
+    async def restore(self, backend: Backend) -> None:
+        """Restore the set saved for this launch, if there is one it may trust."""
+        async with self._lock():
+            await self._restore(backend)
+
+    async def _save(self, backend: Backend) -> None:
         plan = backend.plan
         key = plan.slot_cache_key if plan is not None else None
         if key is None:
@@ -130,8 +149,7 @@ class SlotSaves:
             dropped=dropped or None,
         )
 
-    async def restore(self, backend: Backend) -> None:
-        """Restore the set saved for this launch, if there is one it may trust."""
+    async def _restore(self, backend: Backend) -> None:
         plan = backend.plan
         key = plan.slot_cache_key if plan is not None else None
         if key is None:

@@ -152,6 +152,8 @@ FORGED: dict[str, bytes | dict[str, Any]] = {
     "a huge number": b"1" + b"0" * 5000,
     "too large": json.dumps(manifest(pad="x" * MANIFEST_MAX_BYTES)).encode(),
     "another format": manifest(format=2),
+    "a bool format": manifest(format=True),  # True == 1: not a format number
+    "a slot listed twice": manifest(slots=[_slot(), _slot()]),
     "no format": {k: v for k, v in manifest().items() if k != "format"},
     "another key": manifest(key=OTHER),
     "slots not a list": manifest(slots={"0": _slot()}),

@@ -14,8 +14,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from slm_server.contracts.commands import Command
 from slm_server.contracts.restart_requests import RestartRequest, write_request
 from slm_server.contracts.states import State
@@ -236,13 +234,9 @@ def test_a_graceful_stop_saves_every_ready_backend(tmp_path: Path) -> None:
     assert again.backends["a"].slot_tokens in (TOKENS, TOKENS + 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design concern, not changed: two roles of the same file and flags (replicas, "
-    "or roles differing only in port, alias or sampling) get the same key, so they save "
-    "into the same <key>.slot<N>.bin and the last one to commit wins for both",
-)
 def test_two_roles_of_the_same_launch_keep_their_own_sets(tmp_path: Path) -> None:
+    """Two roles of the same file and flags (replicas, or roles differing only in port,
+    alias or sampling) hold different conversations: the role is in the key."""
     supervisor, control = make(tmp_path, ("a", "b"))
 
     async def scenario() -> None:
