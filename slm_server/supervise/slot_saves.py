@@ -60,13 +60,20 @@ class SlotSaves:
             self._one_at_a_time = asyncio.Lock()
         return self._one_at_a_time
 
-    async def _action(self, backend: Backend, slot: int, action: str, name: str) -> _Answer:
+    async def _action(
+        self, backend: Backend, slot: int, action: str, name: str, deadline: float | None = None
+    ) -> _Answer:
         plan = backend.plan
         assert plan is not None
         path = f"/slots/{slot}?action={action}"
+        timeout = self.timeout
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+            if timeout <= 0:
+                return _Answer(False, {}, f"{path}: no time left (shutting down)")
         try:
             status, body = await self.control.post_json(
-                plan.base_url, path, {"filename": name}, self.timeout
+                plan.base_url, path, {"filename": name}, timeout
             )
         except ProbeError as exc:
             return _Answer(False, {}, str(exc))
@@ -90,18 +97,18 @@ class SlotSaves:
         found = self.store.saved(key, slots)
         return found.tokens if isinstance(found, SavedSet) else 0
 
-    async def save(self, backend: Backend) -> None:
+    async def save(self, backend: Backend, deadline: float | None = None) -> None:
         """Save every slot of a ready backend that holds a prompt; the set replaces the
-        model's earlier one."""
+        model's earlier one. ``deadline`` (monotonic): give up then (a shutdown's)."""
         async with self._lock():
-            await self._save(backend)
+            await self._save(backend, deadline)
 
     async def restore(self, backend: Backend) -> None:
         """Restore the set saved for this launch, if there is one it may trust."""
         async with self._lock():
             await self._restore(backend)
 
-    async def _save(self, backend: Backend) -> None:
+    async def _save(self, backend: Backend, deadline: float | None) -> None:
         plan = backend.plan
         key = plan.slot_cache_key if plan is not None else None
         if key is None:
@@ -111,7 +118,7 @@ class SlotSaves:
         kept: list[SavedSlot] = []
         for slot in range(self.slots(backend)):
             name = slot_file(key, slot)
-            answer = await self._action(backend, slot, "save", name)
+            answer = await self._action(backend, slot, "save", name, deadline)
             if not answer.ok:
                 self.events.emit("cache_save_failed", **ids, slot=slot, reason=answer.why)
                 self.store.discard(key)  # never half a set, nor an older one of this key

@@ -664,9 +664,13 @@ class Supervisor:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
+        # A graceful stop keeps the caches, within the stop timeout all together: a
+        # backend wedged and not yet caught must not hold the shutdown up.
+        saves_until = time.monotonic() + self.settings.stop_timeout_seconds
+
         async def stop(backend: Backend, child: Child) -> None:
             if isinstance(backend.life.phase, Ready):
-                await self.slot_saves.save(backend)  # a graceful stop keeps the caches
+                await self.slot_saves.save(backend, saves_until)
             status, survived = await self.stop_child(child, kill=False)
             if survived:
                 self.events.emit(

@@ -25,7 +25,7 @@ from slm_server.launch.runtime import LlamaRuntime
 from slm_server.settings import Settings
 from slm_server.supervise.confirm import Evidence, Probe, ProcessStatus
 from slm_server.supervise.confirm import Reply as ProbeReply
-from slm_server.supervise.evidence import Target
+from slm_server.supervise.evidence import ProbeError, Target
 from slm_server.supervise.supervisor import Supervisor
 
 LLAMA = "/opt/llama/llama-server"
@@ -96,6 +96,7 @@ class FakeControl:
         self.slot_tokens: dict[int, int] = {}
         self.slot_posts: list[tuple[int, str]] = []  # port, path
         self.slot_failures: dict[str, tuple[int, bytes]] = {}
+        self.slot_silent = False  # no answer to the slot API: it times out, as for real
 
     def child(self, role: str, index: int = -1) -> FakeChild:
         return [c for c in self.children if c.role == role][index]
@@ -143,6 +144,9 @@ class FakeControl:
         self.slot_posts.append((port, path))
         slot = int(path.split("/")[2].split("?")[0])
         action = path.rsplit("=", 1)[1]
+        if self.slot_silent:
+            await asyncio.sleep(timeout)
+            raise ProbeError(ProbeReply.TIMED_OUT, f"{path}: no answer within {timeout:.3g}s")
         if action in self.slot_failures:
             return self.slot_failures[action]
         [plan] = [p for p in self.plans if p.port == port][-1:]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from slm_server.supervise.confirm import Evidence
 from slm_server.supervise.evidence import Target
 from slm_server.supervise.supervisor import Supervisor
 from tests.unit.supervise.fakes import (
+    STOP_TIMEOUT,
     WALL,
     FakeControl,
     events,
@@ -232,6 +234,29 @@ def test_a_graceful_stop_saves_every_ready_backend(tmp_path: Path) -> None:
     again, _control = make(tmp_path, ("a", "b"), fields=ON_DEMAND)  # same launch, not started
     again.start()
     assert again.backends["a"].slot_tokens in (TOKENS, TOKENS + 1)
+
+
+def test_a_backend_that_does_not_answer_its_save_does_not_hold_the_shutdown_up(
+    tmp_path: Path,
+) -> None:
+    """Wedged but not yet caught, it looks ready: the graceful stop's saves are given up
+    within the stop timeout (0.3 s here) all together, not the 30 s a slot may take."""
+    supervisor, control = make(tmp_path, ("a", "b"), SLM_SLOT_CACHE_TIMEOUT_SECONDS="30")
+    took: list[float] = []
+
+    async def scenario() -> None:
+        await serving(supervisor)
+        control.slot_silent = True
+        began = time.monotonic()
+        await supervisor.stop_all()
+        took.append(time.monotonic() - began)
+
+    asyncio.run(scenario())
+    assert took[0] < 0.3 + STOP_TIMEOUT * 2 + 1, took
+    failed = events(supervisor, "cache_save_failed")
+    assert {e["role"] for e in failed} == {"a", "b"}
+    assert all("no answer" in e["reason"] or "no time left" in e["reason"] for e in failed)
+    assert events(supervisor, "cache_saved") == []
 
 
 def test_two_roles_of_the_same_launch_keep_their_own_sets(tmp_path: Path) -> None:
