@@ -21,7 +21,6 @@ Every trial runs on a fresh launcher and router.
 
 from __future__ import annotations
 
-import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from typing import Any
 import httpx
 import yaml
 
-from benchmarks.report import DASH, Check, show, spread, table
+from benchmarks.report import DASH, Check, kind_spread, show, spread, table
 from benchmarks.servers import Launched, free_port, launcher, router_for
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.processes import poll
@@ -45,10 +44,6 @@ PAUSE_SECONDS = 0.2
 @dataclass(frozen=True)
 class Plan:
     trials: int = 3  # of each kind
-
-
-def _wall(ts: str) -> float:
-    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def _ttft(client: httpx.Client, url: str, model: str, max_tokens: int = 8) -> float:
@@ -248,10 +243,6 @@ def run_trials(plan: Plan, workdir: Path, say: Callable[[str], None]) -> list[di
     return trials
 
 
-def _stat(trials: list[dict[str, Any]], kind: str, key: str) -> dict[str, Any]:
-    return spread(t.get(key) for t in trials if t["kind"] == kind)
-
-
 def checks(trials: list[dict[str, Any]]) -> list[Check]:
     lost = spread([float(sum(t["lost"] for t in trials))])
     return [
@@ -259,7 +250,7 @@ def checks(trials: list[dict[str, Any]]) -> list[Check]:
             "add: reload request to first token, minus the new backend's start and warm TTFT",
             ADDED_GOAL_MS,
             "ms",
-            _stat(trials, "add", "added_ms"),
+            kind_spread(trials, "add", "added_ms"),
         ),
         Check("requests lost across every reload under load", 0.0, "requests", lost),
     ]

@@ -41,6 +41,16 @@ def spread(values: Iterable[float | None]) -> dict[str, Any]:
     }
 
 
+def kind_spread(trials: Iterable[dict[str, Any]], kind: str, key: str) -> dict[str, Any]:
+    """:func:`spread` of ``key`` over the trials of one ``kind``."""
+    return spread(t.get(key) for t in trials if t["kind"] == kind)
+
+
+def event_time(ts: str) -> float:
+    """A watchdog event's stamp (``2026-12-06T13:41:43.117Z``) as wall-clock seconds."""
+    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
 def pick(summary: dict[str, Any], path: str) -> float | None:
     """A value from a nested summary by a dotted path (``latency_ms.p50``)."""
     node: Any = summary

@@ -19,7 +19,6 @@ request **without** the slot cache, side by side (a full prefill each time).
 
 from __future__ import annotations
 
-import datetime
 import random
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.report import DASH, Check, show, spread, table
+from benchmarks.report import DASH, Check, event_time, kind_spread, show, spread, table
 from benchmarks.servers import Launched, free_port, launcher, router_for
 from tests import one_shot
 from tests.integration.real_stack import example_registry, llama_server_bin
@@ -52,10 +51,6 @@ class Plan:
 def _prefix(words: int) -> str:
     rng = random.Random(6000)
     return "Reference notes: " + " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def _wall(ts: str) -> float:
-    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def _ttft(url: str, model: str, system: str | None) -> float:
@@ -132,7 +127,7 @@ def trial(workdir: Path, index: int, kept: bool, plan: Plan) -> dict[str, Any]:
         restored = _ttft(router.url, small, prefix)
         saves = launched.events("cache_saved")
         restores = launched.events("cache_restored")
-    load_s = _wall(loaded["ts"]) - _wall(loading["ts"])
+    load_s = event_time(loaded["ts"]) - event_time(loading["ts"])
     unload_s = float(unloaded["seconds"])
     result: dict[str, Any] = {
         "kind": "kept" if kept else "not_kept",
@@ -172,23 +167,19 @@ def run_trials(plan: Plan, workdir: Path, say: Callable[[str], None]) -> list[di
     return trials
 
 
-def _stat(trials: list[dict[str, Any]], kind: str, key: str) -> dict[str, Any]:
-    return spread(t.get(key) for t in trials if t["kind"] == kind)
-
-
 def checks(trials: list[dict[str, Any]]) -> list[Check]:
     return [
         Check(
             "restored: time to first token on the prefix over warm (same process)",
             RESTORED_GOAL,
             "x",
-            _stat(trials, "kept", "restored_over_warm"),
+            kind_spread(trials, "kept", "restored_over_warm"),
         ),
         Check(
             "swap back: time to first token minus unload, load (with the restore) and warm",
             ADDED_GOAL_MS,
             "ms",
-            _stat(trials, "kept", "added_ms"),
+            kind_spread(trials, "kept", "added_ms"),
         ),
     ]
 

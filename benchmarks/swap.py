@@ -15,7 +15,6 @@ benchmark measures the mechanics, not the anti-thrash hold).
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.report import DASH, Check, show, spread, table
+from benchmarks.report import DASH, Check, event_time, kind_spread, show, spread, table
 from benchmarks.servers import Launched, free_port, launcher, router_for
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.processes import poll
@@ -39,10 +38,6 @@ ONE_MODEL_BUDGET_MB = 800
 @dataclass(frozen=True)
 class Plan:
     trials: int = 5  # of each kind
-
-
-def _wall(ts: str) -> float:
-    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def _ttft(url: str, model: str) -> float:
@@ -92,7 +87,7 @@ def _env(**extra: str) -> dict[str, str]:
 def _load_seconds(launched: Launched, role: str) -> float:
     loading = _event(launched, "backend_loading", role=role)
     loaded = _event(launched, "backend_loaded", role=role)
-    return _wall(loaded["ts"]) - _wall(loading["ts"])
+    return event_time(loaded["ts"]) - event_time(loading["ts"])
 
 
 def cold_trial(workdir: Path, index: int) -> dict[str, Any]:
@@ -148,23 +143,19 @@ def run_trials(plan: Plan, workdir: Path, say: Callable[[str], None]) -> list[di
     return trials
 
 
-def _stat(trials: list[dict[str, Any]], kind: str, key: str) -> dict[str, Any]:
-    return spread(t.get(key) for t in trials if t["kind"] == kind)
-
-
 def checks(trials: list[dict[str, Any]]) -> list[Check]:
     return [
         Check(
             "cold on-demand load: time to first token minus the backend's own start and TTFT",
             ADDED_GOAL_MS,
             "ms",
-            _stat(trials, "cold", "added_ms"),
+            kind_spread(trials, "cold", "added_ms"),
         ),
         Check(
             "swap: time to first token minus unload, load and the backend's own TTFT",
             ADDED_GOAL_MS,
             "ms",
-            _stat(trials, "swap", "added_ms"),
+            kind_spread(trials, "swap", "added_ms"),
         ),
     ]
 
