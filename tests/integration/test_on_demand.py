@@ -40,6 +40,7 @@ STATUS_KEYS = {
     "state",
     "load",
     "memory_mb",
+    "slot_cache",
     "loaded_at",
     "last_used_at",
     "idle_ttl",

@@ -83,6 +83,8 @@ def test_an_unload_saves_the_slots_and_the_next_load_restores_them_before_ready(
         for name in files:  # a slot holds the text of its prompts
             assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600
         assert stack.state("lazy")["slot_cache_tokens"] == saved["tokens"]
+        listed = one_shot.get(f"{stack.url}/v1/models/{model_id}", timeout=5).json()
+        assert listed["status"]["slot_cache"] == {"tokens": saved["tokens"], "skip": None}
 
         api(stack, "load", model_id)
         restored = stack.wait_event("cache_restored", role="lazy")

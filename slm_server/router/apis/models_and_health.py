@@ -189,6 +189,7 @@ class Info:
                 status = self.status(spec)
                 item["load"] = status["load"]
                 item["memory_mb"] = status["memory_mb"]
+                item["slot_cache"] = status["slot_cache"]
                 item["idle_ttl_remaining"] = status["idle_ttl_remaining"]
                 gate = self.gates.get(spec.role)
                 if gate is not None:

@@ -626,6 +626,10 @@ class Loader:
                 "resident": state.memory_resident_mb if state is not None else None,
                 "budget": self.rules.budget_mb,
             },
+            "slot_cache": {
+                "tokens": state.slot_cache_tokens if state is not None else None,
+                "skip": state.slot_cache_skip if state is not None else None,
+            },
             "loaded_at": state.loaded_at if state is not None else None,
             "last_used_at": last_used_at,
             "idle_ttl": entry.idle_ttl,

@@ -67,7 +67,7 @@ function duration(seconds) {
 
 // -- models ---------------------------------------------------------------------------
 
-const COLUMNS = ["model", "role", "state", "pid", "uptime", "port", "busy", "memory",
+const COLUMNS = ["model", "role", "state", "pid", "uptime", "port", "busy", "memory", "saved",
   "restarts", "left", "frees", "exit", "reason", "ttl", "actions"];
 
 function modelRow(role) {
@@ -156,6 +156,9 @@ function renderModels(report) {
     setCell(row, "port", item.port === null && item.url ? item.url : item.port);
     setCell(row, "busy", item.in_flight === undefined ? null : item.in_flight + " / " + item.queued);
     setCell(row, "memory", memory(item.memory_mb));
+    const slots = item.slot_cache || {};
+    setCell(row, "saved", slots.tokens === null || slots.tokens === undefined ? null : slots.tokens);
+    cell(row, "saved").title = slots.skip ? "not kept across unloads: " + slots.skip : "";
     setCell(row, "restarts", budget ? budget.used + " / " + budget.max_restarts : item.restarts);
     setCell(row, "left", budget ? budget.remaining : null);
     const ejected = item.ejected_until ? duration(Math.max(0, item.ejected_until - now)) : null;
