@@ -39,6 +39,9 @@ NONE = "\N{EN DASH}"  # what the page shows for no value
 # The header's memory: the machine's free memory, its floor, what the models hold and
 # the budget (GET /health's ``memory``).
 MEMORY_SHOWN = r"free \d+ MiB \(floor \d+\) \N{MIDDLE DOT} held \d+ / budget \d+ MiB"
+# A floor the machine is always above (the tests run with none unless they set one), so
+# that the header shows it whatever memory the machine has free.
+FLOOR_MB = "1"
 
 
 @contextmanager
@@ -172,8 +175,13 @@ def exercise(stack: Watched, always: str, lazy: str, alias: str | None = None) -
         screenshot = os.environ.get("SLM_DASHBOARD_SCREENSHOT")
         if screenshot:
             driver.save_screenshot(screenshot)
+        assert chat(stack, lazy_id).status_code == 200  # something for its slot to keep
         page.button(lazy, "unload").click()
         page.until(lambda: page.cell(lazy, "state") == "unloaded", f"{lazy} unloaded", 60)
+        page.until(
+            lambda: page.cell(lazy, "saved").isdigit() and int(page.cell(lazy, "saved")) > 0,
+            "the prompt cache saved for its next load",
+        )
 
         Select(driver.find_element(By.ID, "filter")).select_by_value(lazy_id)
         [exited] = page.events("backend_exited", always_id)
@@ -194,7 +202,7 @@ def test_the_dashboard_with_fake_backends(tmp_path: Path) -> None:
         "chat": fake_entry(tmp_path, "chat", aliases=["gpt-4o-mini"]),
         "lazy": fake_entry(tmp_path, "lazy", load="on_demand", memory_mb=64),
     }
-    with watched(tmp_path, models, SLM_API_KEYS=KEY) as stack:
+    with watched(tmp_path, models, SLM_API_KEYS=KEY, SLM_MEMORY_FLOOR_MB=FLOOR_MB) as stack:
         exercise(stack, "chat", "lazy", alias="gpt-4o-mini")
 
 
@@ -206,5 +214,11 @@ def test_the_dashboard_with_the_real_llama_server(tmp_path: Path) -> None:
     models: dict[str, dict[str, Any]] = registry["models"]
     lazy = {**models["standard"], "id": "smollm2-on-demand", "port": free_port()}
     models["lazy"] = {**lazy, "load": "on_demand"}
-    with watched(tmp_path, models, llama_server=llama_server_bin(), SLM_API_KEYS=KEY) as stack:
+    with watched(
+        tmp_path,
+        models,
+        llama_server=llama_server_bin(),
+        SLM_API_KEYS=KEY,
+        SLM_MEMORY_FLOOR_MB=FLOOR_MB,
+    ) as stack:
         exercise(stack, "standard", "lazy")

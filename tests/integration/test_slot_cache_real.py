@@ -28,10 +28,12 @@ from tests.processes import free_port, poll
 pytestmark = pytest.mark.real_model
 
 WORDS = ["river", "stone", "lantern", "copper", "meadow", "signal", "harbor", "velvet"]
+PREFIX_WORDS = 300  # about 320 tokens: long enough to tell a reuse from a prefill
+LONG = 250  # more tokens than this evaluated: the prefix was not reused
 
 
-def prefix(seed: int, words: int = 600) -> str:
-    """A long system prompt (about 600 tokens) that differs from others from its start."""
+def prefix(seed: int, words: int = PREFIX_WORDS) -> str:
+    """A long system prompt that differs from the others from its first token."""
     rng = random.Random(seed)
     return f"Document {seed}: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
@@ -82,7 +84,7 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
     with gateway(tmp_path, ("standard",), max_concurrency=1, context_length=2048) as stack:
         model_id = stack.model_id("standard")
         _, evaluated = ask(stack, model_id, 1, "Which word comes first?")
-        assert evaluated > 500, evaluated
+        assert evaluated > LONG, evaluated
         # Without any unload, the same request again: its prefix in the slot, one token
         # evaluated. (The cold answer may differ in its last digits: a token evaluated
         # alone and one evaluated in a batch of 512 take other kernels.)
@@ -90,7 +92,7 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
         assert evaluated <= 4, evaluated
         api(stack, "unload", model_id)
         saved = stack.wait_event("cache_saved", role="standard")
-        assert saved["slots"] == 1 and saved["tokens"] > 500 and saved["bytes"] > 1 << 20
+        assert saved["slots"] == 1 and saved["tokens"] > LONG and saved["bytes"] > 1 << 20
 
         api(stack, "load", model_id)
         restored = stack.wait_event("cache_restored", role="standard")
@@ -135,7 +137,7 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
         assert "restore" in rejected["reason"], rejected
         assert slot_files(stack) == []
         _, evaluated = ask(stack, model_id, 1, "Which word comes first?")
-        assert evaluated > 500  # nothing was trusted
+        assert evaluated > LONG  # nothing was trusted
         restarted = {e["old_pid"] for e in stack.events("restart_started")}
         assert restarted == {killed, wedged}  # the refused file restarted nothing
 
@@ -143,8 +145,8 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
 def test_two_slots_are_both_restored_and_both_used(tmp_path: Path) -> None:
     with gateway(tmp_path, ("standard",), max_concurrency=2, context_length=4096) as stack:
         model_id = stack.model_id("standard")
-        assert ask(stack, model_id, 11, "Name one word.")[1] > 500
-        assert ask(stack, model_id, 12, "Name one word.")[1] > 500
+        assert ask(stack, model_id, 11, "Name one word.")[1] > LONG
+        assert ask(stack, model_id, 12, "Name one word.")[1] > LONG
         first = ask(stack, model_id, 11, "Name one word.")  # each from its own slot
         second = ask(stack, model_id, 12, "Name one word.")
         assert first[1] <= 4 and second[1] <= 4, (first, second)
@@ -182,7 +184,7 @@ def test_another_launch_and_a_sliding_window_model_keep_nothing(
         assert reload.status_code == 200 and reload.json()["replaced"] == ["standard"]
         api(stack, "load", model_id)
         _, evaluated = ask(stack, model_id, 21, "Name one word.")
-        assert evaluated > 500
+        assert evaluated > LONG
         assert stack.events("cache_restored") == [] and stack.events("cache_rejected") == []
         old = stack.events("cache_saved")[0]
         api(stack, "unload", model_id)  # the new launch's set replaces the old one
@@ -192,7 +194,7 @@ def test_another_launch_and_a_sliding_window_model_keep_nothing(
 
 
 def test_a_set_larger_than_the_disk_budget_is_not_kept(tmp_path: Path) -> None:
-    budget = {"SLM_SLOT_CACHE_MB": "1"}  # one slot of ~600 tokens takes ~14 MiB
+    budget = {"SLM_SLOT_CACHE_MB": "1"}  # one slot of ~330 tokens takes ~7 MiB
     with gateway(tmp_path, ("standard",), budget, max_concurrency=1) as stack:
         model_id = stack.model_id("standard")
         ask(stack, model_id, 31, "Name one word.")
@@ -211,7 +213,7 @@ def test_a_sliding_window_model_with_swa_full_is_kept_and_reused(tmp_path: Path)
         model_id = stack.model_id("gemma")
         assert stack.state("gemma")["slot_cache_skip"] is None
         cold, evaluated = ask(stack, model_id, 41, "Name one word.")
-        assert evaluated > 500
+        assert evaluated > LONG
         warm, evaluated = ask(stack, model_id, 41, "Name one word.")
         assert evaluated <= 4, evaluated
         api(stack, "unload", model_id)
