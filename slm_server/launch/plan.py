@@ -130,17 +130,16 @@ def _llama_files(spec: ModelSpec, model: str, source: str) -> ModelFiles:
     )
 
 
-def _sized_cache(entry: ModelEntry, budget_mb: int) -> ModelEntry:
+def _sized_cache(entry: ModelEntry, cache_mb: int | None) -> ModelEntry:
     """``entry`` with its prompt cache's size filled in (``--cache-ram``), when the
     registry leaves it to us."""
     if entry.cache_ram is not None:
         return entry
-    size = prompt_cache_mb(entry, True, budget_mb)
-    return entry.model_copy(update={"cache_ram": size})
+    return entry.model_copy(update={"cache_ram": cache_mb})
 
 
 def _llama_argv(
-    spec: ModelSpec, model: str, tools: Toolchain, source: str, budget_mb: int
+    spec: ModelSpec, model: str, tools: Toolchain, source: str, cache_mb: int | None
 ) -> list[str]:
     entry = spec.entry
     if tools.llama is None:
@@ -164,7 +163,7 @@ def _llama_argv(
             )
     files = _llama_files(spec, model, source)
     if tools.llama.is_native:
-        return native_argv(tools.llama.program, _sized_cache(entry, budget_mb), files)
+        return native_argv(tools.llama.program, _sized_cache(entry, cache_mb), files)
     return python_argv(tools.llama.program, entry, files)
 
 
@@ -195,14 +194,12 @@ def plan_launch(
         problem = Problem(source, spec.label, exc.field, exc.message)
         raise PlanError([problem], missing=exc.missing) from None
     defaults: dict[str, Any] = {}
-    cache_mb: int | None = 0
+    native = tools.llama is not None and tools.llama.is_native
+    cache_mb = prompt_cache_mb(entry, native, budget_mb)  # 0 but for llama.cpp
     key: str | None = None
-    skip: str | None = eligible.why_not(entry, False, slot_dir is not None)
+    skip = eligible.why_not(entry, native, slot_dir is not None)
     if entry.backend == "llamacpp":
-        argv = _llama_argv(spec, model, tools, source, budget_mb)
-        native = tools.llama is not None and tools.llama.is_native
-        cache_mb = prompt_cache_mb(entry, native, budget_mb)
-        skip = eligible.why_not(entry, native, slot_dir is not None)
+        argv = _llama_argv(spec, model, tools, source, cache_mb)
         if skip is None and slot_dir is not None:
             key = cache_key(argv, spec.role)
             argv += ["--slot-save-path", str(slot_dir)]

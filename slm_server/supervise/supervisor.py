@@ -498,17 +498,31 @@ class Supervisor:
                 ", ".join(short),
                 self.watchdog.failure_threshold,
             )
+        # Every entry planned once: the launch keys a reload compares against, and
+        # whether each one's slots are kept (the launches plan again, as they must).
+        plans, self.keys, _problems = plan_all(
+            self.registry,
+            self.tools,
+            self.settings.log_dir,
+            budget_mb=self.settings.memory.budget_mb,
+            slot_dir=self.slot_dir,
+        )
         for spec in self.registry.models:
             if spec.role in self.remotes:
                 continue  # nothing to start: see Remotes
-            self.backends[spec.role] = self.new_backend(spec)
+            self.backends[spec.role] = self.new_backend(spec, plans.get(spec.role))
         self.stamp_registry()
         self.apply(core.Begin())  # the first phases, and the first launches
 
     def new_backend(
-        self, spec: ModelSpec, reloaded: bool = False, held_by: int | None = None
+        self,
+        spec: ModelSpec,
+        plan: LaunchPlan | None = None,
+        reloaded: bool = False,
+        held_by: int | None = None,
     ) -> Backend:
-        """A backend for ``spec`` with a fresh restart budget, not yet begun."""
+        """A backend for ``spec`` (planned as ``plan``; None: it cannot be) with a fresh
+        restart budget, not yet begun."""
         budget = RestartBudget(
             self.watchdog.max_restarts,
             self.watchdog.restart_window_seconds,
@@ -530,43 +544,25 @@ class Supervisor:
         backend = Backend(spec, life)
         backend.footprint_key, backend.estimate_mb = expected.key, expected.estimate_mb
         backend.prompt_cache_mb = expected.prompt_cache_mb
-        if entry.enabled and not entry.remote:
-            self.expect_slots(backend)
+        if plan is not None:
+            self.expect_slots(backend, plan)
         return backend
 
-    def expect_slots(self, backend: Backend) -> None:
+    def expect_slots(self, backend: Backend, plan: LaunchPlan) -> None:
         """Whether its slots are kept across unloads, and what is saved for it."""
-        try:
-            plan = plan_launch(
-                backend.spec,
-                self.tools,
-                self.settings.log_dir,
-                str(self.registry.path),
-                budget_mb=self.settings.memory.budget_mb,
-                slot_dir=self.slot_dir,
-            )
-        except PlanError:
-            return
         backend.slot_skip = plan.slot_cache_skip
         slots = backend.spec.entry.max_concurrency
         backend.slot_tokens = self.slot_saves.saved_tokens(plan.slot_cache_key, slots)
 
     def stamp_registry(self) -> None:
         """Publish the registry at start: its snapshot, then (with the state file) its
-        stamp, and the launch keys a reload compares against."""
+        stamp."""
         text = self.registry_text
         if text is None:
             try:
                 text = self.registry.path.read_text(encoding="utf-8")
             except OSError:
                 text = None
-        _plans, self.keys, _problems = plan_all(
-            self.registry,
-            self.tools,
-            self.settings.log_dir,
-            budget_mb=self.settings.memory.budget_mb,
-            slot_dir=self.slot_dir,
-        )
         if text is not None:
             self.registry_text = text
             self.publish_registry(text, 1)
@@ -873,15 +869,15 @@ class Supervisor:
             if spec.entry.enabled and spec.entry.remote:
                 continue
             kept = old.get(spec.role)
+            plan = prepared.plans.get(spec.role)
             if kept is not None and spec.role not in fresh:
                 kept.spec = spec
-                plan = prepared.plans.get(spec.role)
                 if kept.plan is not None and plan is not None:
                     kept.plan = plan  # same command line; the request defaults may differ
                 backends[spec.role] = kept
                 continue
             held_by = self.retirements.holder(spec.role, spec.entry.port)
-            backends[spec.role] = self.new_backend(spec, reloaded=True, held_by=held_by)
+            backends[spec.role] = self.new_backend(spec, plan, reloaded=True, held_by=held_by)
         self.backends = backends
         remotes = [s for s in registry.enabled if s.entry.remote]
         self.remotes.replace(remotes, set(diff.unchanged))
