@@ -849,6 +849,14 @@ def test_a_load_waiting_on_a_restarting_model_is_answered_when_the_watchdog_aban
         os.kill(pid, 9)
         # Restarting: published ``restarting``, then ``starting`` for the 2 s relaunch.
         stack.wait_event("restart_started", timeout=10, role="flaky")
+        # The router reads the state file at most every 20 ms: the load goes once the
+        # router itself no longer sees the killed process as ready (CI once sent it in
+        # that window and got the stale 200).
+        poll(
+            lambda: status(stack, "fake-flaky")["state"] != "ready",
+            5,
+            "the router to see the restart",
+        )
         loading = pool.submit(api, stack, "load", "fake-flaky", 60)
         abandoned = stack.wait_event("backend_abandoned", timeout=20, role="flaky")
         seen_at = time.monotonic()
