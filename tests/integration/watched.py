@@ -107,7 +107,28 @@ class Watched:
         self.wait_state(role, "ready", timeout)
 
     def wait_state(self, role: str, state: str, timeout: float = 20.0) -> None:
+        """Wait until the supervisor publishes ``role`` in ``state`` and, with a router
+        running, until the router sees it so too: the router reads the state file at
+        most every 20 ms, and a request sent in between is answered by the old state."""
         poll(lambda: self.state(role).get("state") == state, timeout, f"{role} to be {state}")
+        if self.url:
+            poll(
+                lambda: self.router_state(role) in (state, None),
+                timeout,
+                f"the router to see {role} {state}",
+            )
+
+    def router_state(self, role: str) -> str | None:
+        """The state the router's ``/v1/models`` gives the backend ``role`` (a replica's
+        under its model's ``status.replicas``); None when it lists no such backend."""
+        listed = one_shot.get(f"{self.url}/v1/models", timeout=5).json()["data"]
+        for model in listed:
+            for replica in model["status"].get("replicas", ()):
+                if replica["role"] == role:
+                    return str(replica["state"])
+            if model.get("role") == role:
+                return str(model["status"]["state"])
+        return None
 
     def port(self, role: str) -> int:
         port = self.models[role]["port"]
