@@ -106,6 +106,7 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
         os.kill(killed, signal.SIGKILL)
         stack.wait_event("restart_succeeded", old_pid=killed)
         poll(lambda: len(stack.events("cache_restored")) == 2, 10, "the restore after it")
+        stack.wait_ready("standard")  # restored before ready: the request waits for that
         assert len(stack.events("cache_saved")) == 1
         _, evaluated = ask(stack, model_id, 1, "Which word comes first?")
         assert evaluated <= 4
@@ -121,6 +122,7 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
             pass
         assert stack.wait_event("restart_succeeded", old_pid=wedged)["reason"] == "stall"
         poll(lambda: len(stack.events("cache_restored")) == 3, 10, "the restore after it")
+        stack.wait_ready("standard")
         assert len(stack.events("cache_saved")) == 1 and stack.events("cache_save_failed") == []
 
         # A slot file that is not one: the server refuses it, the load goes on.

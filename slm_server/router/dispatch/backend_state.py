@@ -57,6 +57,11 @@ class StateSource(Protocol):
         """The published state of the backend with this role and port, if any."""
         ...
 
+    def current(self, role: str, port: int) -> BackendState | None:
+        """As :meth:`get`, read from the file now rather than up to
+        ``STAT_EVERY_SECONDS`` ago: asked before a request is refused."""
+        ...
+
     def planned(self, role: str, port: int) -> BackendState | None:
         """What a running launcher published for this backend; None without one."""
         ...
@@ -117,6 +122,12 @@ class StateView:
         """The published state of the backend with this role and port, if any."""
         self._refresh()
         return self._states.get((role, port))
+
+    def current(self, role: str, port: int) -> BackendState | None:
+        """The published state of the backend read now (a stat, and a read when the
+        file changed), not up to ``STAT_EVERY_SECONDS`` ago."""
+        self._stat_after = 0.0
+        return self.get(role, port)
 
     def planned(self, role: str, port: int) -> BackendState | None:
         """What a running launcher published for this backend (its kind, health path

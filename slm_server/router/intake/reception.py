@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 
 from slm_server.config import ModelSpec
+from slm_server.contracts.records import BackendState
 from slm_server.errors import BackendUnavailable, PayloadTooLarge, UnsupportedEndpoint
 from slm_server.registry import ENDPOINT_MODEL_TYPES, Registry
 from slm_server.router.dispatch.backend_state import StateSource, awaits_reload, given_up
@@ -212,8 +213,15 @@ class Reception:
         supervisor says anything): abandoned or failed (503, with why), or
         (re)starting (503 with ``Retry-After``), a remote ejected (503 with
         ``Retry-After`` until its ejection ends). These are the router's own refusals,
-        never counted against the backend."""
-        state = self.states.get(spec.role, spec.entry.port)
+        never counted against the backend. The router's view of the state file may
+        be up to 20 ms old: a refusal is decided again on the file as it is now, so
+        that a backend the supervisor has just published ready is not refused."""
+        refusal = self._down(spec, self.states.get(spec.role, spec.entry.port))
+        if refusal is None:
+            return None
+        return self._down(spec, self.states.current(spec.role, spec.entry.port))
+
+    def _down(self, spec: ModelSpec, state: BackendState | None) -> BackendUnavailable | None:
         if state is None or not self.states.launcher_alive():
             return None
         name = f"The backend for '{spec.entry.id}'"

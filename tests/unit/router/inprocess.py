@@ -215,8 +215,14 @@ class FakeStates:
         self.alive = False
         self.registry: RegistryStamp | None = None
         self.retired: list[Retiring] = []
+        # While set, what get() answers: the real view's file read up to 20 ms ago
+        # (current() reads ``states``, the file as it is now).
+        self.stale: dict[tuple[str, int], BackendState] | None = None
 
     def get(self, role: str, port: int) -> BackendState | None:
+        return (self.stale if self.stale is not None else self.states).get((role, port))
+
+    def current(self, role: str, port: int) -> BackendState | None:
         return self.states.get((role, port))
 
     def planned(self, role: str, port: int) -> BackendState | None:

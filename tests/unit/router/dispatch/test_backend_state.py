@@ -81,3 +81,17 @@ def test_the_registry_stamp_and_the_retiring_backends_are_read_with_the_states(
     path.unlink()
     assert view.stamp() is None
     assert view.retiring() == []
+
+
+def test_current_reads_the_file_that_get_reads_only_every_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(backend_state, "STAT_EVERY_SECONDS", 3600.0)
+    path = tmp_path / "backends.state.json"
+    write_state(path, os.getpid(), [published("restarting")])
+    view = StateView(path)
+    assert view.get("chat", 8501) == published("restarting")
+    write_state(path, os.getpid(), [published("ready")])
+    assert view.get("chat", 8501) == published("restarting")  # not looked at again yet
+    assert view.current("chat", 8501) == published("ready")
+    assert view.get("chat", 8501) == published("ready")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -407,6 +408,41 @@ def test_a_restarting_backend_is_refused_without_sending(tmp_path: Path) -> None
             assert got.json()["error"]["code"] == "backend_restarting"
             assert "retry-after" in got.headers
             assert router.transport.sent == []
+
+    run(scenario())
+
+
+def test_a_backend_just_published_ready_is_not_refused_on_an_older_view(
+    tmp_path: Path,
+) -> None:
+    """The router stats the state file at most every 20 ms: a request that its older
+    view would refuse as restarting is decided again on the file as it is now."""
+    router = make_router(tmp_path, answering(lambda: whole(ANSWER)))
+    spec = router.spec
+    router.states.alive = True
+    key = (spec.role, spec.entry.port)
+    ready = BackendState(
+        role=spec.role,
+        model_id=spec.entry.id,
+        backend="llamacpp",
+        port=spec.entry.port,
+        state="ready",
+        pid=None,
+        since=0.0,
+        started_at=None,
+        exit_status=None,
+        restarts=1,
+        reason=None,
+        log_path="logs/chat.log",
+    )
+    router.states.states[key] = ready
+    router.states.stale = {key: replace(ready, state="restarting", reason="stalled")}
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat())
+            assert got.status == 200, got.body
+            assert len(router.transport.sent) == 1
 
     run(scenario())
 

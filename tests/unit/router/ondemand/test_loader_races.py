@@ -67,6 +67,9 @@ class LaggingStates(FakeStates):
         source = self.frozen if self.frozen is not None else self.real.states
         return source.get((role, port))
 
+    def current(self, role: str, port: int) -> BackendState | None:
+        return self.get(role, port)  # the load command's answer not yet in the file
+
     def launcher_alive(self) -> bool:
         return self.real.alive
 
