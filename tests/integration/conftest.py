@@ -22,6 +22,7 @@ with other needs defines its own fixture of the same name, which wins over these
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,6 +32,19 @@ import pytest
 
 from tests.fakes.control import FakeBackend
 from tests.processes import RunningRouter, StartRouter, registry_env, running_router
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a parallel run, each llama-server a test starts computes on one thread
+    (``LLAMA_ARG_THREADS``, read by llama-server, inherited through the launcher). The
+    workers outnumber the CPUs, and a server's second thread spun waiting for the first
+    whenever the other tests held the CPU: two servers answering three 320-token
+    prompts each beside two busy processes took twice the CPU time and 1.6 times as
+    long with llama.cpp's default (one thread per core) as with one thread. The tests
+    that run alone (``serial``) keep the default."""
+    del config
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("LLAMA_ARG_THREADS", "1")
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from tests.processes import free_port, poll
 pytestmark = pytest.mark.real_model
 
 WORDS = ["river", "stone", "lantern", "copper", "meadow", "signal", "harbor", "velvet"]
-PREFIX_WORDS = 300  # about 320 tokens: long enough to tell a reuse from a prefill
-LONG = 250  # more tokens than this evaluated: the prefix was not reused
+PREFIX_WORDS = 100  # about 130 tokens with the template: a reuse evaluates at most 4
+LONG = 90  # more tokens than this evaluated: the prefix was not reused
 
 
 def prefix(seed: int, words: int = PREFIX_WORDS) -> str:
@@ -196,7 +196,7 @@ def test_another_launch_and_a_sliding_window_model_keep_nothing(
 
 
 def test_a_set_larger_than_the_disk_budget_is_not_kept(tmp_path: Path) -> None:
-    budget = {"SLM_SLOT_CACHE_MB": "1"}  # one slot of ~330 tokens takes ~7 MiB
+    budget = {"SLM_SLOT_CACHE_MB": "1"}  # one slot of ~130 tokens takes ~3 MiB
     with gateway(tmp_path, ("standard",), budget, max_concurrency=1) as stack:
         model_id = stack.model_id("standard")
         ask(stack, model_id, 31, "Name one word.")
