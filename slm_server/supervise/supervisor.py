@@ -27,7 +27,6 @@ import contextlib
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -69,6 +68,7 @@ from slm_server.supervise.reload import Prepared, Refusal, conflicts, plan_all, 
 from slm_server.supervise.remotes import Remotes
 from slm_server.supervise.restart_budget import RestartBudget
 from slm_server.supervise.retire import Retiree, Retirements
+from slm_server.supervise.signal_flag import SignalFlag
 from slm_server.supervise.slot_saves import SlotSaves
 from slm_server.supervise.strays import verifiably_ours
 
@@ -120,7 +120,7 @@ class Supervisor:
             probe_interval_seconds=STARTING_PROBE_SECONDS,
             remeasure_growth=REMEASURE_GROWTH,
         )
-        self.stopping = threading.Event()
+        self.stopping = SignalFlag()  # SIGINT/SIGTERM: stop within a tick
         self.backends: dict[str, Backend] = {}
         self.previous_records: list[PidRecord] = []
         self.inbox: list[core.Observation] = []
@@ -151,7 +151,7 @@ class Supervisor:
         self.stamp: RegistryStamp | None = None
         self.keys: dict[str, LaunchKey] = {}
         self.retirements = Retirements(settings.serving.drain_timeout_seconds, wall)
-        self.reload_asked = threading.Event()  # SIGHUP: reload within a tick
+        self.reload_asked = SignalFlag()  # SIGHUP: reload within a tick
         self.watch_file: ConfigWatch | None = None
 
     # -- signals and records --------------------------------------------------------

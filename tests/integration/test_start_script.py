@@ -40,6 +40,7 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
         "SLM_BACKEND_LOG_DIR": str(tmp_path / "logs"),
         "SLM_ENV_FILE": str(tmp_path / "env"),
         "SLM_LLAMA_SERVER_BIN": llama_server_bin(),
+        "SLM_SLOT_CACHE_DIR": str(tmp_path / "slots"),  # not the home's, shared by runs
     }
     output = tmp_path / "start.out"
     with output.open("wb") as sink:
@@ -87,7 +88,12 @@ def test_start_sh_serves_every_default_model_and_ctrl_c_stops_everything(
     finally:
         # Ctrl-C in a terminal signals the whole foreground process group.
         os.killpg(start.pid, signal.SIGINT)
-        status = start.wait(timeout=60)
+        try:
+            status = start.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(start.pid, signal.SIGKILL)  # the failure leaves nothing running
+            start.wait()
+            raise
     assert status == 130, output.read_text()[-3000:]
     poll(lambda: not any(pid_alive(pid) for pid in pids), 15, "every backend to exit")
     with pytest.raises(httpx.ConnectError):
