@@ -112,23 +112,35 @@ class Watched:
         most every 20 ms, and a request sent in between is answered by the old state."""
         poll(lambda: self.state(role).get("state") == state, timeout, f"{role} to be {state}")
         if self.url:
+            # Done as well when the supervisor has moved on (the router may never show
+            # a state that lasted less than its 20 ms).
             poll(
-                lambda: self.router_state(role) in (state, None),
+                lambda: (
+                    self.router_state(role) in (state, None)
+                    or self.state(role).get("state") != state
+                ),
                 timeout,
                 f"the router to see {role} {state}",
             )
 
     def router_state(self, role: str) -> str | None:
         """The state the router's ``/v1/models`` gives the backend ``role`` (a replica's
-        under its model's ``status.replicas``); None when it lists no such backend."""
-        listed = one_shot.get(f"{self.url}/v1/models", timeout=5).json()["data"]
-        for model in listed:
-            for replica in model["status"].get("replicas", ()):
-                if replica["role"] == role:
-                    return str(replica["state"])
+        under its model's ``status.replicas``); None when it lists no such backend or
+        gives it none."""
+        keys = [k for k in self.env.get("SLM_API_KEYS", "").split(",") if k.strip()]
+        headers = {"Authorization": f"Bearer {keys[0].strip()}"} if keys else {}
+        answer = one_shot.get(f"{self.url}/v1/models", headers=headers, timeout=5)
+        assert answer.status_code == 200, answer.text
+        found: str | None = None
+        for model in answer.json()["data"]:
+            states = {r["role"]: r["state"] for r in model["status"].get("replicas", ())}
+            if role in states:
+                found = states[role]
+                break
             if model.get("role") == role:
-                return str(model["status"]["state"])
-        return None
+                found = model["status"]["state"]
+                break
+        return found
 
     def port(self, role: str) -> int:
         port = self.models[role]["port"]

@@ -25,6 +25,9 @@ from slm_server.errors import BackendUnavailable
 # How long a launcher whose pid and create time matched is trusted on its pid alone.
 REVERIFY_SECONDS = 1.0
 STAT_EVERY_SECONDS = 0.02
+# How long a look :meth:`StateView.current` forces is trusted: a replica that stays
+# refused (abandoned, ejected) is looked at again at most this often, not per request.
+CURRENT_WITHIN_SECONDS = 0.001
 # Longer than the coarsest modification-time tick of the file systems we run on (1 s).
 FRESH_SECONDS = 2.0
 
@@ -91,12 +94,14 @@ class StateView:
         self._file = StateFile()
         self._verified_until = 0.0
         self._stat_after = 0.0
+        self._stat_at = -1.0
 
     def _refresh(self) -> None:
         now = time.monotonic()
         if now < self._stat_after:
             return
         self._stat_after = now + STAT_EVERY_SECONDS
+        self._stat_at = now
         try:
             info = os.stat(self.path)
             seen = (info.st_ino, info.st_mtime_ns, info.st_size)
@@ -125,8 +130,10 @@ class StateView:
 
     def current(self, role: str, port: int) -> BackendState | None:
         """The published state of the backend read now (a stat, and a read when the
-        file changed), not up to ``STAT_EVERY_SECONDS`` ago."""
-        self._stat_after = 0.0
+        file changed), not up to ``STAT_EVERY_SECONDS`` ago: at most
+        ``CURRENT_WITHIN_SECONDS`` ago."""
+        if time.monotonic() - self._stat_at >= CURRENT_WITHIN_SECONDS:
+            self._stat_after = 0.0
         return self.get(role, port)
 
     def planned(self, role: str, port: int) -> BackendState | None:

@@ -93,5 +93,8 @@ def test_current_reads_the_file_that_get_reads_only_every_tick(
     assert view.get("chat", 8501) == published("restarting")
     write_state(path, os.getpid(), [published("ready")])
     assert view.get("chat", 8501) == published("restarting")  # not looked at again yet
+    monkeypatch.setattr(backend_state, "CURRENT_WITHIN_SECONDS", 3600.0)
+    assert view.current("chat", 8501) == published("restarting")  # looked at just now
+    monkeypatch.setattr(backend_state, "CURRENT_WITHIN_SECONDS", 0.0)
     assert view.current("chat", 8501) == published("ready")
     assert view.get("chat", 8501) == published("ready")

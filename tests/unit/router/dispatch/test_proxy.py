@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -382,24 +381,30 @@ def test_a_full_queue_is_refused_with_retry_after(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_a_restarting_backend_is_refused_without_sending(tmp_path: Path) -> None:
-    router = make_router(tmp_path, answering(lambda: whole(ANSWER)))
+def published(router: Router, state: str, reason: str | None = None) -> BackendState:
+    """The state a running launcher publishes for the router's one backend."""
     spec = router.spec
-    router.states.alive = True
-    router.states.states[(spec.role, spec.entry.port)] = BackendState(
+    return BackendState(
         role=spec.role,
         model_id=spec.entry.id,
         backend="llamacpp",
         port=spec.entry.port,
-        state="restarting",
+        state=state,
         pid=None,
         since=0.0,
         started_at=None,
         exit_status=None,
         restarts=1,
-        reason="stalled",
+        reason=reason,
         log_path="logs/chat.log",
     )
+
+
+def test_a_restarting_backend_is_refused_without_sending(tmp_path: Path) -> None:
+    router = make_router(tmp_path, answering(lambda: whole(ANSWER)))
+    spec = router.spec
+    router.states.alive = True
+    router.states.states[(spec.role, spec.entry.port)] = published(router, "restarting", "stalled")
 
     async def scenario() -> None:
         async with serving(router):
@@ -421,22 +426,8 @@ def test_a_backend_just_published_ready_is_not_refused_on_an_older_view(
     spec = router.spec
     router.states.alive = True
     key = (spec.role, spec.entry.port)
-    ready = BackendState(
-        role=spec.role,
-        model_id=spec.entry.id,
-        backend="llamacpp",
-        port=spec.entry.port,
-        state="ready",
-        pid=None,
-        since=0.0,
-        started_at=None,
-        exit_status=None,
-        restarts=1,
-        reason=None,
-        log_path="logs/chat.log",
-    )
-    router.states.states[key] = ready
-    router.states.stale = {key: replace(ready, state="restarting", reason="stalled")}
+    router.states.states[key] = published(router, "ready")
+    router.states.stale = {key: published(router, "restarting", "stalled")}
 
     async def scenario() -> None:
         async with serving(router):
