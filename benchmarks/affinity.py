@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +41,7 @@ import httpx
 from benchmarks.loadgen import percentile
 from benchmarks.report import DASH, DIVIDE, TIMES, Check, show, spread, table
 from benchmarks.servers import launcher, router_for
+from tests.fakes.control import free_ports
 from tests.integration.real_stack import example_registry, llama_server_bin
 
 ROLE: Final = "standard"
@@ -265,24 +265,6 @@ def summarize(turns: Sequence[Turn], wall: float) -> dict[str, Any]:
     }
 
 
-def _free_ports(count: int) -> int:
-    """A port from which ``count`` consecutive ports are free (for the replicas)."""
-    for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = int(sock.getsockname()[1])
-        if base + count - 1 > 65535:
-            continue
-        try:
-            for port in range(base, base + count):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
 def entry(plan: Plan, policy: str, port: int) -> dict[str, Any]:
     """The registry entry: SmolLM2 as the example has it, as two one-slot replicas."""
     models: dict[str, dict[str, Any]] = example_registry(
@@ -303,7 +285,7 @@ def entry(plan: Plan, policy: str, port: int) -> dict[str, Any]:
 
 def run_once(plan: Plan, policy: str, workdir: Path, index: int) -> dict[str, Any]:
     """One policy on fresh replicas and router: every turn, summarized."""
-    port = _free_ports(2)
+    port = free_ports(2)
     models = {ROLE: entry(plan, policy, port)}
     model = models[ROLE]["id"]
     env = {"SLM_LLAMA_SERVER_BIN": llama_server_bin(), "LLAMA_ARG_THREADS": str(plan.threads)}

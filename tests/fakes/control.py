@@ -52,22 +52,60 @@ def _listening_pool() -> range:
     return range(10000, max(low, 12000))
 
 
+# The top of the pool is kept for runs of consecutive ports (free_ports), one contiguous
+# part per worker; free_port draws from the rest.
+RUNS_REGION = 1600
+
+
+def _single_pool() -> range:
+    pool = _listening_pool()
+    return range(pool.start, pool.stop - RUNS_REGION)
+
+
+def _runs_share(index: int, count: int) -> range:
+    """This worker's part of the region kept for runs of consecutive ports."""
+    pool = _listening_pool()
+    span = RUNS_REGION // count
+    start = pool.stop - RUNS_REGION + index * span
+    return range(start, start + span)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports on 127.0.0.1, each free a moment ago and
+    none handed out before (an entry with replicas takes its port and the next ones):
+    from this worker's own part of the numbers below the kernel's ephemeral range, so
+    neither another worker nor an outgoing connection takes one before the bind."""
+    share = _runs_share(*_worker_share())
+    for _ in range(200):
+        base = _RANDOM.randrange(share.start, share.stop - count + 1)
+        run = range(base, base + count)
+        if any(port in _HANDED_OUT for port in run) or not all(map(_bindable, run)):
+            continue
+        _HANDED_OUT.update(run)
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports in this worker's share")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago and that no earlier call in
     this process returned (a registry of two entries built from two calls must not share
     one). Under pytest-xdist each worker draws only from its own share of the numbers
     (port modulo the worker count), so two workers never hand out the same port."""
     index, count = _worker_share()
-    pool = _listening_pool()
+    pool = _single_pool()
     for _ in range(1000):
         port = _RANDOM.randrange(pool.start, pool.stop)
-        if port % count != index or port in _HANDED_OUT:
+        if port % count != index or port in _HANDED_OUT or not _bindable(port):
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                continue
         _HANDED_OUT.add(port)
         return port
     raise RuntimeError("no free port in this worker's share")

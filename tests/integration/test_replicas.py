@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import httpx
 import pytest
 
 from tests import one_shot
+from tests.fakes.control import free_ports
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import poll
@@ -31,30 +31,12 @@ MODEL = "fake-chat"
 SYSTEM = "You are assistant number {0} and you follow the house rules to the letter. " * 8
 
 
-def consecutive_ports(count: int) -> int:
-    """A first port with ``count`` free ports from it (checked by binding each)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65535:
-            continue
-        try:
-            for port in range(base, base + count):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError(f"no {count} consecutive free ports")
-
-
 def roles(count: int, role: str = "chat") -> list[str]:
     return [role, *(f"{role}.{n}" for n in range(2, count + 1))]
 
 
 def replicated(tmp_path: Path, count: int, **fields: Any) -> dict[str, dict[str, Any]]:
-    entry = fake_entry(tmp_path, "chat", port=consecutive_ports(count), replicas=count, **fields)
+    entry = fake_entry(tmp_path, "chat", port=free_ports(count), replicas=count, **fields)
     return {"chat": entry}
 
 
@@ -267,7 +249,7 @@ def test_with_every_replica_down_the_client_gets_503(tmp_path: Path) -> None:
 def test_two_real_llama_server_replicas_serve_and_survive_a_kill(tmp_path: Path) -> None:
     registry = example_registry({"standard": 0, "gemma": 0, "embeddings": 0}, roles=("standard",))
     entry = registry["models"]["standard"]
-    entry.update(port=consecutive_ports(2), replicas=2, max_concurrency=1, default_timeout=60)
+    entry.update(port=free_ports(2), replicas=2, max_concurrency=1, default_timeout=60)
     models = {"standard": entry}
     body = {
         "model": "smollm2-135m-instruct",
