@@ -94,14 +94,12 @@ class StateView:
         self._file = StateFile()
         self._verified_until = 0.0
         self._stat_after = 0.0
-        self._stat_at = -1.0
 
     def _refresh(self) -> None:
         now = time.monotonic()
         if now < self._stat_after:
             return
         self._stat_after = now + STAT_EVERY_SECONDS
-        self._stat_at = now
         try:
             info = os.stat(self.path)
             seen = (info.st_ino, info.st_mtime_ns, info.st_size)
@@ -132,8 +130,8 @@ class StateView:
         """The published state of the backend read now (a stat, and a read when the
         file changed), not up to ``STAT_EVERY_SECONDS`` ago: at most
         ``CURRENT_WITHIN_SECONDS`` ago."""
-        if time.monotonic() - self._stat_at >= CURRENT_WITHIN_SECONDS:
-            self._stat_after = 0.0
+        looked_at = self._stat_after - STAT_EVERY_SECONDS
+        self._stat_after = min(self._stat_after, looked_at + CURRENT_WITHIN_SECONDS)
         return self.get(role, port)
 
     def planned(self, role: str, port: int) -> BackendState | None:
