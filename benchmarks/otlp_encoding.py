@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from benchmarks.machine import describe_machine
 from benchmarks.report import DASH, TIMES, write_measurements
 from benchmarks.servers import otlp_sink
-from slm_server.config import ModelEntry, ModelSpec
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.router.observe.otlp_wire import PairCache, encode_request

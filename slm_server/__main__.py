@@ -1,5 +1,5 @@
-"""``python -m slm_server``: see :mod:`slm_server.cli`."""
+"""``python -m slm_server``: see :mod:`slm_server.cli.commands`."""
 
-from slm_server.cli import main
+from slm_server.cli.commands import main
 
 raise SystemExit(main())

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slm_server.config import ModelEntry
 from slm_server.launch.llama_argv import kv_cache_types
 from slm_server.memory import prompt_cache
 from slm_server.memory.estimate import Estimate, EstimateError, estimate_gguf, estimate_mlx
 from slm_server.memory.store import FootprintKey
-from slm_server.model_path import ModelPathError, resolve_file_field, resolve_model_path
+from slm_server.registry.model_path import ModelPathError, resolve_file_field, resolve_model_path
+from slm_server.registry.schema import ModelEntry
 
 
 class NoEstimate(Exception):

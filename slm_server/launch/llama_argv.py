@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from slm_server.config import CacheType, ModelEntry
+from slm_server.registry.schema import CacheType, ModelEntry
 
 # ggml_type values that llama-cpp-python's --type_k/--type_v take.
 GGML_TYPE_IDS: dict[str, int] = {

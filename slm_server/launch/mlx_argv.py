@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from slm_server.config import ModelEntry
 from slm_server.launch.mlx_options import MlxOptions
+from slm_server.registry.schema import ModelEntry
 
 IMAGE_TYPES = ("image-generation", "image-edit")
 TEXT_TYPES = ("lm", "multimodal")

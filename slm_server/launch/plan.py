@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slm_server.config import NATIVE_ONLY_FIELDS, ModelEntry, ModelSpec, Problem, RegistryFile
 from slm_server.launch.footprint import prompt_cache_mb
 from slm_server.launch.llama_argv import (
     ModelFiles,
@@ -24,7 +23,14 @@ from slm_server.launch.llama_argv import (
 from slm_server.launch.mlx_argv import mlx_argv, mlx_rerank_argv, unsupported_choices
 from slm_server.launch.mlx_options import read_mlx_options
 from slm_server.launch.runtime import LlamaRuntime, RuntimeNotFound, find_llama_runtime
-from slm_server.model_path import ModelPathError, resolve_file_field, resolve_model_path
+from slm_server.registry.model_path import ModelPathError, resolve_file_field, resolve_model_path
+from slm_server.registry.schema import (
+    NATIVE_ONLY_FIELDS,
+    ModelEntry,
+    ModelSpec,
+    Problem,
+    RegistryFile,
+)
 from slm_server.slotcache import eligible
 from slm_server.slotcache.key import cache_key
 

@@ -26,19 +26,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from slm_server import logging_setup
-from slm_server.config import (
+from slm_server.contracts import commands
+from slm_server.contracts.applied_registry import version_of
+from slm_server.contracts.events import EventLog, EventSink
+from slm_server.errors import GatewayError, HttpStatusError
+from slm_server.memory.available import MemorySource, machine_source
+from slm_server.registry.schema import (
     ConfigError,
     ModelSpec,
     RegistryFile,
     parse_registry,
     read_registry_text,
 )
-from slm_server.contracts import commands
-from slm_server.contracts.applied_registry import version_of
-from slm_server.contracts.events import EventLog, EventSink
-from slm_server.errors import GatewayError, HttpStatusError
-from slm_server.memory.available import MemorySource, machine_source
-from slm_server.registry import Registry
 from slm_server.router.answer.error_shape import error_response
 from slm_server.router.apis.models_and_health import Info
 from slm_server.router.dashboard.endpoints import Dashboard
@@ -46,6 +45,7 @@ from slm_server.router.dashboard.recent import RecentRequests
 from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.backend_state import StateSource, StateView
 from slm_server.router.dispatch.drain import Drain
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.dispatch.proxy import Proxy
 from slm_server.router.edge.api_keys import Keys
 from slm_server.router.edge.hosts import AllowedHosts

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slm_server.config import ModelEntry
 from slm_server.memory.estimate import EstimateError, attention_shape
 from slm_server.memory.gguf_header import GgufError, read_header
-from slm_server.model_path import ModelPathError, resolve_model_path
+from slm_server.registry.model_path import ModelPathError, resolve_model_path
+from slm_server.registry.schema import ModelEntry
 
 SLIDING_WINDOW = (
     "sliding-window attention: at the pinned llama.cpp a restored cache is reused only "

@@ -4,10 +4,10 @@ process, its expected footprint)."""
 
 from __future__ import annotations
 
-from slm_server.config import ModelEntry, ModelSpec
 from slm_server.launch.plan import LaunchPlan
 from slm_server.memory import measure
 from slm_server.memory.store import FootprintKey
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.control import Child
 from slm_server.supervise.decide import Lifecycle
 

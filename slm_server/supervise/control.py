@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from slm_server import remote
-from slm_server.config import ModelEntry
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan
 from slm_server.memory import measure
+from slm_server.registry import remote
+from slm_server.registry.schema import ModelEntry
 from slm_server.supervise.confirm import Evidence
 from slm_server.supervise.confirm import Probe as ConfirmProbe
 from slm_server.supervise.evidence import (

@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slm_server.config import ModelSpec
 from slm_server.contracts.states import State
 from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key, prompt_cache_mb
 from slm_server.memory.store import FootprintKey, FootprintStore
+from slm_server.registry.schema import ModelSpec
 from slm_server.supervise.backend import Backend
 from slm_server.supervise.control import ProcessControl
 from slm_server.supervise.decide import Measured

@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from slm_server.config import ModelSpec
 from slm_server.launch.plan import LaunchPlan
+from slm_server.registry.schema import ModelSpec
 
 LaunchKey = tuple[object, ...]
 Stat = Callable[[str], os.stat_result]

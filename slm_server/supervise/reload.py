@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from slm_server.config import (
+from slm_server.contracts.applied_registry import version_of
+from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
+from slm_server.registry.schema import (
     ConfigError,
     ModelSpec,
     RegistryFile,
     inspect_registry,
     read_registry_text,
 )
-from slm_server.contracts.applied_registry import version_of
-from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
 from slm_server.supervise.registry_diff import LaunchKey, RegistryDiff, diff_registries, launch_key
 
 RefusalKind = Literal["invalid", "conflict", "stopping"]

@@ -17,11 +17,11 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from slm_server import remote
-from slm_server.config import ModelSpec
 from slm_server.contracts.events import EventSink
 from slm_server.contracts.records import BackendState
 from slm_server.contracts.restart_requests import RestartRequest
+from slm_server.registry import remote
+from slm_server.registry.schema import ModelSpec
 from slm_server.settings import WatchdogSettings
 from slm_server.supervise.confirm import Decision
 from slm_server.supervise.control import ProcessControl

@@ -33,7 +33,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slm_server.config import ModelSpec, RegistryFile
 from slm_server.contracts import applied_registry, commands
 from slm_server.contracts.applied_registry import RegistryStamp, RetireReason
 from slm_server.contracts.events import EventLog
@@ -44,6 +43,7 @@ from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.contracts.states import SUPERVISED
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
+from slm_server.registry.schema import ModelSpec, RegistryFile
 from slm_server.settings import Settings
 from slm_server.slotcache.store import SlotStore
 from slm_server.supervise import command_socket, launcher_lock

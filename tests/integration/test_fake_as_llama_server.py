@@ -21,8 +21,8 @@ import psutil
 import pytest
 import yaml
 
-from slm_server.config import ModelEntry
 from slm_server.launch.llama_argv import ModelFiles, native_argv
+from slm_server.registry.schema import ModelEntry
 from tests import one_shot
 from tests.processes import ROOT, free_port, pid_alive, poll, start_command
 from tests.registry_entries import registry_entry

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from slm_server.config import ModelEntry, ModelSpec
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.router.observe.telemetry import UNIQUE_ATTRIBUTES, Inbound, Telemetry

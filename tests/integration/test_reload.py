@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from slm_server import cli
+from slm_server.cli import commands as cli
 from slm_server.settings import Settings
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import ROOT, free_port, pid_alive, poll

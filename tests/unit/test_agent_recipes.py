@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slm_server.config import load_registry
-from slm_server.registry import Registry
+from slm_server.registry.schema import load_registry
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.intake.presets import resolve
 
 ROOT = Path(__file__).resolve().parents[2]

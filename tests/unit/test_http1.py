@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
-from slm_server.config import ModelSpec, parse_registry
 from slm_server.errors import (
     AnswerTooLarge,
     BackendProtocolError,
@@ -38,6 +37,7 @@ from slm_server.http1 import (
     ReadTimeout,
     Response,
 )
+from slm_server.registry.schema import ModelSpec, parse_registry
 from slm_server.router.upstream.client import Upstream, iter_sse, read_all
 
 T = TypeVar("T")

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import time
 
-from slm_server.config import ModelSpec
 from slm_server.contracts.verdicts import HEALTHY, outcome_of
 from slm_server.errors import GatewayError
 from slm_server.http1 import HttpError
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.sse import SseTap
 from slm_server.router.edge.fast_path import PieceWriter, SpliceSource
 from slm_server.router.observe.exchange import Exchange

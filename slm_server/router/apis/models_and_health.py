@@ -11,12 +11,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from slm_server import remote
-from slm_server.config import ModelSpec
 from slm_server.contracts.records import budget_view
-from slm_server.registry import Registry
+from slm_server.registry import remote
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.admission import Gate
 from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.upstream.client import Transport
 from slm_server.router.watchdog.tripwire import Tripwire

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from slm_server.config import ModelSpec
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.admission import Slot
 from slm_server.router.dispatch.waits import ClientWatch, client_of
 from slm_server.router.observe.exchange import Exchange

@@ -13,9 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from slm_server.config import ModelSpec
 from slm_server.errors import BackendUnavailable
-from slm_server.registry import Registry
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.reply import Replies
 from slm_server.router.apis.messages.endpoint import COUNT_TOKENS, MESSAGES, MessagesApi
 from slm_server.router.apis.passthrough import PassThrough
@@ -26,6 +25,7 @@ from slm_server.router.dispatch.affinity import BLOCK_CHARS, request_hashes
 from slm_server.router.dispatch.backend_state import StateSource
 from slm_server.router.dispatch.balance import Balancer, Routing
 from slm_server.router.dispatch.drain import Drain
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.dispatch.waits import client_of, running_loop
 from slm_server.router.intake.body_budget import BodyBudget
 from slm_server.router.intake.memory_return import MemoryReturn

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from slm_server.config import ModelEntry
-from slm_server.preset_schema import Preset
+from slm_server.registry.presets import Preset
+from slm_server.registry.schema import ModelEntry
 
 Action = Literal["set", "default", "strip"]
 

@@ -11,12 +11,12 @@ from typing import Any
 
 from starlette.requests import Request
 
-from slm_server.config import ModelSpec
 from slm_server.contracts.records import BackendState
 from slm_server.errors import BackendUnavailable, PayloadTooLarge, UnsupportedEndpoint
-from slm_server.registry import ENDPOINT_MODEL_TYPES, Registry
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.backend_state import StateSource, awaits_reload, given_up
 from slm_server.router.dispatch.drain import Drain
+from slm_server.router.dispatch.lookup import ENDPOINT_MODEL_TYPES, Registry
 from slm_server.router.edge.fast_path import fast_path_of
 from slm_server.router.intake.body_budget import Held
 from slm_server.router.intake.forms import FORM_ENDPOINTS, read_form_fields

@@ -24,9 +24,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from slm_server.config import ModelSpec
-from slm_server.registry import Registry
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.upstream.client import Transport
 
 log = logging.getLogger("slm_server.router")

@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.types import Scope
 
-from slm_server.config import ModelSpec
+from slm_server.registry.schema import ModelSpec
 
 EMIT_PATHS = {
     "/v1/chat/completions": "chat",

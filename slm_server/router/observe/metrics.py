@@ -26,12 +26,12 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from slm_server.config import ModelSpec
 from slm_server.contracts.records import budget_view
 from slm_server.contracts.states import State
 from slm_server.contracts.verdicts import FailureClass, Outcome
-from slm_server.registry import Registry
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.observe.tally import Counts, Spread
 

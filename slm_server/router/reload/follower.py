@@ -21,8 +21,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from slm_server.config import ConfigError, RegistryFile, parse_registry
 from slm_server.contracts.applied_registry import RegistryStamp, read_snapshot
+from slm_server.registry.schema import ConfigError, RegistryFile, parse_registry
 from slm_server.router.dispatch.backend_state import StateSource
 from slm_server.router.dispatch.waits import cancel_and_wait
 from slm_server.router.reload.in_force import InForce

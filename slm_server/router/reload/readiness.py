@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from slm_server.config import ModelSpec
 from slm_server.errors import BackendUnavailable
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.backend_state import StateSource, awaits_reload
 from slm_server.router.dispatch.waits import ClientWatch, Waits, cancel_and_wait, running_loop
 from slm_server.router.reload.in_force import InForce

@@ -2,7 +2,7 @@
 
 The parts that read the registry per request (reception, the model list and health
 views, the load API, the dashboard, the metrics) hold the one
-:class:`~slm_server.registry.Registry`, replaced in place. The parts that derived
+:class:`~slm_server.router.dispatch.lookup.Registry`, replaced in place. The parts that derived
 state from it are brought along in the same step:
 
 * the admission gates: a role in both registries keeps its gate, resized to its new
@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slm_server.config import ModelSpec
 from slm_server.contracts.applied_registry import Retiring
-from slm_server.registry import Registry
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.admission import Gate
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.dispatch.proxy import Proxy
 from slm_server.router.ondemand.loader import Loader
 from slm_server.router.reload.retirements import Retirements

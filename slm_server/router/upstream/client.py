@@ -19,8 +19,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
-from slm_server import remote
-from slm_server.config import ModelEntry, ModelSpec
 from slm_server.errors import (
     AnswerTooLarge,
     BackendProtocolError,
@@ -35,6 +33,8 @@ from slm_server.http1 import (
     Pool,
     ReadTimeout,
 )
+from slm_server.registry import remote
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.answer.sse import DONE, SseSplitter, data_object
 from slm_server.router.edge.fast_path import SpliceSource
 

@@ -10,9 +10,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from slm_server.config import ModelSpec
 from slm_server.contracts.verdicts import HEALTHY, classify_status, outcome_of
 from slm_server.errors import BackendTimeout, GatewayError, ModelNotFound
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.admission import Gate, Slot
 from slm_server.router.dispatch.admitted_call import Call, Deadline
 from slm_server.router.dispatch.waits import ClientWatch, Waits

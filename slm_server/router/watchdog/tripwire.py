@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from slm_server.config import ModelSpec
 from slm_server.contracts.events import EventSink
 from slm_server.contracts.restart_requests import RestartRequest, write_request
 from slm_server.contracts.verdicts import (
@@ -22,6 +21,7 @@ from slm_server.contracts.verdicts import (
     deadline_outcome,
     nothing_yet_seconds,
 )
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.watchdog.streaks import Streaks, Trip
 from slm_server.settings import WatchdogSettings
 

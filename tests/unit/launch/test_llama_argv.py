@@ -7,7 +7,6 @@ from typing import Any, get_args
 
 import pytest
 
-from slm_server.config import CacheType, ModelEntry
 from slm_server.launch.llama_argv import (
     GGML_TYPE_IDS,
     ModelFiles,
@@ -17,6 +16,7 @@ from slm_server.launch.llama_argv import (
     python_request_defaults,
 )
 from slm_server.launch.mlx_argv import mlx_argv, mlx_rerank_argv
+from slm_server.registry.schema import CacheType, ModelEntry
 
 MODEL = "/models/m1.gguf"
 FILES = ModelFiles(model=MODEL)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import ModelEntry
 from slm_server.launch.mlx_argv import mlx_argv, unsupported_choices
 from slm_server.launch.mlx_options import MlxOptions, read_mlx_options
+from slm_server.registry.schema import ModelEntry
 
 # Abridged from `mlx-openai-server launch --help` 1.8.1 (click wraps the choice lists).
 HELP_1_8 = """

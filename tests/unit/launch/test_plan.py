@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import NATIVE_ONLY_FIELDS, ModelEntry, ModelSpec, RegistryFile
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch, plan_registry
 from slm_server.launch.runtime import LlamaRuntime
+from slm_server.registry.schema import NATIVE_ONLY_FIELDS, ModelEntry, ModelSpec, RegistryFile
 
 NATIVE = LlamaRuntime("native", "/opt/llama/llama-server", "test")
 PYTHON = LlamaRuntime("python", sys.executable, "test")

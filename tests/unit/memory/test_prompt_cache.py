@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import ModelEntry, ModelSpec
 from slm_server.launch.footprint import prompt_cache_mb
 from slm_server.launch.plan import Toolchain, plan_launch
 from slm_server.launch.runtime import LlamaRuntime
 from slm_server.memory import measure
 from slm_server.memory.estimate import estimate_gguf
 from slm_server.memory.prompt_cache import SERVER_DEFAULT_MB, default_size_mb, size_mb
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.backend import admitted_mb
 from tests.unit.memory.gguf_files import llama_like, write_gguf
 

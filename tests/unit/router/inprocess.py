@@ -25,14 +25,14 @@ from typing import Any, Literal
 from starlette.applications import Starlette
 from starlette.types import Message
 
-from slm_server.config import ModelSpec, RegistryFile, parse_registry
 from slm_server.contracts.applied_registry import RegistryStamp, Retiring, version_of
 from slm_server.contracts.commands import Command, CommandError, Reply
 from slm_server.contracts.records import BackendState
 from slm_server.http1 import Headers
-from slm_server.registry import Registry
+from slm_server.registry.schema import ModelSpec, RegistryFile, parse_registry
 from slm_server.router.app import Dependencies, create_app, gates_for
 from slm_server.router.dispatch.drain import Drain
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.observe.metrics import Metrics
 from slm_server.router.observe.telemetry import Telemetry
 from slm_server.router.reload.follower import POLL_SECONDS, Follower

@@ -11,7 +11,7 @@ from typing import Any
 import gguf
 import pytest
 
-from slm_server.config import ModelEntry
+from slm_server.registry.schema import ModelEntry
 from slm_server.slotcache.eligible import SLIDING_WINDOW, why_not
 from tests.unit.memory.gguf_files import llama_like, write_gguf
 

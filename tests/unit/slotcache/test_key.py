@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import ModelEntry, ModelSpec
 from slm_server.launch.plan import LaunchPlan, Toolchain, plan_launch
 from slm_server.launch.runtime import LlamaRuntime
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.slotcache.key import KEY_LENGTH, cache_key, components
 from slm_server.slotcache.store import slot_file
 

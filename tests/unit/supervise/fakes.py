@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slm_server.config import ModelEntry, ModelSpec, RegistryFile
 from slm_server.contracts.states import State
 from slm_server.launch.plan import LaunchPlan, Toolchain
 from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
+from slm_server.registry.schema import ModelEntry, ModelSpec, RegistryFile
 from slm_server.settings import Settings
 from slm_server.supervise.confirm import Evidence, Probe, ProcessStatus
 from slm_server.supervise.confirm import Reply as ProbeReply

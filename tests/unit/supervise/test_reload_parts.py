@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slm_server.config import ModelEntry, ModelSpec
 from slm_server.launch.plan import LaunchPlan
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.config_watch import ConfigWatch, Stamp
 from slm_server.supervise.registry_diff import diff_registries, launch_key
 

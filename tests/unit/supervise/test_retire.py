@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slm_server.config import ModelEntry, ModelSpec
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.backend import Backend
 from slm_server.supervise.decide import Lifecycle
 from slm_server.supervise.restart_budget import RestartBudget

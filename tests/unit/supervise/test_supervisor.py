@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slm_server.config import ModelEntry, ModelSpec, RegistryFile
 from slm_server.contracts.commands import Command, Reply
 from slm_server.contracts.records import budget_view, read_state
 from slm_server.contracts.restart_requests import RestartRequest, write_request
 from slm_server.contracts.states import State
 from slm_server.launch.process import PortHolder
+from slm_server.registry.schema import ModelEntry, ModelSpec, RegistryFile
 from slm_server.settings import Settings
 from slm_server.supervise.confirm import Probe
 from slm_server.supervise.confirm import Reply as ProbeReply

@@ -21,8 +21,8 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from slm_server.config import ModelSpec
 from slm_server.errors import BackendProtocolError, GatewayError, anthropic_error_body
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.reply import Replies
 from slm_server.router.answer.translation import ChatTranslation, error_message
 from slm_server.router.apis.messages.answer import backend_error, chat_to_message

@@ -13,8 +13,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from slm_server.config import ModelSpec
 from slm_server.errors import GatewayError
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.reply import Replies
 from slm_server.router.answer.translation import ChatTranslation
 from slm_server.router.apis.passthrough import PassThrough

@@ -13,10 +13,10 @@ from typing import Any, TypeVar, cast
 import pytest
 import uvloop
 
-from slm_server.config import ModelSpec
 from slm_server.contracts.verdicts import Outcome, Verdict
 from slm_server.errors import AnswerTooLarge, BackendProtocolError, BackendTimeout
 from slm_server.http1 import Pool, Response
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.sse import SseTap
 from slm_server.router.answer.stream_splice import Splice
 from slm_server.router.edge.fast_path import PieceWriter

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import parse_registry
 from slm_server.errors import BackendUnavailable
+from slm_server.registry.schema import parse_registry
 from slm_server.router.observe.exchange import Exchange
 from slm_server.router.observe.telemetry import span_attributes
 from tests.unit.router.inprocess import (

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import ModelSpec
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.intake import reception
 from slm_server.router.intake.reception import OFF_LOOP_BYTES, Intake
 from slm_server.router.intake.strict_json import dumps_body

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from slm_server.config import ModelEntry
 from slm_server.errors import InvalidRequest, UnsupportedMediaType
+from slm_server.registry.schema import ModelEntry
 from slm_server.router.intake.payload import (
     apply_defaults,
     check_fields,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import ModelEntry
+from slm_server.registry.schema import ModelEntry
 from slm_server.router.intake.presets import (
     SHAPES,
     ApiShape,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slm_server.config import ModelSpec
-from slm_server.registry import Registry
+from slm_server.registry.schema import ModelSpec
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.observe.engine_metrics import EngineMetrics
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, whole
 

@@ -21,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from slm_server.config import ModelEntry, ModelSpec
 from slm_server.logging_setup import REQUEST_ID, RequestIdFilter
-from slm_server.registry import Registry
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.dispatch.backend_state import StateView
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.observe.exchange import exchange_of
 from slm_server.router.observe.metrics import Metrics
 from slm_server.router.observe.observer import MAX_SHOWN, RequestObserver, request_id_from, shown

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slm_server.config import ModelSpec, parse_registry
+from slm_server.registry.schema import ModelSpec, parse_registry
 from slm_server.router.upstream import client
 from slm_server.router.upstream.client import Upstream, read_all
 from tests.unit.router.inprocess import run

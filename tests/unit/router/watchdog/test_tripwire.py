@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import ModelSpec, parse_registry
 from slm_server.contracts.events import EventLog
 from slm_server.contracts.restart_requests import RestartRequest, take_requests
 from slm_server.contracts.verdicts import (
@@ -25,6 +24,7 @@ from slm_server.contracts.verdicts import (
     Outcome,
     classify_status,
 )
+from slm_server.registry.schema import ModelSpec, parse_registry
 from slm_server.router.watchdog.tripwire import Progress, StallTimer, Tripwire
 from slm_server.settings import WatchdogSettings
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slm_server.config import ModelEntry, ModelSpec
 from slm_server.contracts.events import EventLog
 from slm_server.contracts.verdicts import HEALTHY, STALLED, Outcome, classify_status
+from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.watchdog.tripwire import Tripwire
 from slm_server.settings import WatchdogSettings
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from slm_server.config import ConfigError, RegistryFile, parse_registry
-from slm_server.preset_schema import Alias, Preset
+from slm_server.registry.presets import Alias, Preset
+from slm_server.registry.schema import ConfigError, RegistryFile, parse_registry
 
 SOURCE = Path("/registry/models.yaml")
 

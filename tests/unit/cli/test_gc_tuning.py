@@ -1,5 +1,5 @@
 """The router's request path leaves no reference cycles behind (so the collector tuned
-by :mod:`slm_server.gc_tuning` has nothing to find), and the tuning itself."""
+by :mod:`slm_server.cli.gc_tuning` has nothing to find), and the tuning itself."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from slm_server import gc_tuning
+from slm_server.cli import gc_tuning
 from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, chat, delta
 from tests.unit.router.door_client import Recording, door_for
 from tests.unit.router.inprocess import Sent, call, make_router, sse, whole

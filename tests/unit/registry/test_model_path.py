@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from slm_server.config import ModelEntry
-from slm_server.model_path import (
+from slm_server.registry.model_path import (
     ModelPathError,
     first_gguf,
     looks_like_hub_id,
@@ -16,6 +15,7 @@ from slm_server.model_path import (
     resolve_file_field,
     resolve_model_path,
 )
+from slm_server.registry.schema import ModelEntry
 from slm_server.settings import PROJECT_ROOT
 
 HUB_ID = "mlx-community/Qwen3-8B-MLX-8bit"

@@ -13,15 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from slm_server import logging_setup, remote
-from slm_server.config import (
-    ConfigError,
-    ModelEntry,
-    Problem,
-    inspect_registry,
-    parse_registry,
-    read_registry_text,
-)
+from slm_server import logging_setup
 from slm_server.contracts.records import (
     HOLDING_STATES,
     BackendState,
@@ -32,6 +24,15 @@ from slm_server.contracts.records import (
 )
 from slm_server.launch.footprint import NoEstimate, estimate_entry
 from slm_server.launch.plan import Toolchain, plan_registry
+from slm_server.registry import remote
+from slm_server.registry.schema import (
+    ConfigError,
+    ModelEntry,
+    Problem,
+    inspect_registry,
+    parse_registry,
+    read_registry_text,
+)
 from slm_server.settings import Settings, SettingsError, load_environment
 
 
@@ -181,8 +182,8 @@ def cmd_clear_slots(settings: Settings) -> int:
 def cmd_router(settings: Settings) -> int:
     import uvicorn
 
+    from slm_server.cli.gc_tuning import tune_for_serving
     from slm_server.contracts.applied_registry import version_of
-    from slm_server.gc_tuning import tune_for_serving
     from slm_server.router.app import production_app
     from slm_server.router.dispatch.drain import Drain, DrainingServer
     from slm_server.router.edge.http_protocol import door_protocol
@@ -567,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "mlx-rerank":
             return cmd_mlx_rerank(settings, args)
         if args.command == "logs":
-            from slm_server import logview
+            from slm_server.cli import logview
 
             return logview.main(
                 args.mode, settings.log_dir, settings.watchdog.log_path, args.follow

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from slm_server.config import ModelEntry
+from slm_server.registry.schema import ModelEntry
 from slm_server.settings import PROJECT_ROOT
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

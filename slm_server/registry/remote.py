@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from slm_server.config import ModelEntry
+from slm_server.registry.schema import ModelEntry
 
 # Where a remote is probed: OpenAI's model list, which every compatible server has.
 PROBE_PATH = "/v1/models"

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from slm_server.cli import main
+from slm_server.cli.commands import main
 
 # Its module-scoped stack starts once: one worker runs the whole module.
 pytestmark = pytest.mark.xdist_group("test_cli_check")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)

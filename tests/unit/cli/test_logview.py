@@ -1,4 +1,4 @@
-"""``slm_server.logview``: the readable watchdog timeline, start.out colouring, time
+"""``slm_server.cli.logview``: the readable watchdog timeline, start.out colouring, time
 parsing and inheritance, the ``all`` merge, and the file handling behind ``logs``."""
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from slm_server import logview
-from slm_server.contracts.events import EVENTS
-from slm_server.logview import (
+from slm_server.cli import logview
+from slm_server.cli.logview import (
     LogFile,
     format_event,
     format_server_line,
@@ -27,6 +26,7 @@ from slm_server.logview import (
     render,
     use_colour,
 )
+from slm_server.contracts.events import EVENTS
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BACKEND: dict[str, Any] = {"role": "reasoning", "model_id": "unsloth/qwen3", "port": 8502}

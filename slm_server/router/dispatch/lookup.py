@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from slm_server.config import ModelSpec
 from slm_server.errors import AmbiguousModel, ModelNotFound, UnsupportedEndpoint
+from slm_server.registry.schema import ModelSpec
 
 ENDPOINT_MODEL_TYPES: dict[str, frozenset[str]] = {
     "/v1/chat/completions": frozenset({"lm", "multimodal"}),

@@ -6,9 +6,9 @@ from typing import Any, get_args
 
 import pytest
 
-from slm_server.config import ModelEntry, ModelSpec, ModelType, replica_specs
 from slm_server.errors import AmbiguousModel, InvalidRequest, ModelNotFound, UnsupportedEndpoint
-from slm_server.registry import ENDPOINT_MODEL_TYPES, Registry
+from slm_server.registry.schema import ModelEntry, ModelSpec, ModelType, replica_specs
+from slm_server.router.dispatch.lookup import ENDPOINT_MODEL_TYPES, Registry
 
 
 def spec(role: str, model_id: str, port: int, **fields: Any) -> ModelSpec:

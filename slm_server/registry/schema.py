@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from slm_server.preset_schema import Alias, Preset, alias_items
+from slm_server.registry.presets import Alias, Preset, alias_items
 
 Backend = Literal["llamacpp", "mlx", "mlx-rerank", "remote"]
 ModelType = Literal[

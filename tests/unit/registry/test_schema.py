@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from slm_server.config import (
+from slm_server.registry.schema import (
     LLAMACPP_ONLY_FIELDS,
     MLX_ONLY_FIELDS,
     MODEL_TYPES_BY_BACKEND,
