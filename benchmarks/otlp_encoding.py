@@ -38,7 +38,7 @@ from benchmarks.machine import describe_machine
 from benchmarks.report import DASH, TIMES, write_measurements
 from benchmarks.servers import otlp_sink
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.router.observe.otlp_wire import PairCache, encode_request
 from slm_server.router.observe.telemetry import UNIQUE_ATTRIBUTES, Inbound, Telemetry

@@ -185,7 +185,7 @@ def cmd_router(settings: Settings) -> int:
     from slm_server.cli.gc_tuning import tune_for_serving
     from slm_server.contracts.applied_registry import version_of
     from slm_server.router.app import production_app
-    from slm_server.router.dispatch.drain import Drain, DrainingServer
+    from slm_server.router.call.drain import Drain, DrainingServer
     from slm_server.router.edge.http_protocol import door_protocol
 
     _setup_logging("router", settings)

@@ -38,28 +38,28 @@ from slm_server.registry.schema import (
     parse_registry,
     read_registry_text,
 )
-from slm_server.router.answer.error_shape import error_response
 from slm_server.router.apis.models_and_health import Info
+from slm_server.router.call.admission import Gate
+from slm_server.router.call.backend_state import StateSource, StateView
+from slm_server.router.call.drain import Drain
+from slm_server.router.call.error_shape import error_response
+from slm_server.router.call.exchange import exchange_of
 from slm_server.router.dashboard.endpoints import Dashboard
-from slm_server.router.dashboard.recent import RecentRequests
-from slm_server.router.dispatch.admission import Gate
-from slm_server.router.dispatch.backend_state import StateSource, StateView
-from slm_server.router.dispatch.drain import Drain
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.dispatch.proxy import Proxy
 from slm_server.router.edge.api_keys import Keys
 from slm_server.router.edge.hosts import AllowedHosts
 from slm_server.router.edge.screening import Front, Handler
 from slm_server.router.observe.engine_metrics import EngineMetrics
-from slm_server.router.observe.exchange import exchange_of
 from slm_server.router.observe.metrics import Metrics
 from slm_server.router.observe.observer import RequestObserver, unexpected
+from slm_server.router.observe.recent import RecentRequests
 from slm_server.router.observe.telemetry import Telemetry
 from slm_server.router.ondemand.load_api import ModelsApi
 from slm_server.router.ondemand.loader import Commander, Loader
 from slm_server.router.ondemand.memory_fit import Rules
 from slm_server.router.ondemand.memory_pressure import Floor
 from slm_server.router.ondemand.pressure_watch import PressureWatch
+from slm_server.router.proxy import Proxy
 from slm_server.router.reload.follower import POLL_SECONDS, Follower
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.reload.reload_api import ReloadApi
@@ -240,7 +240,16 @@ def create_app(
     )
     proxy.loader = loader
     retirements = Retirements(deps.commander)
-    rewire = Rewire(registry, deps.gates, proxy, loader, upstream, tripwire, retirements)
+    rewire = Rewire(
+        registry,
+        deps.gates,
+        proxy.choice,
+        proxy.reception,
+        loader,
+        upstream,
+        tripwire,
+        retirements,
+    )
     follower = Follower(
         deps.states,
         settings.log_dir,

@@ -23,7 +23,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.router.observe.telemetry import UNIQUE_ATTRIBUTES, Inbound, Telemetry
 from slm_server.settings import TelemetrySettings

@@ -1,6 +1,6 @@
 """Decoding a backend's whole JSON answer for the request's record.
 
-:meth:`~slm_server.router.observe.exchange.Exchange.note_response` reads only strings and
+:meth:`~slm_server.router.call.exchange.Exchange.note_response` reads only strings and
 integers (ids, model, finish reasons, token counts), while an embeddings answer is
 mostly floats, and making a float object of each is most of what decoding it costs
 (about 2 ms of CPU for eight 768-dimension embeddings). So for the record, floats are

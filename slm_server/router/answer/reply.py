@@ -17,13 +17,12 @@ from starlette.types import ASGIApp
 
 from slm_server.errors import BackendProtocolError, GatewayError
 from slm_server.router.answer.answer_fields import answer_fields
-from slm_server.router.answer.sse import SseTap
 from slm_server.router.answer.stream_relay import StreamRelay
 from slm_server.router.answer.stream_splice import Splice
 from slm_server.router.answer.translation import Translation
 from slm_server.router.answer.whole_answer import WholeAnswer
-from slm_server.router.dispatch.admitted_call import Call
-from slm_server.router.dispatch.drain import Drain
+from slm_server.router.call.admitted_call import Call
+from slm_server.router.call.drain import Drain
 from slm_server.router.upstream.client import (
     UpstreamResponse,
     backend_error_body,
@@ -32,6 +31,7 @@ from slm_server.router.upstream.client import (
     iter_sse,
 )
 from slm_server.router.upstream.sender import Sender
+from slm_server.router.upstream.sse import SseTap
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 
 JSON = "application/json"

@@ -9,7 +9,7 @@ and a clean end of the stream.
 
 Given a :class:`~slm_server.router.answer.stream_splice.Splice` and served by the
 router's own protocol (which offers a
-:class:`~slm_server.router.edge.fast_path.FastPath`), the relay lets the splice
+:class:`~slm_server.router.call.fast_path.FastPath`), the relay lets the splice
 write the backend's pieces straight to the client instead of iterating ``chunks``;
 everything else (the head, the cuts, the in-band errors, the end) is the same.
 """
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 from starlette.types import Message, Receive, Scope, Send
 
 from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
-from slm_server.router.dispatch.drain import Drain
-from slm_server.router.dispatch.waits import client_of, running_loop
-from slm_server.router.edge.fast_path import fast_path_of
-from slm_server.router.observe.exchange import exchange_of
+from slm_server.router.call.drain import Drain
+from slm_server.router.call.exchange import exchange_of
+from slm_server.router.call.fast_path import fast_path_of
+from slm_server.router.call.waits import client_of, running_loop
 
 if TYPE_CHECKING:
     from slm_server.router.answer.stream_splice import Splice

@@ -1,5 +1,5 @@
 """A backend's event stream spliced to the client: each piece the upstream parser
-delivers is checked by the stream's :class:`~slm_server.router.answer.sse.SseTap` and written
+delivers is checked by the stream's :class:`~slm_server.router.upstream.sse.SseTap` and written
 to the client's connection in the same callback, with no task woken, no async
 generator resumed and no ASGI message built per piece.
 
@@ -7,14 +7,14 @@ It keeps every duty of the piece-by-piece relay it stands in for
 (:meth:`~slm_server.router.upstream.sender.Sender.watched` under the tap): the first piece
 clears the stall timer and counts as health, each one is noted in the call's
 :class:`~slm_server.router.watchdog.tripwire.Progress` and
-:class:`~slm_server.router.observe.exchange.Exchange`, a broken body counts against the
+:class:`~slm_server.router.call.exchange.Exchange`, a broken body counts against the
 backend, a stream event past its limit ends the stream, and the read timeout bounds
 every wait for the next bytes. A client that reads slower than the backend writes
 pauses the backend's socket until the client's buffer drains (the router holds the
 answer up then, not the backend). Used when both sides of the fast path
-(:mod:`slm_server.router.edge.fast_path`) offer theirs: the server a
-:class:`~slm_server.router.edge.fast_path.PieceWriter` for the client, the upstream
-response a :class:`~slm_server.router.edge.fast_path.SpliceSource` (the router's own
+(:mod:`slm_server.router.call.fast_path`) offer theirs: the server a
+:class:`~slm_server.router.call.fast_path.PieceWriter` for the client, the upstream
+response a :class:`~slm_server.router.call.fast_path.SpliceSource` (the router's own
 HTTP client's does); otherwise the relay reads the stream piece by piece as before.
 """
 
@@ -26,10 +26,10 @@ from slm_server.contracts.verdicts import HEALTHY, outcome_of
 from slm_server.errors import GatewayError
 from slm_server.http1 import HttpError
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.answer.sse import SseTap
-from slm_server.router.edge.fast_path import PieceWriter, SpliceSource
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.fast_path import PieceWriter, SpliceSource
 from slm_server.router.upstream.client import translate
+from slm_server.router.upstream.sse import SseTap
 from slm_server.router.watchdog.tripwire import Progress, StallTimer, Tripwire
 
 

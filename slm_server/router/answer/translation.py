@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from slm_server.errors import GatewayError
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 
 
 class Translation(Protocol):

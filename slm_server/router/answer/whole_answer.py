@@ -2,7 +2,7 @@
 client in one piece.
 
 Where the door serves the request (its
-:class:`~slm_server.router.edge.fast_path.FastPath` in the scope), it goes out in one
+:class:`~slm_server.router.call.fast_path.FastPath` in the scope), it goes out in one
 write with no ASGI message: the request's exchange is given its status and the answer
 carries the headers the router adds (``answer_headers``: the request id...), as the
 :class:`~slm_server.router.observe.observer.RequestObserver` does for a response sent
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from starlette.types import Receive, Scope, Send
 
-from slm_server.router.edge.fast_path import fast_path_of
-from slm_server.router.observe.exchange import Exchange, answer_headers
+from slm_server.router.call.exchange import Exchange, answer_headers
+from slm_server.router.call.fast_path import fast_path_of
 
 
 class WholeAnswer:

@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse
 from slm_server.contracts.records import budget_view
 from slm_server.registry import remote
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.admission import Gate
-from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.call.admission import Gate
+from slm_server.router.call.backend_state import StateSource
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.upstream.client import Transport

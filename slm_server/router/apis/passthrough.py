@@ -9,7 +9,7 @@ from starlette.types import ASGIApp
 
 from slm_server.router.answer.reply import Replies
 from slm_server.router.answer.translation import Translation
-from slm_server.router.dispatch.admitted_call import Call
+from slm_server.router.call.admitted_call import Call
 from slm_server.router.upstream.sender import Sender
 
 

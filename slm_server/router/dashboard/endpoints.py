@@ -31,10 +31,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from slm_server.errors import InvalidRequest, ModelNotFound, Overloaded
+from slm_server.router.call.backend_state import StateSource
 from slm_server.router.dashboard.log_tail import Follower, Line, last_lines
-from slm_server.router.dashboard.recent import RecentRequests
-from slm_server.router.dispatch.backend_state import StateSource
 from slm_server.router.dispatch.lookup import Registry
+from slm_server.router.observe.recent import RecentRequests
 
 POLL_SECONDS: Final = 0.25
 HEARTBEAT_SECONDS: Final = 15.0

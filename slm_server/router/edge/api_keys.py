@@ -11,7 +11,7 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.errors import GatewayError, Unauthorized
-from slm_server.router.edge.reject import reject
+from slm_server.router.call.reject import reject
 
 
 class Keys:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.errors import GatewayError, InvalidRequest, MisdirectedRequest
-from slm_server.router.edge.reject import reject
+from slm_server.router.call.reject import reject
 
 MAX_SHOWN = 100
 SEEN_MAX = 64

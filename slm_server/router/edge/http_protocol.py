@@ -30,8 +30,8 @@ uvicorn writes the head and the body separately: one system call and one segment
 fewer per answer. Streams are untouched: their head goes out at once.
 
 Each request's ``scope["extensions"]`` carries its :class:`DoorRequest` under
-:data:`~slm_server.router.edge.fast_path.FAST_PATH`, the door's side of the router's
-fast path (:class:`~slm_server.router.edge.fast_path.FastPath`, the interface the rest
+:data:`~slm_server.router.call.fast_path.FAST_PATH`, the door's side of the router's
+fast path (:class:`~slm_server.router.call.fast_path.FastPath`, the interface the rest
 of the router uses; it never names this module's types):
 
 * the client's presence: the door calls its listener the moment the connection is
@@ -105,8 +105,8 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from slm_server.errors import HttpStatusError
+from slm_server.router.call.fast_path import FAST_PATH
 from slm_server.router.edge.alarm import Alarm
-from slm_server.router.edge.fast_path import FAST_PATH
 from slm_server.settings import DoorLimits
 
 log = logging.getLogger("slm_server.router")
@@ -177,7 +177,7 @@ LENGTH_LINE = b"\r\ncontent-length: "
 
 
 class DoorRequest:
-    """One request's :class:`~slm_server.router.edge.fast_path.FastPath`: it lives in
+    """One request's :class:`~slm_server.router.call.fast_path.FastPath`: it lives in
     the scope of uvicorn's cycle and holds that cycle weakly (see the module
     docstring). Each way leaves the cycle as uvicorn's ``receive`` or ``send`` leaves
     it after the same messages."""

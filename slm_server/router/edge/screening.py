@@ -21,10 +21,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.errors import GatewayError
+from slm_server.router.call.exchange import exchange_of
+from slm_server.router.call.reject import reject
 from slm_server.router.edge.api_keys import Keys
 from slm_server.router.edge.hosts import AllowedHosts
-from slm_server.router.edge.reject import reject
-from slm_server.router.observe.exchange import exchange_of
 
 Handler = Callable[[Request], Awaitable[Response | ASGIApp]]
 ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]

@@ -1,23 +1,21 @@
 """Taking a request in: its body read within the limits, parsed, routed to a model by
-its ``model`` field, checked and given the model's defaults; and the router's own
-refusals for a backend the supervisor says cannot serve."""
+its ``model`` field, checked and given the model's defaults."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
 
-from slm_server.contracts.records import BackendState
 from slm_server.errors import BackendUnavailable, PayloadTooLarge, UnsupportedEndpoint
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.backend_state import StateSource, awaits_reload, given_up
-from slm_server.router.dispatch.drain import Drain
+from slm_server.router.call.backend_state import StateSource
+from slm_server.router.call.drain import Drain
+from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.fast_path import fast_path_of
 from slm_server.router.dispatch.lookup import ENDPOINT_MODEL_TYPES, Registry
-from slm_server.router.edge.fast_path import fast_path_of
 from slm_server.router.intake.body_budget import Held
 from slm_server.router.intake.forms import FORM_ENDPOINTS, read_form_fields
 from slm_server.router.intake.parsed_cost import parsed_cost
@@ -32,7 +30,6 @@ from slm_server.router.intake.payload import (
 )
 from slm_server.router.intake.presets import SHAPES, Rules, apply_preset, cap_binds, resolve
 from slm_server.router.intake.strict_json import dumps_body
-from slm_server.router.observe.exchange import Exchange
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 
 # Endpoints the registry's table does not name, by the endpoint whose model types serve
@@ -200,53 +197,6 @@ class Reception:
             return intake
         payload = {**intake.payload, "model": entry.upstream_model}
         return replace(intake, payload=payload, rewritten=True)
-
-    def refuse_if_down(self, spec: ModelSpec) -> None:
-        """Answer for the supervisor when it says the backend cannot serve (see
-        :meth:`down`)."""
-        refusal = self.down(spec)
-        if refusal is not None:
-            raise refusal
-
-    def down(self, spec: ModelSpec) -> BackendUnavailable | None:
-        """Why the supervisor says the backend cannot serve, None when it can (or no
-        supervisor says anything): abandoned or failed (503, with why), or
-        (re)starting (503 with ``Retry-After``), a remote ejected (503 with
-        ``Retry-After`` until its ejection ends). These are the router's own refusals,
-        never counted against the backend. The router's view of the state file may
-        be up to 20 ms old: a refusal is decided again on the file as it is now, so
-        that a backend the supervisor has just published ready is not refused."""
-        refusal = self._down(spec, self.states.get(spec.role, spec.entry.port))
-        if refusal is None:
-            return None
-        return self._down(spec, self.states.current(spec.role, spec.entry.port))
-
-    def _down(self, spec: ModelSpec, state: BackendState | None) -> BackendUnavailable | None:
-        if state is None or not self.states.launcher_alive():
-            return None
-        name = f"The backend for '{spec.entry.id}'"
-        size = self.registry.size(spec)
-        if size > 1:
-            name += f" (replica {spec.replica} of {size})"
-        if state.state == "ejected":
-            until = state.ejected_until
-            wait = max(1.0, until - time.time()) if until is not None else RETRY_AFTER_SECONDS
-            return BackendUnavailable(
-                f"{name} is a remote the watchdog ejected: {state.reason or 'no reason recorded'}",
-                code="backend_ejected",
-                retry_after=round(wait, 1),
-            )
-        refusal = given_up(name, state)
-        if refusal is not None:
-            return refusal
-        if state.state in ("starting", "restarting") and not awaits_reload(state):
-            why = f" ({state.reason})" if state.reason else ""
-            return BackendUnavailable(
-                f"{name} is {state.state}{why}; retry shortly",
-                code=f"backend_{state.state}",
-                retry_after=RETRY_AFTER_SECONDS,
-            )
-        return None
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.call.backend_state import StateSource
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.upstream.client import Transport
 

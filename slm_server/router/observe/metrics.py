@@ -9,7 +9,7 @@ number (1 to the entry's ``replicas``) and ``rule`` one of ``balance.RULES``. No
 a client sends becomes a label value.
 
 Request metrics are recorded once per request, from its finished
-:class:`~slm_server.router.observe.exchange.Exchange`. In-flight counts, backend states and
+:class:`~slm_server.router.call.exchange.Exchange`. In-flight counts, backend states and
 restarts are read at scrape time (:class:`LiveState`), so they cost nothing per request.
 """
 
@@ -30,9 +30,9 @@ from slm_server.contracts.records import budget_view
 from slm_server.contracts.states import State
 from slm_server.contracts.verdicts import FailureClass, Outcome
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.backend_state import StateSource
+from slm_server.router.call.backend_state import StateSource
+from slm_server.router.call.exchange import Exchange
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.observe.exchange import Exchange
 from slm_server.router.observe.tally import Counts, Spread
 
 UNKNOWN_MODEL: Final = "unknown"

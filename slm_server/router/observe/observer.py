@@ -6,7 +6,7 @@ For every HTTP request it
   makes one), echoes it on the response and keeps it in a context variable, so each
   log line written while serving the request carries it (the response also names the
   hosted tools left out of a Responses request: ``answer_headers``);
-* creates the request's :class:`~slm_server.router.observe.exchange.Exchange` before any
+* creates the request's :class:`~slm_server.router.call.exchange.Exchange` before any
   handler runs;
 * for the model endpoints, opens the request's span and counts it in flight, and once
   the answer has ended — a relayed stream included — closes the span and records the
@@ -29,9 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slm_server.errors import GatewayError
 from slm_server.logging_setup import REQUEST_ID, direct_line_handler
-from slm_server.router.dashboard.recent import RecentRequests
-from slm_server.router.edge.reject import reject
-from slm_server.router.observe.exchange import (
+from slm_server.router.call.exchange import (
     EMIT_PATHS,
     REQUEST_ID_HEADER,
     Exchange,
@@ -39,7 +37,9 @@ from slm_server.router.observe.exchange import (
     attach_exchange,
     new_request_id,
 )
+from slm_server.router.call.reject import reject
 from slm_server.router.observe.metrics import Metrics
+from slm_server.router.observe.recent import RecentRequests
 from slm_server.router.observe.telemetry import Inbound, Telemetry
 
 access_log = logging.getLogger("slm_server.access")

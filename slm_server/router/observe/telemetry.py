@@ -12,7 +12,7 @@ A span is started when the request arrives and ended once its answer — a relay
 stream included — has ended; it is never made the current span, so nothing depends on
 context surviving a stream's yields. Its attributes follow the OpenTelemetry GenAI
 semantic conventions and are all set at the end, from the request's
-:class:`~slm_server.router.observe.exchange.Exchange`.
+:class:`~slm_server.router.call.exchange.Exchange`.
 
 The SDK's own span objects (a lock, validated attributes and a processor call per
 change) are not used on the request path: :meth:`Telemetry.open_span` decides with the
@@ -83,7 +83,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from slm_server.router.observe.exchange import EMIT_PATHS, Exchange
+from slm_server.router.call.exchange import EMIT_PATHS, Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.settings import TelemetrySettings
 

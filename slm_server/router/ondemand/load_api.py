@@ -12,8 +12,8 @@ from starlette.responses import JSONResponse
 
 from slm_server.errors import ModelConflict, PayloadTooLarge
 from slm_server.registry.schema import ModelSpec
+from slm_server.router.call.waits import client_of
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.dispatch.waits import client_of
 from slm_server.router.intake.payload import check_json_type, model_field, parse_body
 from slm_server.router.ondemand.loader import Loader
 

@@ -25,10 +25,10 @@ from slm_server.contracts.records import HOLDING_STATES as HOLDING
 from slm_server.contracts.records import BackendState
 from slm_server.errors import BackendUnavailable, ModelNotFound
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.admission import Gate
-from slm_server.router.dispatch.backend_state import StateSource, given_up
+from slm_server.router.call.admission import Gate
+from slm_server.router.call.backend_state import StateSource, given_up
+from slm_server.router.call.waits import ClientWatch, Waits, cancel_and_wait, running_loop
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.dispatch.waits import ClientWatch, Waits, cancel_and_wait, running_loop
 from slm_server.router.ondemand.memory_fit import Holder, Rules, make_room
 from slm_server.router.ondemand.memory_pressure import refusal_reason
 from slm_server.router.ondemand.pressure_watch import PressureWatch

@@ -23,7 +23,7 @@ from typing import Any
 
 from slm_server.contracts.events import EventSink
 from slm_server.memory.available import MemorySource
-from slm_server.router.dispatch.waits import cancel_and_wait
+from slm_server.router.call.waits import cancel_and_wait
 from slm_server.router.ondemand.memory_fit import Holder
 from slm_server.router.ondemand.memory_pressure import Floor, Verdict, holders_named, judge
 

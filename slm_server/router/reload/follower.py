@@ -23,8 +23,8 @@ from pathlib import Path
 
 from slm_server.contracts.applied_registry import RegistryStamp, read_snapshot
 from slm_server.registry.schema import ConfigError, RegistryFile, parse_registry
-from slm_server.router.dispatch.backend_state import StateSource
-from slm_server.router.dispatch.waits import cancel_and_wait
+from slm_server.router.call.backend_state import StateSource
+from slm_server.router.call.waits import cancel_and_wait
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.reload.retirements import Retirements
 from slm_server.router.reload.rewire import Rewire

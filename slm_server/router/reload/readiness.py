@@ -5,7 +5,7 @@ until it has been ready once (a replaced one starts only when the old process is
 gone). A client that reloads the registry and then asks for the new model should not
 get a 503 for asking too soon: its request waits, holding its admission slot so the
 line behind it keeps its order, within its deadline, and ends early if the client
-leaves or the drain ends (:class:`~slm_server.router.dispatch.waits.Waits`). At the
+leaves or the drain ends (:class:`~slm_server.router.call.waits.Waits`). At the
 deadline it gets 503 ``model_loading`` with ``Retry-After``. When the backend stops
 being a reloaded one starting (ready, or restarting, failed, abandoned...) the wait
 ends and the request goes on as any other: the caller asks again whether the backend
@@ -25,8 +25,8 @@ import contextlib
 
 from slm_server.errors import BackendUnavailable
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.backend_state import StateSource, awaits_reload
-from slm_server.router.dispatch.waits import ClientWatch, Waits, cancel_and_wait, running_loop
+from slm_server.router.call.backend_state import StateSource, awaits_reload
+from slm_server.router.call.waits import ClientWatch, Waits, cancel_and_wait, running_loop
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 

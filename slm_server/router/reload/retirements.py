@@ -17,7 +17,7 @@ import logging
 
 from slm_server.contracts.applied_registry import Retiring
 from slm_server.contracts.commands import Command, CommandError
-from slm_server.router.dispatch.admission import Gate
+from slm_server.router.call.admission import Gate
 from slm_server.router.ondemand.loader import Commander
 
 log = logging.getLogger("slm_server.router")

@@ -12,7 +12,8 @@ state from it are brought along in the same step:
   (:class:`~slm_server.router.reload.retirements.Retirements`) while new requests
   queue on the new one; a role that left hands its gate over to be watched the same
   way;
-* the replicas' balancers and the presets resolved (:meth:`Proxy.follow`), the
+* the replicas' balancers (:meth:`Choice.follow`) and the presets resolved
+  (:meth:`Reception.forget_rules`), the
   on-demand planner (:meth:`Loader.follow`), the upstream pools
   (:meth:`Transport.retarget`), and the failure streaks of backends that changed.
 
@@ -27,9 +28,10 @@ from dataclasses import dataclass
 
 from slm_server.contracts.applied_registry import Retiring
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.admission import Gate
+from slm_server.router.call.admission import Gate
+from slm_server.router.dispatch.choice import Choice
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.dispatch.proxy import Proxy
+from slm_server.router.intake.reception import Reception
 from slm_server.router.ondemand.loader import Loader
 from slm_server.router.reload.retirements import Retirements
 from slm_server.router.upstream.client import Transport
@@ -58,7 +60,8 @@ class Rewire:
 
     registry: Registry
     gates: dict[str, Gate]
-    proxy: Proxy
+    choice: Choice
+    reception: Reception
     loader: Loader
     upstream: Transport
     tripwire: Tripwire
@@ -92,7 +95,8 @@ class Rewire:
             self.retirements.hold(role, gates.pop(role))
         for role in (*replaced, *removed):
             self.tripwire.streaks.reset(role)  # a new backend, or none: nothing to judge
-        self.proxy.follow()
+        self.choice.follow()
+        self.reception.forget_rules()
         self.loader.follow()
         self.upstream.retarget(self.registry.enabled)
         return Change(tuple(added), tuple(removed), tuple(replaced), tuple(kept))

@@ -35,8 +35,8 @@ from slm_server.http1 import (
 )
 from slm_server.registry import remote
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.router.answer.sse import DONE, SseSplitter, data_object
-from slm_server.router.edge.fast_path import SpliceSource
+from slm_server.router.call.fast_path import SpliceSource
+from slm_server.router.upstream.sse import DONE, SseSplitter, data_object
 
 
 class ResponseHeaders(Protocol):
@@ -69,7 +69,7 @@ class UpstreamResponse(Protocol):
 
     def spliceable(self) -> SpliceSource | None:
         """This response's body as a splice source (the fast path,
-        :mod:`slm_server.router.edge.fast_path`): the router's own HTTP client's
+        :mod:`slm_server.router.call.fast_path`): the router's own HTTP client's
         response is one; None when the body can only be read with :meth:`receive`."""
         ...
 

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 from slm_server.contracts.verdicts import HEALTHY, classify_status, outcome_of
 from slm_server.errors import BackendTimeout, GatewayError, ModelNotFound
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.admission import Gate, Slot
-from slm_server.router.dispatch.admitted_call import Call, Deadline
-from slm_server.router.dispatch.waits import ClientWatch, Waits
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.admission import Gate, Slot
+from slm_server.router.call.admitted_call import Call, Deadline
+from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.waits import ClientWatch, Waits
 from slm_server.router.upstream.client import (
     Transport,
     UpstreamResponse,

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from slm_server.cli import gc_tuning
-from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, chat, delta
 from tests.unit.router.door_client import Recording, door_for
 from tests.unit.router.inprocess import Sent, call, make_router, sse, whole
+from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ uvicorn's httptools protocol with the router's limits and fast path) serving an 
 app over :class:`ClientEnd`, a fake asyncio transport standing for one client
 connection, with no socket. What the door writes is parsed back into the client's
 answer as it arrives (``httptools``' response parser), so a request takes the path
-every real request takes: the door's :class:`~slm_server.router.edge.fast_path.FastPath`
+every real request takes: the door's :class:`~slm_server.router.call.fast_path.FastPath`
 (the client's presence, the body taken whole, whole answers in one write, a stream's
 pieces spliced) and uvicorn's cycle, where a plain ASGI call takes none of it.
 

@@ -31,7 +31,7 @@ from slm_server.contracts.records import BackendState
 from slm_server.http1 import Headers
 from slm_server.registry.schema import ModelSpec, RegistryFile, parse_registry
 from slm_server.router.app import Dependencies, create_app, gates_for
-from slm_server.router.dispatch.drain import Drain
+from slm_server.router.call.drain import Drain
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.observe.metrics import Metrics
 from slm_server.router.observe.telemetry import Telemetry

@@ -29,11 +29,11 @@ from slm_server.router.apis.messages.answer import backend_error, chat_to_messag
 from slm_server.router.apis.messages.count import estimate_tokens
 from slm_server.router.apis.messages.request import messages_to_chat
 from slm_server.router.apis.messages.stream import MessageStreamTranslator
-from slm_server.router.dispatch.admitted_call import Call
+from slm_server.router.call.admitted_call import Call
+from slm_server.router.call.exchange import Exchange
 from slm_server.router.intake.payload import apply_defaults
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.intake.tool_calls import check_tool_calls
-from slm_server.router.observe.exchange import Exchange
 from slm_server.router.upstream.sender import Sender
 
 MESSAGES = "/v1/messages"

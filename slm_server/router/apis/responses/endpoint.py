@@ -24,7 +24,7 @@ from slm_server.router.apis.responses.translate import (
     needs_translation,
     translate_request,
 )
-from slm_server.router.dispatch.admitted_call import Call
+from slm_server.router.call.admitted_call import Call
 from slm_server.router.intake.payload import apply_defaults
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.intake.tool_calls import check_tool_calls

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from slm_server.router.answer.answer_fields import answer_fields
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 
 CHAT = {
     "id": "chatcmpl-1",

@@ -17,10 +17,10 @@ from slm_server.contracts.verdicts import Outcome, Verdict
 from slm_server.errors import AnswerTooLarge, BackendProtocolError, BackendTimeout
 from slm_server.http1 import Pool, Response
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.answer.sse import SseTap
 from slm_server.router.answer.stream_splice import Splice
-from slm_server.router.edge.fast_path import PieceWriter
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.fast_path import PieceWriter
+from slm_server.router.upstream.sse import SseTap
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 from tests.unit.test_http1 import Peer, Server, chunked, poll, spec_at
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from slm_server.router.dashboard import endpoints as dashboard
-from slm_server.router.dashboard import recent
+from slm_server.router.observe import recent
 from tests.unit.router.inprocess import Answer, Router, Sent, call, make_router, serving, whole
 
 CHAT = "/v1/chat/completions"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
+from slm_server.router.call.exchange import Exchange, attach_exchange
 from slm_server.router.edge.hosts import HostCheck, host_name
-from slm_server.router.observe.exchange import Exchange, attach_exchange
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from slm_server.router.edge.fast_path import FAST_PATH
+from slm_server.router.call.fast_path import FAST_PATH
 from tests.unit.router.door_client import Reading, door_for
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: %d\r\n%b\r\n"

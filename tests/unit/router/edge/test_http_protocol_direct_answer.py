@@ -13,8 +13,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.router.answer.whole_answer import WholeAnswer
-from slm_server.router.edge.fast_path import FAST_PATH
-from slm_server.router.observe.exchange import exchange_of
+from slm_server.router.call.exchange import exchange_of
+from slm_server.router.call.fast_path import FAST_PATH
 from tests.unit.router.door_client import Recording, door_for
 
 POST = (

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from slm_server.router.dispatch.waits import ClientWatch
+from slm_server.router.call.waits import ClientWatch
 from slm_server.router.edge.http_protocol import DoorRequest
-from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, chat, delta
 from tests.unit.router.door_client import through_door
 from tests.unit.router.inprocess import (
     Answer,
@@ -28,6 +27,7 @@ from tests.unit.router.inprocess import (
     sse,
     whole,
 )
+from tests.unit.router.test_proxy import ANSWER, CHAT, chat, delta
 
 
 class Spied:

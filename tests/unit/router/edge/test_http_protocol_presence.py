@@ -9,10 +9,10 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from slm_server.router.dispatch.waits import client_of
-from slm_server.router.edge.fast_path import FAST_PATH
+from slm_server.router.call.exchange import exchange_of
+from slm_server.router.call.fast_path import FAST_PATH
+from slm_server.router.call.waits import client_of
 from slm_server.router.edge.http_protocol import DoorRequest
-from slm_server.router.observe.exchange import exchange_of
 from tests.unit.router.door_client import Recording, door_for
 
 GET = b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"

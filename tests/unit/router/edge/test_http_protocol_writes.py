@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from slm_server.router.edge.fast_path import FAST_PATH
+from slm_server.router.call.fast_path import FAST_PATH
 from slm_server.router.edge.http_protocol import DoorRequest, HeldTransport
 from tests.unit.router.door_client import Recording, door_for
 

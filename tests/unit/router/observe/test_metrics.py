@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from slm_server.contracts.records import BackendState, write_state
 from slm_server.contracts.verdicts import STALLED, TIMED_OUT
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.router.dispatch.backend_state import StateView
+from slm_server.router.call.backend_state import StateView
+from slm_server.router.call.exchange import Exchange
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.observe.exchange import Exchange
 from slm_server.router.observe.metrics import OUTCOMES, Metrics, outcome_of, status_class
 
 

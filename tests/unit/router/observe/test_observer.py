@@ -23,9 +23,9 @@ from starlette.routing import Route
 
 from slm_server.logging_setup import REQUEST_ID, RequestIdFilter
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.router.dispatch.backend_state import StateView
+from slm_server.router.call.backend_state import StateView
+from slm_server.router.call.exchange import exchange_of
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.observe.exchange import exchange_of
 from slm_server.router.observe.metrics import Metrics
 from slm_server.router.observe.observer import MAX_SHOWN, RequestObserver, request_id_from, shown
 from slm_server.router.observe.telemetry import Telemetry

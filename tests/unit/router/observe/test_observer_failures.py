@@ -23,8 +23,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.router.answer.whole_answer import WholeAnswer
+from slm_server.router.call.exchange import Exchange, exchange_of
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.observe.exchange import Exchange, exchange_of
 from slm_server.router.observe.metrics import Metrics, outcome_of
 from slm_server.router.observe.observer import RequestObserver
 from slm_server.router.observe.telemetry import Telemetry

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import OtlpHttpExporter
 from slm_server.router.observe.telemetry import (
     EMIT_SITES,

@@ -351,18 +351,18 @@ def test_an_entry_whose_replicas_and_routing_a_reload_left_alone_keeps_its_balan
     affinity = "    replicas: 2\n    routing: prefix_affinity\n"
     router = make_router(tmp_path, answer_whole, chat=affinity, follow_seconds=3600)
     router.states.alive = True
-    proxy = router.follower.rewire.proxy
+    choice = router.follower.rewire.choice
 
     async def scenario() -> None:
         async with serving(router):
-            [balancer] = proxy.balancers.values()
+            [balancer] = choice.balancers.values()
             publish(router, registry_text(chat=affinity, concurrency=5), generation=2)
             await router.follower.sync()
-            assert list(proxy.balancers.values()) == [balancer]
+            assert list(choice.balancers.values()) == [balancer]
             more = "    replicas: 3\n    routing: prefix_affinity\n"
             publish(router, registry_text(chat=more), generation=3)
             await router.follower.sync()
-            [grown] = proxy.balancers.values()
+            [grown] = choice.balancers.values()
             assert grown is not balancer and len(grown.indexes) == 3
             assert (await call(router.app, CHAT, chat_body(CHAT_ID))).status == 200
 

@@ -31,9 +31,9 @@ from slm_server.supervise.decide import (
 from slm_server.supervise.evidence import Target, gather
 from slm_server.supervise.phases import Ready
 from slm_server.supervise.restart_budget import RestartBudget
-from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, MODEL, chat, delta, serving
 from tests.unit.router.door_client import Unread, door_for
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
+from tests.unit.router.test_proxy import ANSWER, CHAT, MODEL, chat, delta, serving
 from tests.unit.supervise.test_evidence import FakeClock, FakeHttp, FakeProcs
 
 EMBED_MODEL = "org/embed-model"

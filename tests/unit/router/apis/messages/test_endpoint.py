@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 from tests.anthropic_shapes import (
     sse_events,
     strict_count,

@@ -20,12 +20,12 @@ from openai.types.responses.response_create_params import ResponseCreateParamsNo
 from pydantic import TypeAdapter
 
 from slm_server.errors import BackendProtocolError, InvalidRequest
-from slm_server.router.answer.sse import DONE, SseSplitter, data_object
 from slm_server.router.apis.responses.translate import (
     ResponseStreamTranslator,
     chat_to_response,
     responses_to_chat,
 )
+from slm_server.router.upstream.sse import DONE, SseSplitter, data_object
 
 EVENTS: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 MODEL = "smollm2-135m-instruct"

@@ -2,7 +2,7 @@
 
 A :class:`Call` is made once the request is admitted and carries everything the
 endpoint handlers, the sender and the reply need about it: the request, the model it
-names, its record (:class:`~slm_server.router.observe.exchange.Exchange`), its one
+names, its record (:class:`~slm_server.router.call.exchange.Exchange`), its one
 :class:`Deadline`, the headers for the backend and the admission slot it holds.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.dispatch.admission import Slot
-from slm_server.router.dispatch.waits import ClientWatch, client_of
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.admission import Slot
+from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.waits import ClientWatch, client_of
 
 
 class Deadline:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slm_server.errors import AnswerTooLarge
-from slm_server.router.answer.sse import SseSplitter, _worth_parsing
+from slm_server.router.upstream.sse import SseSplitter, _worth_parsing
 
 
 class Scanning(SseSplitter):

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import pytest
 
 from slm_server.errors import AnswerTooLarge
-from slm_server.router.answer.sse import SseSplitter, event_data
+from slm_server.router.upstream.sse import SseSplitter, event_data
 
 STREAMS = [
     b"data: a\n\ndata: b\n\n",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from slm_server.errors import BackendUnavailable, ClientDisconnected
-from slm_server.router.dispatch.waits import ClientWatch, Waits, client_of
+from slm_server.router.call.waits import ClientWatch, Waits, client_of
 
 
 class Client:

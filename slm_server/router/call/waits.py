@@ -4,7 +4,7 @@ presence and the router's drain all bound every wait.
 The wait runs in the request's own task. The request's :class:`ClientWatch` (shared
 by its waits and its stream relay) hears of the client's leaving and cancels whatever
 wait is current: from the door (its
-:class:`~slm_server.router.edge.fast_path.FastPath`, told the moment the connection is
+:class:`~slm_server.router.call.fast_path.FastPath`, told the moment the connection is
 lost), or, where no door serves the request (an in-process
 ASGI client), from a watcher task started by the first wait that awaits ASGI's
 ``http.disconnect``. The drain cancels every registered wait at once. The cancellation
@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from starlette.types import Message, Receive, Scope
 
 from slm_server.errors import BackendUnavailable, ClientDisconnected
-from slm_server.router.edge.fast_path import FastPath, fast_path_of
-from slm_server.router.observe.exchange import Exchange, exchange_of
+from slm_server.router.call.exchange import Exchange, exchange_of
+from slm_server.router.call.fast_path import FastPath, fast_path_of
 
 _T = TypeVar("_T")
 _SCOPE_KEY = "slm.client"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.router.dispatch.test_proxy_replicas import CHAT, MODEL, answer
 from tests.unit.router.inprocess import Router, call, make_router
+from tests.unit.router.test_proxy_replicas import CHAT, MODEL, answer
 
 REMOTE = """  far:
     id: org/chat-model

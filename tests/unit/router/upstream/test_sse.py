@@ -11,8 +11,8 @@ import time
 import pytest
 
 from slm_server.errors import AnswerTooLarge, BackendProtocolError
-from slm_server.router.answer.sse import DONE, SseSplitter, SseTap, data_object, event_data
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
+from slm_server.router.upstream.sse import DONE, SseSplitter, SseTap, data_object, event_data
 
 
 def event(body: dict[str, object]) -> bytes:

@@ -8,7 +8,7 @@ Events come back as the bytes that arrived, line ends untouched.
 
 :class:`SseTap` forwards a relayed stream event by event and parses the events that
 can carry usage, an error or a finish reason into the request's
-:class:`~slm_server.router.observe.exchange.Exchange`; when the router itself asked the backend
+:class:`~slm_server.router.call.exchange.Exchange`; when the router itself asked the backend
 for ``stream_options.include_usage``, the usage-only chunk it gets back is kept from a
 client that never asked for it. :func:`event_data` is an event's ``data`` field and
 :func:`data_object` the JSON object in it, for the router's own reading of a stream.
@@ -21,7 +21,7 @@ import re
 from typing import Any, Final
 
 from slm_server.errors import AnswerTooLarge, BackendProtocolError
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _FINISH_REASON: Final = b'"finish_reason"'

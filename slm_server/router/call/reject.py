@@ -10,8 +10,8 @@ import json
 from starlette.types import Scope, Send
 
 from slm_server.errors import GatewayError
-from slm_server.router.answer.error_shape import error_body
-from slm_server.router.observe.exchange import exchange_of
+from slm_server.router.call.error_shape import error_body
+from slm_server.router.call.exchange import exchange_of
 
 
 async def reject(scope: Scope, send: Send, error: GatewayError) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from slm_server.errors import BackendUnavailable
 from slm_server.registry.schema import parse_registry
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.telemetry import span_attributes
 from tests.unit.router.inprocess import (
     FakeResponse,

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from slm_server.errors import Overloaded
-from slm_server.router.dispatch.admission import Gate
+from slm_server.router.call.admission import Gate
 from tests.unit.router.inprocess import run
 
 

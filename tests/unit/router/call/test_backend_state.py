@@ -11,8 +11,8 @@ import pytest
 
 from slm_server.contracts.applied_registry import RegistryStamp, Retiring
 from slm_server.contracts.records import BackendState, write_state
-from slm_server.router.dispatch import backend_state
-from slm_server.router.dispatch.backend_state import StateView
+from slm_server.router.call import backend_state
+from slm_server.router.call.backend_state import StateView
 
 
 def published(state: str) -> BackendState:

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from typing import Any, Final
 
-from slm_server.router.observe.exchange import Exchange
+from slm_server.router.call.exchange import Exchange
 
 CAPACITY: Final = 200
 MAX_MODEL_CHARS: Final = 256

@@ -19,19 +19,18 @@ from slm_server.router.answer.reply import Replies
 from slm_server.router.apis.messages.endpoint import COUNT_TOKENS, MESSAGES, MessagesApi
 from slm_server.router.apis.passthrough import PassThrough
 from slm_server.router.apis.responses.endpoint import ResponsesApi
-from slm_server.router.dispatch.admission import Gate
-from slm_server.router.dispatch.admitted_call import Call, Deadline
-from slm_server.router.dispatch.affinity import BLOCK_CHARS, request_hashes
-from slm_server.router.dispatch.backend_state import StateSource
-from slm_server.router.dispatch.balance import Balancer, Routing
-from slm_server.router.dispatch.drain import Drain
+from slm_server.router.call.admission import Gate
+from slm_server.router.call.admitted_call import Call, Deadline
+from slm_server.router.call.backend_state import StateSource
+from slm_server.router.call.drain import Drain
+from slm_server.router.call.exchange import exchange_of
+from slm_server.router.call.waits import client_of, running_loop
+from slm_server.router.dispatch.choice import Choice
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.dispatch.waits import client_of, running_loop
 from slm_server.router.intake.body_budget import BodyBudget
 from slm_server.router.intake.memory_return import MemoryReturn
 from slm_server.router.intake.payload import header_value, request_timeout
 from slm_server.router.intake.reception import Intake, Reception
-from slm_server.router.observe.exchange import Exchange, exchange_of
 from slm_server.router.ondemand.loader import Loader
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.reload.readiness import Readiness
@@ -41,7 +40,6 @@ from slm_server.router.watchdog.tripwire import Tripwire
 from slm_server.settings import Settings
 
 RESPONSES = "/v1/responses"
-BalancerShape = tuple[int, Routing, int]  # replicas, routing, affinity threshold
 # A replica that refused the connection never saw the request: it is sent to another.
 UNREACHABLE = "backend_unreachable"
 
@@ -64,10 +62,7 @@ class Proxy:
         serving = settings.serving
         self.gates = gates
         self.registry = registry
-        # One per entry with replicas, by the entry's position in the file.
-        self.balancers: dict[int, Balancer] = {}
-        self._balanced: dict[str, tuple[BalancerShape, Balancer]] = {}  # by the entry's role
-        self._balance()
+        self.choice = Choice(registry, states, gates)
         self.bodies = BodyBudget(serving.max_bodies_in_flight_bytes)
         self.memory_return = MemoryReturn()
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
@@ -83,31 +78,7 @@ class Proxy:
         self.loader: Loader | None = None  # loading on demand, set by the app
         # Requests for backends a reload started wait for them, once routed by its registry.
         self.readiness = Readiness(states, self.sender.waits, in_force)
-
-    def _balance(self) -> None:
-        """A balancer for each entry with replicas; an entry whose role, replica count
-        and routing a reload left as they were keeps its own (what its prefix indexes
-        learnt, and its turn)."""
-        registry = self.registry
-        balancers: dict[int, Balancer] = {}
-        balanced: dict[str, tuple[BalancerShape, Balancer]] = {}
-        for spec in registry.entries:
-            size = registry.size(spec)
-            if size == 1:
-                continue
-            entry = spec.entry
-            shape = (size, entry.routing, entry.affinity_threshold)
-            kept = self._balanced.get(spec.role)
-            balancer = kept[1] if kept is not None and kept[0] == shape else Balancer(*shape)
-            balancers[spec.index] = balancer
-            balanced[spec.role] = (shape, balancer)
-        self.balancers, self._balanced = balancers, balanced
-
-    def follow(self) -> None:
-        """The registry was replaced in place (a reload): balance its entries, and
-        resolve its presets afresh."""
-        self._balance()
-        self.reception.forget_rules()
+        self.choice.awaited = self.readiness.awaited
 
     def server_kind(self, spec: ModelSpec) -> str | None:
         """The server the launcher runs for ``spec`` ("llama-server", ...); None when no
@@ -156,7 +127,7 @@ class Proxy:
             )
             tried: list[str] = []  # replicas that refused the connection
             while True:
-                spec = self.choose(intake.spec, intake.payload, exchange, tried)
+                spec = self.choice.choose(intake.spec, intake.payload, exchange, tried)
                 if not tried:  # one deadline, however many replicas are tried
                     deadline = Deadline(seconds, running_loop().time)
                 try:
@@ -173,51 +144,6 @@ class Proxy:
             size = held.size
             held.release()
             self.memory_return.released(size)
-
-    def choose(
-        self, spec: ModelSpec, payload: dict[str, Any], exchange: Exchange, tried: list[str]
-    ) -> ModelSpec:
-        """The replica of ``spec``'s entry that serves this request: among those the
-        supervisor says can serve (and that did not just refuse the connection), as
-        the entry's routing says. With none, the refusal of one that may come back
-        soonest (a 503 with ``Retry-After`` when one is starting or restarting).
-        Whether a replica can serve is :meth:`Reception.down`'s one decision: a replica
-        with no process of its own would be judged there by whatever ejects it."""
-        balancer = self.balancers.get(spec.index)
-        # A spec routed before a reload is alone: its position may name another entry.
-        group = self.registry.replicas(spec) if balancer is not None else (spec,)
-        if balancer is None or len(group) == 1:
-            self.reception.refuse_if_down(spec)
-            return spec
-        serving: list[int] = []
-        refusals: list[BackendUnavailable] = []
-        for position, replica in enumerate(group):
-            refusal = self.reception.down(replica)
-            if refusal is not None:
-                refusals.append(refusal)
-                balancer.forget(position)
-            elif replica.role not in tried:
-                serving.append(position)
-        if len(serving) > 1:  # one a reload started is waited for only if no other serves
-            settled = [p for p in serving if not self.readiness.awaited(group[p])]
-            serving = settled or serving
-        if not serving:
-            if not refusals:
-                raise BackendUnavailable(
-                    f"No replica of '{spec.entry.id}' can be reached; retry shortly",
-                    retry_after=1.0,
-                )
-            raise next((r for r in refusals if r.retry_after is not None), refusals[0])
-        gates = self.gates
-        outstanding = [gates[r.role].active + gates[r.role].queued for r in group]
-        hashes = request_hashes(payload) if balancer.indexes else ()
-        pick = balancer.choose(serving, outstanding, hashes)
-        chosen = group[pick.position]
-        exchange.spec = chosen
-        exchange.routing_rule = pick.rule
-        if balancer.indexes:
-            exchange.prefix_match_chars = pick.matched_blocks * BLOCK_CHARS
-        return chosen
 
     async def _send(
         self,
@@ -243,7 +169,7 @@ class Proxy:
                 # retired: were it to wait, the old gate would not drain before its
                 # deadline, nor the old process be retired, nor the new one start.
                 await self.readiness.until_ready(spec, client, deadline.at)
-                self.reception.refuse_if_down(spec)  # failed meanwhile, or restarting
+                self.choice.refuse_if_down(spec)  # failed meanwhile, or restarting
             loader = self.loader
             if loader is not None and loader.on_demand(spec):
                 # Holding the slot: the line behind it waits in order, within its limits.
