@@ -38,11 +38,14 @@ from benchmarks.machine import describe_machine
 from benchmarks.report import DASH, TIMES, write_measurements
 from benchmarks.servers import otlp_sink
 from slm_server.registry.schema import ModelEntry, ModelSpec
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.router.observe.otlp_wire import PairCache, encode_request
 from slm_server.router.observe.telemetry import UNIQUE_ATTRIBUTES, Inbound, Telemetry
 from slm_server.settings import TelemetrySettings
+
+CHAT_PATH = "/v1/chat/completions"
 
 ROUNDS = 9
 SPANS_PER_ROUND = 8192
@@ -83,7 +86,9 @@ def router_spans(count: int) -> list[ReadableSpan]:
     telemetry = Telemetry(settings, environ={}, exporter=kept)
     telemetry.start()
     for n in range(count):
-        exchange = Exchange(request_id=uuid.uuid4().hex, method="POST", path="/v1/chat/completions")
+        exchange = Exchange(
+            request_id=uuid.uuid4().hex, method="POST", path=CHAT_PATH, shape=TABLE.at(CHAT_PATH)
+        )
         stream = n % 2 == 1
         body: dict[str, Any] = {"model": entry.id, "stream": stream, "max_tokens": 64 + n % 7 * 64}
         if n % 3:

@@ -39,6 +39,7 @@ from slm_server.registry.schema import (
     read_registry_text,
 )
 from slm_server.router.apis.models_and_health import Info
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.admission import Gate
 from slm_server.router.call.backend_state import StateSource, StateView
 from slm_server.router.call.drain import Drain
@@ -71,35 +72,26 @@ from slm_server.settings import Settings, load_environment
 
 log = logging.getLogger("slm_server.router")
 
-PROXIED_PATHS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/rerank",
-    "/v1/images/generations",
-    "/v1/images/edits",
-    "/v1/audio/transcriptions",
-)
-
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    exchange_of(request.scope).error_type = exc.code
-    return error_response(exc, request.scope["path"])
+    exchange = exchange_of(request.scope)
+    exchange.error_type = exc.code
+    return error_response(exc, exchange.anthropic)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     error = HttpStatusError(exc.status_code, str(exc.detail), code)
-    response = error_response(error, request.scope["path"])
+    response = error_response(error, exchange_of(request.scope).anthropic)
     response.headers.update(exc.headers or {})
     return response
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error while handling a request", exc_info=exc)
-    return error_response(unexpected(), request.scope["path"])
+    return error_response(unexpected(), exchange_of(request.scope).anthropic)
 
 
 @dataclass(frozen=True)
@@ -305,11 +297,11 @@ def create_app(
             await telemetry.shutdown()
             logging_setup.bind_to_loop(None)
 
-    routes = [Route(path, proxy.proxy, methods=["POST"]) for path in PROXIED_PATHS]
+    # The proxied POST paths go straight to their handlers (see router/edge/screening.py); the
+    # routes stay for every other method, and as the one list of what is served.
+    direct: dict[str, Handler] = {row.shape.path: proxy.handler(row.shape) for row in TABLE}
+    routes = [Route(path, handler, methods=["POST"]) for path, handler in direct.items()]
     routes += [
-        Route("/v1/responses", proxy.responses, methods=["POST"]),
-        Route("/v1/messages", proxy.messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", proxy.count_tokens, methods=["POST"]),
         Route("/v1/models", info.models, methods=["GET"]),
         Route("/v1/models/load", models_api.load, methods=["POST"]),
         Route("/v1/models/unload", models_api.unload, methods=["POST"]),
@@ -325,12 +317,6 @@ def create_app(
         Route("/ui", dashboard.page, methods=["GET"]),
         Route("/ui/{asset}", dashboard.page, methods=["GET"]),
     ]
-    # The proxied POST paths go straight to their handlers (see router/edge/screening.py); the
-    # routes stay for every other method, and as the one list of what is served.
-    direct: dict[str, Handler] = {path: proxy.proxy for path in PROXIED_PATHS}
-    direct["/v1/responses"] = proxy.responses
-    direct["/v1/messages"] = proxy.messages
-    direct["/v1/messages/count_tokens"] = proxy.count_tokens
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

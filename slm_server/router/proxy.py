@@ -1,13 +1,11 @@
-"""Proxying one request to the backend its ``model`` names: take it in, refuse when the
-supervisor says the backend cannot serve, admit it under its deadline, and hand the
-call to its endpoint's handler (:mod:`~slm_server.router.apis.passthrough`,
-:mod:`~slm_server.router.apis.responses.endpoint`,
-:mod:`~slm_server.router.apis.messages.endpoint`)."""
+"""The one orchestrator: a request in one of the API shapes of the table
+(:mod:`~slm_server.router.apis.table`) taken in, checked by its shape's endpoint, a
+backend chosen (refused when the supervisor says none can serve), admitted under its
+deadline, waited for when it is loading, and handed to the endpoint to send."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,15 +13,15 @@ from starlette.types import ASGIApp
 
 from slm_server.errors import BackendUnavailable
 from slm_server.registry.schema import ModelSpec
+from slm_server.router.answer.relay import Relay
 from slm_server.router.answer.reply import Replies
-from slm_server.router.apis.messages.endpoint import COUNT_TOKENS, MESSAGES, MessagesApi
-from slm_server.router.apis.passthrough import PassThrough
-from slm_server.router.apis.responses.endpoint import ResponsesApi
+from slm_server.router.apis.table import TABLE, Endpoint, Table
 from slm_server.router.call.admission import Gate
 from slm_server.router.call.admitted_call import Call, Deadline
 from slm_server.router.call.backend_state import StateSource
 from slm_server.router.call.drain import Drain
 from slm_server.router.call.exchange import exchange_of
+from slm_server.router.call.shape import Shape
 from slm_server.router.call.waits import client_of, running_loop
 from slm_server.router.dispatch.choice import Choice
 from slm_server.router.dispatch.lookup import Registry
@@ -39,7 +37,7 @@ from slm_server.router.upstream.sender import Sender
 from slm_server.router.watchdog.tripwire import Tripwire
 from slm_server.settings import Settings
 
-RESPONSES = "/v1/responses"
+Handler = Callable[[Request], Awaitable[Response | ASGIApp]]
 # A replica that refused the connection never saw the request: it is sent to another.
 UNREACHABLE = "backend_unreachable"
 
@@ -58,6 +56,7 @@ class Proxy:
         drain: Drain,
         gates: Mapping[str, Gate],
         in_force: InForce,
+        table: Table = TABLE,
     ) -> None:
         serving = settings.serving
         self.gates = gates
@@ -68,13 +67,10 @@ class Proxy:
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
         replies = Replies(self.sender, drain, serving.max_sse_event_bytes)
-        self.passthrough = PassThrough(self.sender, replies)
-        self.responses_api = ResponsesApi(
-            self.sender, replies, self.passthrough, self.reception.sampling_defaults
-        )
-        self.messages_api = MessagesApi(
-            self.sender, replies, self.reception.sampling_defaults, self.server_kind
-        )
+        parts = Relay(self.sender, replies, self.reception.sampling_defaults, self.server_kind)
+        self.endpoints: dict[Shape, Endpoint] = {
+            row.shape: row.endpoint(row.shape, parts) for row in table
+        }
         self.loader: Loader | None = None  # loading on demand, set by the app
         # Requests for backends a reload started wait for them, once routed by its registry.
         self.readiness = Readiness(states, self.sender.waits, in_force)
@@ -90,36 +86,29 @@ class Proxy:
         """End every request still waiting on a backend (the drain period is over)."""
         self.sender.cancel_waiting()
 
-    async def proxy(self, request: Request) -> Response | ASGIApp:
-        """``POST`` chat completions, completions, embeddings, rerank, image
-        generations, and the multipart image edits and audio transcriptions."""
-        return await self._serve(request, request.scope["path"])
+    def handler(self, shape: Shape) -> Handler:
+        """The handler of requests in ``shape`` (at its path)."""
+        endpoint = self.endpoints[shape]
 
-    async def responses(self, request: Request) -> Response | ASGIApp:
-        """``POST /v1/responses``: the backend's own, else translated to chat."""
-        return await self._serve(request, RESPONSES)
+        async def serve(request: Request) -> Response | ASGIApp:
+            return await self._serve(request, shape, endpoint)
 
-    async def messages(self, request: Request) -> Response | ASGIApp:
-        """``POST /v1/messages``: the Anthropic Messages API, translated to chat."""
-        return await self._serve(request, MESSAGES)
+        serve.__doc__ = f"``POST {shape.path}``"
+        return serve
 
-    async def count_tokens(self, request: Request) -> Response | ASGIApp:
-        """``POST /v1/messages/count_tokens``: llama-server's count, else an estimate."""
-        return await self._serve(request, COUNT_TOKENS)
-
-    async def _serve(self, request: Request, endpoint: str) -> Response | ASGIApp:
-        """Take in, admit and proxy one request to ``endpoint``; its body counts
-        against the budget for bodies in flight until the answer is handed back."""
+    async def _serve(
+        self, request: Request, shape: Shape, endpoint: Endpoint
+    ) -> Response | ASGIApp:
+        """Take in, admit and proxy one request in ``shape``; its body counts against
+        the budget for bodies in flight until the answer is handed back."""
         held = self.bodies.hold()
         try:
             exchange = exchange_of(request.scope)
-            intake = await self.reception.take(request, endpoint, exchange, held)
-            chat = None
-            if endpoint in (MESSAGES, COUNT_TOKENS):  # refused before it waits for a slot
-                counting = endpoint == COUNT_TOKENS
-                chat = self.messages_api.prepare(intake.payload, intake.spec, counting)
-                if endpoint == COUNT_TOKENS and not self.messages_api.counts_natively(intake.spec):
-                    return self.messages_api.estimate(chat)
+            taken = await self.reception.take(request, shape, exchange, held)
+            checked = endpoint.before_admission(taken)  # refused before it waits for a slot
+            if isinstance(checked, Response):  # answered without a backend
+                return checked
+            intake = checked
             entry = intake.spec.entry
             size = self.registry.size(intake.spec)
             seconds, shortened = request_timeout(
@@ -132,7 +121,7 @@ class Proxy:
                     deadline = Deadline(seconds, running_loop().time)
                 try:
                     return await self._send(
-                        request, endpoint, intake, spec, deadline, shortened, chat
+                        request, shape, endpoint, intake, spec, deadline, shortened
                     )
                 except BackendUnavailable as error:
                     if error.code != UNREACHABLE or size == 1:
@@ -148,18 +137,17 @@ class Proxy:
     async def _send(
         self,
         request: Request,
-        endpoint: str,
+        shape: Shape,
+        endpoint: Endpoint,
         intake: Intake,
         spec: ModelSpec,
         deadline: Deadline,
         shortened: bool,
-        chat: dict[str, Any] | None = None,
     ) -> Response | ASGIApp:
-        """Admit the request to ``spec``'s backend and hand it to its handler (``chat``:
-        a Messages request's translation)."""
+        """Admit the request to ``spec``'s backend and hand it to its endpoint."""
         exchange = exchange_of(request.scope)
         client = client_of(request.scope, request.receive)
-        intake = await self.reception.for_backend(intake, spec, endpoint)
+        intake = await self.reception.for_backend(intake, spec, shape)
         slot = await self.sender.admit(client, spec, exchange, deadline)
         try:
             if self.registry.holds(spec) and self.readiness.awaited(spec):
@@ -188,13 +176,7 @@ class Proxy:
                 hidden_usage=intake.hidden_usage,
                 capped=intake.capped,
             )
-            if endpoint == RESPONSES:
-                return await self.responses_api(call, intake.payload, intake.body)
-            if chat is not None and endpoint == MESSAGES:
-                return await self.messages_api.create(call, chat, intake.payload)
-            if chat is not None:
-                return await self.messages_api.count_tokens(call, chat, await intake.body())
-            return await self.passthrough(call, endpoint, await intake.body())
+            return await endpoint.send(call, intake)
         except BaseException:
             slot.release()
             raise

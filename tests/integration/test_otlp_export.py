@@ -23,11 +23,14 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from slm_server.registry.schema import ModelEntry, ModelSpec
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.router.observe.telemetry import UNIQUE_ATTRIBUTES, Inbound, Telemetry
 from slm_server.settings import TelemetrySettings
 from tests.integration.otlp_receiver import OtlpReceiver
+
+CHAT_PATH = "/v1/chat/completions"
 
 RESOURCE = Resource.create({"service.name": "slm-server", "service.version": "1.0"})
 SCOPE = InstrumentationScope("slm_server", "1.0")
@@ -258,7 +261,9 @@ def test_a_batch_over_the_size_limit_is_dropped(
 
 
 def routed() -> Exchange:
-    exchange = Exchange(request_id=uuid.uuid4().hex, method="POST", path="/v1/chat/completions")
+    exchange = Exchange(
+        request_id=uuid.uuid4().hex, method="POST", path=CHAT_PATH, shape=TABLE.at(CHAT_PATH)
+    )
     exchange.note_request({"model": "alpha"})
     entry = ModelEntry.model_validate(
         {

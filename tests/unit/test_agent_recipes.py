@@ -14,6 +14,7 @@ import pytest
 from slm_server.registry.schema import load_registry
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.intake.presets import resolve
+from tests.shape_rows import shape
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE_PAGES = ("README.md", "docs/agents.md")
@@ -41,8 +42,8 @@ def test_the_recipes_name_a_model_the_example_serves_to_agents(page: str) -> Non
     assert names, f"no recipe found in {page}"
     registry = Registry(load_registry(ROOT / "config" / "models.yaml.example").models)
     for name in sorted(names):
-        entry = registry.route(name, "/v1/chat/completions").entry
-        assert registry.route(name, "/v1/responses").entry is entry
+        entry = registry.route(name, shape("/v1/chat/completions")).entry
+        assert registry.route(name, shape("/v1/responses")).entry is entry
         context = entry.context_length
         assert context is not None and context >= AGENT_PROMPT_TOKENS + LONGEST_CAP, (
             f"{name}: a {context}-token context cannot hold an agent's prompt"

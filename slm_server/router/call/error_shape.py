@@ -1,5 +1,6 @@
-"""Which shape an error takes on a path: Anthropic's on the Messages API's routes
-(``/v1/messages`` and everything under it), OpenAI's everywhere else."""
+"""Which shape an error takes: Anthropic's on the Messages API's routes (and every path
+under them, as the table of shapes says: ``Exchange.anthropic``), OpenAI's everywhere
+else."""
 
 from __future__ import annotations
 
@@ -9,22 +10,18 @@ from starlette.responses import JSONResponse
 
 from slm_server.errors import GatewayError
 
-MESSAGES_PATH = "/v1/messages"
+
+def error_body(error: GatewayError, anthropic: bool) -> dict[str, Any]:
+    """``error``'s JSON body as the client expects it (``anthropic``: on the Messages
+    API's routes)."""
+    return error.anthropic_body() if anthropic else error.body()
 
 
-def anthropic_shaped(path: str) -> bool:
-    """Whether errors on ``path`` take the Anthropic Messages API's shape."""
-    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+def error_response(error: GatewayError, anthropic: bool) -> JSONResponse:
+    """``error`` as a whole JSON answer."""
+    return JSONResponse(
+        error_body(error, anthropic), status_code=error.status, headers=error.headers()
+    )
 
 
-def error_body(error: GatewayError, path: str) -> dict[str, Any]:
-    """``error``'s JSON body as a client of ``path`` expects it."""
-    return error.anthropic_body() if anthropic_shaped(path) else error.body()
-
-
-def error_response(error: GatewayError, path: str) -> JSONResponse:
-    """``error`` as a whole JSON answer to a request for ``path``."""
-    return JSONResponse(error_body(error, path), status_code=error.status, headers=error.headers())
-
-
-__all__ = ["MESSAGES_PATH", "anthropic_shaped", "error_body", "error_response"]
+__all__ = ["error_body", "error_response"]

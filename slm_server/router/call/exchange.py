@@ -18,43 +18,8 @@ from typing import Any
 from starlette.types import Scope
 
 from slm_server.registry.schema import ModelSpec
+from slm_server.router.call.shape import Shape
 
-EMIT_PATHS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-    "/v1/messages/count_tokens": "count_tokens",
-    "/v1/embeddings": "embeddings",
-    "/v1/rerank": "rerank",
-    "/v1/images/generations": "image_generations",
-    "/v1/images/edits": "image_edits",
-    "/v1/audio/transcriptions": "transcriptions",
-}
-OPERATIONS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "text_completion",
-    "/v1/responses": "chat",
-    "/v1/messages": "chat",
-    "/v1/messages/count_tokens": "count_tokens",
-    "/v1/embeddings": "embeddings",
-    "/v1/rerank": "rerank",
-    "/v1/images/generations": "image_generation",
-    "/v1/images/edits": "image_edit",
-    "/v1/audio/transcriptions": "transcription",
-}
-# The endpoints whose answer can be a stream: ``"stream": true`` elsewhere (an
-# embeddings request, say) is no stream, and arms no first-byte timer (the backend sends
-# such an answer's head only when all of it is done).
-STREAMING_PATHS = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/responses",
-        "/v1/messages",
-        "/v1/audio/transcriptions",
-    }
-)
 _SCOPE_KEY = "slm.exchange"
 _ID_PREFIX = uuid.uuid4().hex[:16]
 _ID_COUNTER = itertools.count(1)
@@ -80,6 +45,10 @@ class Exchange:
     method: str
     path: str
     started: float = field(default_factory=time.perf_counter)
+    # The API shape served at ``path`` (None for the router's own routes), and whether
+    # errors take the Messages API's shape there; set at the door.
+    shape: Shape | None = None
+    anthropic: bool = False
     spec: ModelSpec | None = None
     model: str | None = None
     stream: bool = False
@@ -119,13 +88,14 @@ class Exchange:
         """One distinct value per emit site: chat, completions, responses, messages,
         count_tokens, embeddings, rerank, image_generations, image_edits,
         transcriptions, or streaming for any streamed chat or text completion."""
-        if self.stream and self.path in ("/v1/chat/completions", "/v1/completions"):
-            return "streaming"
-        return EMIT_PATHS.get(self.path, "other")
+        shape = self.shape
+        if shape is None:
+            return "other"
+        return "streaming" if self.stream and shape.token_stream else shape.name
 
     @property
     def operation(self) -> str:
-        return OPERATIONS.get(self.path, "other")
+        return self.shape.operation if self.shape is not None else "other"
 
     @property
     def routed(self) -> bool:
@@ -145,7 +115,8 @@ class Exchange:
         """The request fields telemetry reports."""
         model = payload.get("model")
         self.model = model if isinstance(model, str) else None
-        self.stream = payload.get("stream") is True and self.path in STREAMING_PATHS
+        shape = self.shape
+        self.stream = payload.get("stream") is True and shape is not None and shape.streams
         self.note_sampling(payload)
 
     def note_sampling(self, payload: dict[str, Any]) -> None:

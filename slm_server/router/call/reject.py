@@ -16,8 +16,9 @@ from slm_server.router.call.exchange import exchange_of
 
 async def reject(scope: Scope, send: Send, error: GatewayError) -> None:
     """Send ``error`` as the whole response, noted on the request's exchange."""
-    exchange_of(scope).error_type = error.code
-    body = json.dumps(error_body(error, scope.get("path", ""))).encode()
+    exchange = exchange_of(scope)
+    exchange.error_type = error.code
+    body = json.dumps(error_body(error, exchange.anthropic)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

@@ -1,4 +1,4 @@
-"""Lookup of enabled models by id, and of the endpoints each model type serves. Pure."""
+"""Lookup of enabled models by id and alias, checked to serve the API shape asked. Pure."""
 
 from __future__ import annotations
 
@@ -6,17 +6,7 @@ from collections.abc import Sequence
 
 from slm_server.errors import AmbiguousModel, ModelNotFound, UnsupportedEndpoint
 from slm_server.registry.schema import ModelSpec
-
-ENDPOINT_MODEL_TYPES: dict[str, frozenset[str]] = {
-    "/v1/chat/completions": frozenset({"lm", "multimodal"}),
-    "/v1/completions": frozenset({"lm", "multimodal"}),
-    "/v1/responses": frozenset({"lm", "multimodal"}),
-    "/v1/embeddings": frozenset({"embeddings"}),
-    "/v1/rerank": frozenset({"rerank"}),
-    "/v1/images/generations": frozenset({"image-generation"}),
-    "/v1/images/edits": frozenset({"image-edit"}),
-    "/v1/audio/transcriptions": frozenset({"whisper"}),
-}
+from slm_server.router.call.shape import Shape
 
 
 class Registry:
@@ -113,14 +103,14 @@ class Registry:
             )
         return found[0]
 
-    def route(self, model_id: str, endpoint: str) -> ModelSpec:
-        """The entry for ``model_id``, checked to serve ``endpoint``."""
+    def route(self, model_id: str, shape: Shape | None) -> ModelSpec:
+        """The entry for ``model_id``, checked to serve ``shape`` (None: unchecked)."""
         spec = self.lookup(model_id)
-        allowed = ENDPOINT_MODEL_TYPES.get(endpoint)
-        if allowed is not None and spec.entry.model_type not in allowed:
+        if shape is not None and spec.entry.model_type not in shape.model_types:
+            allowed = " or ".join(sorted(shape.model_types))
             raise UnsupportedEndpoint(
                 f"The model '{model_id}' has model_type '{spec.entry.model_type}', "
-                f"which does not serve {endpoint} (that needs {' or '.join(sorted(allowed))})",
+                f"which does not serve {shape.path} (that needs {allowed})",
                 param="model",
             )
         return spec

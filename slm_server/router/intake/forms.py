@@ -18,7 +18,6 @@ from python_multipart.multipart import MultipartParser, MultipartState, parse_op
 
 from slm_server.errors import InvalidRequest
 
-FORM_ENDPOINTS: Final = frozenset({"/v1/images/edits", "/v1/audio/transcriptions"})
 FORM_CONTENT_TYPE: Final = b"multipart/form-data"
 # What one form may hold before it is refused: a form that needs more is not one of
 # ours, and the parser walks part headers byte by byte.

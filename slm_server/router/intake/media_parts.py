@@ -21,27 +21,25 @@ from typing import Any
 
 from slm_server.errors import InvalidRequest
 
-CHAT = "/v1/chat/completions"
-RESPONSES = "/v1/responses"
-# The media part types each request shape has, by what they carry.
+# The media part types each request shape has (by the shape's name), by what they carry.
 MEDIA_PARTS: dict[str, dict[str, str]] = {
-    CHAT: {"image_url": "an image", "input_audio": "audio"},
-    RESPONSES: {"input_image": "an image", "input_audio": "audio"},
+    "chat": {"image_url": "an image", "input_audio": "audio"},
+    "responses": {"input_image": "an image", "input_audio": "audio"},
 }
 # The fields of a message (or input item) that hold content parts.
 CHAT_FIELDS: tuple[str, ...] = ("content",)
 RESPONSES_FIELDS: tuple[str, ...] = ("content", "output")
 
 
-def check_media(payload: dict[str, Any], endpoint: str, model_type: str) -> None:
+def check_media(payload: dict[str, Any], shape: str, model_type: str) -> None:
     """Refuse (400 naming the part) an image or audio part in a chat completions
     ``messages[i].content`` or a Responses ``input[i].content`` (or a tool output's
     ``input[i].output``) when ``model_type`` is not ``multimodal``; anything else
     passes."""
-    kinds = MEDIA_PARTS.get(endpoint)
+    kinds = MEDIA_PARTS.get(shape)
     if kinds is None or model_type == "multimodal":
         return
-    name, fields = ("messages", CHAT_FIELDS) if endpoint == CHAT else ("input", RESPONSES_FIELDS)
+    name, fields = ("messages", CHAT_FIELDS) if shape == "chat" else ("input", RESPONSES_FIELDS)
     items = payload.get(name)
     if not isinstance(items, list):
         return
@@ -52,6 +50,16 @@ def check_media(payload: dict[str, Any], endpoint: str, model_type: str) -> None
             parts = item.get(field)
             if isinstance(parts, list):
                 _parts(parts, f"{name}[{index}].{field}", kinds, model_type)
+
+
+def check_chat_media(payload: dict[str, Any], model_type: str) -> None:
+    """:func:`check_media` on a chat completions request."""
+    check_media(payload, "chat", model_type)
+
+
+def check_responses_media(payload: dict[str, Any], model_type: str) -> None:
+    """:func:`check_media` on a Responses request."""
+    check_media(payload, "responses", model_type)
 
 
 def _parts(parts: list[Any], path: str, kinds: dict[str, str], model_type: str) -> None:
@@ -67,4 +75,4 @@ def _parts(parts: list[Any], path: str, kinds: dict[str, str], model_type: str) 
             )
 
 
-__all__ = ["check_media"]
+__all__ = ["check_chat_media", "check_media", "check_responses_media"]

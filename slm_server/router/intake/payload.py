@@ -8,12 +8,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from slm_server.errors import InvalidRequest, UnsupportedMediaType
+from slm_server.router.call.shape import Shape
 from slm_server.router.intake import strict_json
-from slm_server.router.intake.media_parts import check_media
-from slm_server.router.intake.tool_calls import check_tool_calls
-
-SAMPLING_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
-USAGE_STREAM_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
@@ -74,34 +70,32 @@ def model_field(payload: dict[str, Any]) -> str:
     return model
 
 
-RERANK_ENDPOINTS = frozenset({"/v1/rerank"})
-CHAT_ENDPOINT = "/v1/chat/completions"
-GRAMMAR_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
-
-
-def check_fields(payload: dict[str, Any], endpoint: str, *, model_type: str) -> None:
+def check_fields(payload: dict[str, Any], shape: Shape, *, model_type: str) -> None:
     """Refuse values a backend would fail on with a 5xx of its own (which the watchdog
-    would count against a healthy backend): a rerank ``top_n`` that is not a positive
-    integer (llama-server throws on a negative one; 0 would rank nothing), both a
-    ``json_schema`` and a ``grammar`` (llama-server answers them 500), images and audio
+    would count against a healthy backend), as ``shape``'s checks say: images and audio
     for a model whose ``model_type`` is not multimodal
-    (:func:`~slm_server.router.intake.media_parts.check_media`), and on chat
-    completions the tool calls, tool results and tools it fails on
-    (:func:`~slm_server.router.intake.tool_calls.check_tool_calls`)."""
-    check_media(payload, endpoint, model_type)
-    if endpoint == CHAT_ENDPOINT:
-        check_tool_calls(payload)
-    if (
-        endpoint in GRAMMAR_ENDPOINTS
-        and payload.get("json_schema") is not None
-        and payload.get("grammar")
-    ):
+    (:func:`~slm_server.router.intake.media_parts.check_media`), on chat completions
+    the tool calls, tool results and tools llama-server fails on
+    (:func:`~slm_server.router.intake.tool_calls.check_tool_calls`), both a
+    ``json_schema`` and a ``grammar`` (:func:`check_grammar`), a rerank ``top_n`` that
+    is not a positive integer (:func:`check_top_n`)."""
+    shape.check(payload, model_type)
+
+
+def check_grammar(payload: dict[str, Any], _model_type: str) -> None:
+    """Refuse both a ``json_schema`` and a ``grammar`` (llama-server answers them 500)."""
+    if payload.get("json_schema") is not None and payload.get("grammar"):
         raise InvalidRequest(
             "Give either 'json_schema' or 'grammar', not both",
             code="invalid_request",
             param="grammar",
         )
-    if endpoint in RERANK_ENDPOINTS and "top_n" in payload:
+
+
+def check_top_n(payload: dict[str, Any], _model_type: str) -> None:
+    """Refuse a rerank ``top_n`` that is not a positive integer (llama-server throws on a
+    negative one; 0 would rank nothing)."""
+    if "top_n" in payload:
         top_n = payload["top_n"]
         if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
             raise InvalidRequest(
@@ -116,14 +110,14 @@ def is_stream(payload: dict[str, Any]) -> bool:
 
 
 def apply_defaults(
-    payload: dict[str, Any], endpoint: str, sampling_defaults: dict[str, Any]
+    payload: dict[str, Any], shape: Shape, sampling_defaults: dict[str, Any]
 ) -> bool:
     """Fill in the sampling defaults the backend cannot take as flags (the Python
     fallback's) where the request left them out. Returns whether ``payload`` changed.
     (What the registry's presets and ``chat_template_kwargs`` add is
     :mod:`~slm_server.router.intake.presets`'.)"""
     changed = False
-    if endpoint in SAMPLING_ENDPOINTS:
+    if shape.samples:
         for name, value in sampling_defaults.items():
             if name not in payload:
                 payload[name] = value
@@ -131,10 +125,10 @@ def apply_defaults(
     return changed
 
 
-def ask_for_usage(payload: dict[str, Any], endpoint: str) -> bool:
+def ask_for_usage(payload: dict[str, Any], shape: Shape) -> bool:
     """Ask a streaming backend to end with a usage chunk; True when the client did not
     ask for it itself (so that chunk is kept from it)."""
-    if endpoint not in USAGE_STREAM_ENDPOINTS or not is_stream(payload):
+    if not shape.token_stream or not is_stream(payload):
         return False
     options = payload.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:

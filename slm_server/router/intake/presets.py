@@ -17,8 +17,9 @@ the client leaves out, and strips parameters. The rules, in the order they act:
   ``max_tokens`` does (``n`` choices may generate ``n`` times it).
 
 Parameters are named in a preset as chat completions name them; :data:`SHAPES` says how
-each API shape names them (None: the shape has no such parameter, the rule is skipped)
-and which of its fields bound the output; another shape is one more row.
+each API shape (by its name in the table of shapes) names them (None: the shape has no
+such parameter, the rule is skipped) and which of its fields bound the output; another
+shape is one more row.
 """
 
 from __future__ import annotations
@@ -60,12 +61,12 @@ class ApiShape:
 
 SHAPES: Mapping[str, ApiShape] = MappingProxyType(
     {
-        "/v1/chat/completions": ApiShape("chat", CHAT_LIMITS),
-        "/v1/completions": ApiShape("completions", CHAT_LIMITS, {"chat_template_kwargs": None}),
+        "chat": ApiShape("chat", CHAT_LIMITS),
+        "completions": ApiShape("completions", CHAT_LIMITS, {"chat_template_kwargs": None}),
         # Translated to chat completions for most backends, where max_output_tokens
         # becomes max_tokens and fields unknown to the Responses API pass unchanged
         # (so a max_tokens or n_predict sent here is capped too).
-        "/v1/responses": ApiShape(
+        "responses": ApiShape(
             "responses",
             ("max_output_tokens", *CHAT_LIMITS),
             {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens"},
@@ -74,7 +75,7 @@ SHAPES: Mapping[str, ApiShape] = MappingProxyType(
         # the output, stop_sequences are the stops; ``thinking`` stands for
         # chat_template_kwargs.enable_thinking, so a default for chat_template_kwargs
         # gives way to it as to the client's own.
-        "/v1/messages": ApiShape(
+        "messages": ApiShape(
             "messages",
             ("max_tokens", "max_completion_tokens", "n_predict"),
             {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"},

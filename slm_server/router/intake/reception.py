@@ -9,15 +9,16 @@ from typing import Any
 
 from starlette.requests import Request
 
-from slm_server.errors import BackendUnavailable, PayloadTooLarge, UnsupportedEndpoint
+from slm_server.errors import BackendUnavailable, PayloadTooLarge
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.backend_state import StateSource
 from slm_server.router.call.drain import Drain
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.call.fast_path import fast_path_of
-from slm_server.router.dispatch.lookup import ENDPOINT_MODEL_TYPES, Registry
+from slm_server.router.call.shape import Shape
+from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.intake.body_budget import Held
-from slm_server.router.intake.forms import FORM_ENDPOINTS, read_form_fields
+from slm_server.router.intake.forms import read_form_fields
 from slm_server.router.intake.parsed_cost import parsed_cost
 from slm_server.router.intake.payload import (
     apply_defaults,
@@ -32,13 +33,6 @@ from slm_server.router.intake.presets import SHAPES, Rules, apply_preset, cap_bi
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 
-# Endpoints the registry's table does not name, by the endpoint whose model types serve
-# them: the Messages API is served by whatever serves chat completions.
-SERVED_AS = {
-    "/v1/messages": "/v1/chat/completions",
-    "/v1/messages/count_tokens": "/v1/chat/completions",
-}
-
 # Bodies larger than this are parsed and re-serialised in a thread: 30 MiB of JSON
 # takes the better part of a second, which would stall every other request.
 OFF_LOOP_BYTES = 1024 * 1024
@@ -49,8 +43,10 @@ class Intake:
     """A request taken in: the model it names, its parsed fields and the bytes it came
     as, whether the router asked a stream for usage the client did not, the alias the
     client named the model by, whether the preset's cap, not the client's own bound,
-    limits the output, and whether the router changed the fields (an alias, a preset,
-    defaults, usage), so that :meth:`body` serialises them anew."""
+    limits the output, whether the router changed the fields (an alias, a preset,
+    defaults, usage), so that :meth:`body` serialises them anew, and the request
+    translated to the shape it is sent as (a Messages request's chat completions, set
+    by its endpoint before admission)."""
 
     spec: ModelSpec
     payload: dict[str, Any]
@@ -59,6 +55,7 @@ class Intake:
     alias: str | None = None
     capped: bool = False
     rewritten: bool = False
+    translated: dict[str, Any] | None = None
 
     async def body(self) -> bytes:
         """The request in its own shape as the backend is sent it: the bytes as they
@@ -133,20 +130,20 @@ class Reception:
             parts.append(part)
         return b"".join(parts)
 
-    async def take(self, request: Request, endpoint: str, exchange: Exchange, held: Held) -> Intake:
-        """The request to ``endpoint`` read, routed, checked and completed."""
+    async def take(self, request: Request, shape: Shape, exchange: Exchange, held: Held) -> Intake:
+        """The request in ``shape`` read, routed, checked and completed."""
         if self.drain.draining:
             raise BackendUnavailable(
                 "The router is shutting down and takes no new requests",
                 code="shutting_down",
                 retry_after=RETRY_AFTER_SECONDS,
             )
-        if endpoint not in FORM_ENDPOINTS:
+        if not shape.form:
             check_json_type(header_value(request.scope["headers"], b"content-type"))
         raw = await self.body(request, held)
-        if endpoint not in FORM_ENDPOINTS:
+        if not shape.form:
             held.take_parsed(parsed_cost(raw))
-        if endpoint in FORM_ENDPOINTS:
+        if shape.form:
             # Only read for its routing fields: the form goes upstream byte for byte.
             content_type = header_value(request.scope["headers"], b"content-type")
             payload = await read_form_fields(raw, content_type)
@@ -156,44 +153,36 @@ class Reception:
             payload = parse_body(raw)
         exchange.note_request(payload)
         name = model_field(payload)
-        spec = self.registry.route(name, endpoint)
+        spec = self.registry.route(name, shape)
         alias = self.registry.alias(name)
-        served_as = SERVED_AS.get(endpoint)
-        if served_as is not None and spec.entry.model_type not in ENDPOINT_MODEL_TYPES[served_as]:
-            allowed = ENDPOINT_MODEL_TYPES[served_as]
-            raise UnsupportedEndpoint(
-                f"The model '{spec.entry.id}' has model_type '{spec.entry.model_type}', "
-                f"which does not serve {endpoint} (that needs {' or '.join(sorted(allowed))})",
-                param="model",
-            )
         exchange.spec = spec
         changed = capped = False
-        if endpoint not in FORM_ENDPOINTS:
+        if not shape.form:
             if alias is not None:  # the backend knows the model by its id
                 payload["model"] = spec.entry.id
                 changed = True
-            shape = SHAPES.get(endpoint)
-            if shape is not None:
+            names = SHAPES.get(shape.name)
+            if names is not None:
                 rules = self.rules(spec, alias)
-                capped = cap_binds(payload, shape, rules)
-                preset = apply_preset(payload, shape, rules)
+                capped = cap_binds(payload, names, rules)
+                preset = apply_preset(payload, names, rules)
                 if preset is not payload:
                     payload, changed = preset, True
                     exchange.note_sampling(payload)
         # Checked as it will be sent: a preset may add what the backend would fail on.
-        check_fields(payload, endpoint, model_type=spec.entry.model_type)
-        changed = apply_defaults(payload, endpoint, self.sampling_defaults(spec)) or changed
-        hidden_usage = ask_for_usage(payload, endpoint)
+        check_fields(payload, shape, model_type=spec.entry.model_type)
+        changed = apply_defaults(payload, shape, self.sampling_defaults(spec)) or changed
+        hidden_usage = ask_for_usage(payload, shape)
         return Intake(spec, payload, raw, hidden_usage, alias, capped, changed or hidden_usage)
 
-    async def for_backend(self, intake: Intake, spec: ModelSpec, endpoint: str) -> Intake:
+    async def for_backend(self, intake: Intake, spec: ModelSpec, shape: Shape) -> Intake:
         """The request as ``spec``'s backend is sent it: a remote that knows the model
         by another name (``remote_model``) gets its name in ``model``. A multipart form
         goes byte for byte, its ``model`` unchanged."""
         entry = spec.entry
         if not entry.remote or entry.upstream_model == intake.payload.get("model"):
             return intake
-        if endpoint in FORM_ENDPOINTS:
+        if shape.form:
             return intake
         payload = {**intake.payload, "model": entry.upstream_model}
         return replace(intake, payload=payload, rewritten=True)

@@ -42,6 +42,11 @@ def check_tool_calls(payload: dict[str, Any]) -> None:
         _tools(tools)
 
 
+def check_chat_tool_calls(payload: dict[str, Any], _model_type: str) -> None:
+    """:func:`check_tool_calls` as a check of a chat completions request's shape."""
+    check_tool_calls(payload)
+
+
 def check_arguments(arguments: Any, param: str) -> None:
     """Refuse a tool call's ``arguments`` that are not a JSON object: as JSON text (what
     OpenAI's API sends) or as the object itself; ``null`` either way is served."""
@@ -162,4 +167,4 @@ def _kind(value: Any) -> str:
     return "an object"
 
 
-__all__ = ["check_arguments", "check_tool_calls"]
+__all__ = ["check_arguments", "check_chat_tool_calls", "check_tool_calls"]

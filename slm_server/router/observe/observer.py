@@ -29,8 +29,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slm_server.errors import GatewayError
 from slm_server.logging_setup import REQUEST_ID, direct_line_handler
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import (
-    EMIT_PATHS,
     REQUEST_ID_HEADER,
     Exchange,
     answer_headers,
@@ -106,9 +106,16 @@ class RequestObserver:
             elif name == b"x-trace-id":
                 legacy = value.decode("latin-1")
         request_id = request_id_from(inbound_id)
-        exchange = Exchange(request_id=request_id, method=scope["method"], path=path)
+        shape = TABLE.at(path)
+        exchange = Exchange(
+            request_id=request_id,
+            method=scope["method"],
+            path=path,
+            shape=shape,
+            anthropic=TABLE.anthropic_at(path),
+        )
         attach_exchange(scope, exchange)
-        model_endpoint = path in EMIT_PATHS
+        model_endpoint = shape is not None
         span = None
         token = REQUEST_ID.set(request_id)
 

@@ -83,7 +83,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from slm_server.router.call.exchange import EMIT_PATHS, Exchange
+from slm_server.router.apis.table import TABLE
+from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.settings import TelemetrySettings
 
@@ -95,7 +96,7 @@ EXPORT_TIMEOUT_SECONDS: Final = 3.0
 SHUTDOWN_SECONDS: Final = 2.0
 WARNING_INTERVAL_SECONDS: Final = 60.0
 # Every distinct value of ``slm.emit_path``: one per emit site.
-EMIT_SITES: Final = (*dict.fromkeys(EMIT_PATHS.values()), "streaming")
+EMIT_SITES: Final = TABLE.emit_sites
 # The loggers through which the exporter and the SDK complain about failed exports.
 EXPORT_LOGGERS: Final = (
     "slm_server.telemetry.export",

@@ -15,7 +15,8 @@ its chat completions too.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
@@ -23,7 +24,7 @@ from starlette.types import ASGIApp
 
 from slm_server.errors import BackendProtocolError, GatewayError, anthropic_error_body
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.answer.reply import Replies
+from slm_server.router.answer.relay import Relay
 from slm_server.router.answer.translation import ChatTranslation, error_message
 from slm_server.router.apis.messages.answer import backend_error, chat_to_message
 from slm_server.router.apis.messages.count import estimate_tokens
@@ -31,14 +32,12 @@ from slm_server.router.apis.messages.request import messages_to_chat
 from slm_server.router.apis.messages.stream import MessageStreamTranslator
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.shape import Shape
 from slm_server.router.intake.payload import apply_defaults
+from slm_server.router.intake.reception import Intake
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.intake.tool_calls import check_tool_calls
-from slm_server.router.upstream.sender import Sender
 
-MESSAGES = "/v1/messages"
-COUNT_TOKENS = "/v1/messages/count_tokens"
-CHAT = "/v1/chat/completions"
 # A backend answering these to count_tokens has no such route: the router estimates.
 COUNT_FALLBACK_STATUSES = frozenset({404, 405, 501})
 # The servers that count natively: llama-server (local, or a remote that may be one).
@@ -97,30 +96,62 @@ class TokenCount:
         yield b""
 
 
+def _translated_to(shape: Shape) -> Shape:
+    """The shape ``shape``'s requests are sent to a backend as (chat completions)."""
+    if shape.translated_to is None:
+        raise ValueError(f"the {shape.name} shape names no shape it is translated to")
+    return shape.translated_to
+
+
+def prepare(intake: Intake, counting: bool) -> Intake:
+    """``intake`` with its chat completions request (to ``count_tokens`` when
+    ``counting``), checked before it is admitted (400 naming the field for what cannot
+    be served)."""
+    takes_images = intake.spec.entry.model_type == "multimodal"
+    chat = messages_to_chat(intake.payload, takes_images=takes_images, counting=counting)
+    check_tool_calls(chat)  # the translation's own checks name the Messages fields
+    return replace(intake, translated=chat)
+
+
 class MessagesApi:
-    """The Messages API over any chat-completions backend."""
+    """``POST /v1/messages`` over any chat-completions backend."""
 
-    def __init__(
-        self,
-        sender: Sender,
-        replies: Replies,
-        sampling_defaults: Callable[[ModelSpec], dict[str, Any]],
-        server_kind: Callable[[ModelSpec], str | None],
-    ) -> None:
-        self.sender = sender
-        self.replies = replies
-        self.sampling_defaults = sampling_defaults
-        self.server_kind = server_kind
+    def __init__(self, shape: Shape, parts: Relay) -> None:
+        self.chat = _translated_to(shape)
+        self.parts = parts
 
-    @staticmethod
-    def prepare(payload: dict[str, Any], spec: ModelSpec, counting: bool) -> dict[str, Any]:
-        """The chat completions request for ``payload`` (to ``count_tokens`` when
-        ``counting``), checked before it is admitted (400 naming the field for what
-        cannot be served)."""
-        takes_images = spec.entry.model_type == "multimodal"
-        chat = messages_to_chat(payload, takes_images=takes_images, counting=counting)
-        check_tool_calls(chat)  # the translation's own checks name the Messages fields
-        return chat
+    def before_admission(self, intake: Intake) -> Intake:
+        """The request translated to chat completions (refused before it waits for a
+        slot)."""
+        return prepare(intake, counting=False)
+
+    async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
+        """The translated request to the backend's chat completions; the answer
+        translated back. The Messages request is as the backend is sent it (its
+        ``model`` the backend's name for it)."""
+        request = intake.payload
+        chat = {**(intake.translated or {}), "model": request.get("model")}
+        apply_defaults(chat, self.chat, self.parts.sampling_defaults(call.spec))
+        translation = MessagesTranslation(request, capped=call.capped)
+        return await self.parts.relay(call, self.chat.path, dumps_body(chat), translation)
+
+
+class CountTokensApi:
+    """``POST /v1/messages/count_tokens``: llama-server's own count, else the router's
+    estimate."""
+
+    def __init__(self, shape: Shape, parts: Relay) -> None:
+        self.shape = shape
+        self.parts = parts
+
+    def before_admission(self, intake: Intake) -> Intake | Response:
+        """The request checked as a Messages request; the router's estimate at once,
+        without waiting for a slot, for a backend that is not asked (see
+        :meth:`counts_natively`)."""
+        intake = prepare(intake, counting=True)
+        if not self.counts_natively(intake.spec):
+            return self.estimate(intake.translated or {})
+        return intake
 
     def counts_natively(self, spec: ModelSpec) -> bool:
         """Whether ``spec``'s backend is asked to count tokens: llama-server (and a
@@ -131,7 +162,7 @@ class MessagesApi:
             return True
         if entry.backend != "llamacpp":
             return False
-        kind = self.server_kind(spec)
+        kind = self.parts.server_kind(spec)
         return kind is None or kind in NATIVE_COUNT_KINDS
 
     @staticmethod
@@ -139,27 +170,13 @@ class MessagesApi:
         """The answer to ``count_tokens`` from the router's estimate."""
         return JSONResponse({"input_tokens": estimate_tokens(chat)})
 
-    async def create(
-        self, call: Call, chat: dict[str, Any], request: dict[str, Any]
-    ) -> Response | ASGIApp:
-        """``chat`` (the translated request) to the backend's chat completions; the answer
-        translated back. ``request`` is the Messages request as the backend is sent it."""
-        spec = call.spec
-        chat = {**chat, "model": request.get("model")}
-        apply_defaults(chat, CHAT, self.sampling_defaults(spec))
-        progress = self.sender.progress(call)
-        upstream, timer = await self.sender.open(call, CHAT, dumps_body(chat), progress)
-        translation = MessagesTranslation(request, capped=call.capped)
-        return await self.replies.reply(call, upstream, timer, progress, translation=translation)
-
-    async def count_tokens(
-        self, call: Call, chat: dict[str, Any], raw: bytes
-    ) -> Response | ASGIApp:
-        """The backend's own count of request ``raw``; the estimate when it has no route."""
-        progress = self.sender.progress(call)
-        upstream, timer = await self.sender.open(call, COUNT_TOKENS, raw, progress)
+    async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
+        """The backend's own count of the request; the estimate when it has no route."""
+        sender = self.parts.sender
+        progress = sender.progress(call)
+        upstream, timer = await sender.open(call, self.shape.path, await intake.body(), progress)
         if upstream.status_code not in COUNT_FALLBACK_STATUSES:
-            return await self.replies.reply(
+            return await self.parts.replies.reply(
                 call, upstream, timer, progress, translation=TokenCount()
             )
         timer.cancel()
@@ -167,7 +184,7 @@ class MessagesApi:
             await upstream.aclose()
         finally:
             call.slot.release()
-        return self.estimate(chat)
+        return self.estimate(intake.translated or {})
 
 
-__all__ = ["COUNT_TOKENS", "MESSAGES", "MessagesApi", "MessagesTranslation"]
+__all__ = ["CountTokensApi", "MessagesApi", "MessagesTranslation"]

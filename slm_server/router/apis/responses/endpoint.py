@@ -7,17 +7,14 @@ them in the answer's ``x-slm-dropped-tools`` header and the access line."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from slm_server.errors import GatewayError
-from slm_server.registry.schema import ModelSpec
-from slm_server.router.answer.reply import Replies
+from slm_server.router.answer.relay import Relay
 from slm_server.router.answer.translation import ChatTranslation
-from slm_server.router.apis.passthrough import PassThrough
 from slm_server.router.apis.responses.translate import (
     ResponseStreamTranslator,
     chat_to_response,
@@ -25,11 +22,12 @@ from slm_server.router.apis.responses.translate import (
     translate_request,
 )
 from slm_server.router.call.admitted_call import Call
+from slm_server.router.call.shape import Shape
 from slm_server.router.intake.payload import apply_defaults
+from slm_server.router.intake.reception import Intake
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.intake.tool_calls import check_tool_calls
 from slm_server.router.upstream.client import backend_error_body
-from slm_server.router.upstream.sender import Sender
 
 # A backend answering these to /v1/responses has none: the router translates.
 RESPONSES_FALLBACK_STATUSES = frozenset({404, 422})
@@ -64,43 +62,42 @@ class ResponsesTranslation(ChatTranslation[ResponseStreamTranslator]):
 
 
 class ResponsesApi:
-    """The Responses API over any backend."""
+    """``POST /v1/responses`` over any backend."""
 
-    def __init__(
-        self,
-        sender: Sender,
-        replies: Replies,
-        passthrough: PassThrough,
-        sampling_defaults: Callable[[ModelSpec], dict[str, Any]],
-    ) -> None:
-        self.sender = sender
-        self.replies = replies
-        self.passthrough = passthrough
-        self.sampling_defaults = sampling_defaults
+    def __init__(self, shape: Shape, parts: Relay) -> None:
+        if shape.translated_to is None:
+            raise ValueError("the Responses shape names no shape it is translated to")
+        self.shape = shape
+        self.chat = shape.translated_to
+        self.parts = parts
 
-    async def __call__(
-        self, call: Call, payload: dict[str, Any], body: Callable[[], Awaitable[bytes]]
-    ) -> Response | ASGIApp:
+    def before_admission(self, intake: Intake) -> Intake:
+        """Nothing more to check before admission: the translation waits for the
+        backend's own answer."""
+        return intake
+
+    async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
         """The backend's own ``/v1/responses`` where it is OpenAI-shaped (see
         ``OWN_RESPONSES_BACKENDS``) and the request needs no translation, unless it
         answers 404/422; otherwise the request converted to chat completions and the
-        answer converted back. ``body`` gives the request's bytes, built only for the
-        backend's own route."""
-        spec = call.spec
+        answer converted back. The request's bytes are built only for the backend's own
+        route."""
+        spec, payload, parts = call.spec, intake.payload, self.parts
         if spec.entry.backend in OWN_RESPONSES_BACKENDS and not needs_translation(payload):
-            progress = self.sender.progress(call)
-            probe, timer = await self.sender.open(call, "/v1/responses", await body(), progress)
+            sender = parts.sender
+            progress = sender.progress(call)
+            probe, timer = await sender.open(call, self.shape.path, await intake.body(), progress)
             if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
-                return await self.replies.reply(call, probe, timer, progress)
+                return await parts.replies.reply(call, probe, timer, progress)
             timer.cancel()
             await probe.aclose()
         translated = translate_request(payload)  # presets were applied to the Responses body
         chat = translated.chat
         check_tool_calls(chat)  # the translation's own checks name the Responses fields
         call.exchange.dropped_tools = translated.dropped
-        apply_defaults(chat, "/v1/chat/completions", self.sampling_defaults(spec))
+        apply_defaults(chat, self.chat, parts.sampling_defaults(spec))
         translation = ResponsesTranslation(payload, capped=call.capped)
-        return await self.passthrough(call, "/v1/chat/completions", dumps_body(chat), translation)
+        return await parts.relay(call, self.chat.path, dumps_body(chat), translation)
 
 
 __all__ = [

@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 
 from slm_server.router.answer.answer_fields import answer_fields
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
+
+CHAT_PATH = "/v1/chat/completions"
 
 CHAT = {
     "id": "chatcmpl-1",
@@ -33,7 +36,7 @@ EMBEDDINGS = {
 
 
 def recorded(body: dict[str, Any]) -> Exchange:
-    exchange = Exchange(request_id="r", method="POST", path="/v1/chat/completions")
+    exchange = Exchange(request_id="r", method="POST", path=CHAT_PATH, shape=TABLE.at(CHAT_PATH))
     exchange.note_response(body)
     return exchange
 

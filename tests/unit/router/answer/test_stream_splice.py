@@ -18,11 +18,14 @@ from slm_server.errors import AnswerTooLarge, BackendProtocolError, BackendTimeo
 from slm_server.http1 import Pool, Response
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.stream_splice import Splice
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.call.fast_path import PieceWriter
 from slm_server.router.upstream.sse import SseTap
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 from tests.unit.test_http1 import Peer, Server, chunked, poll, spec_at
+
+CHAT_PATH = "/v1/chat/completions"
 
 T = TypeVar("T")
 
@@ -92,7 +95,7 @@ async def open_stream(server: Server, read_timeout: float = 5.0) -> tuple[Pool, 
 def splice_of(
     response: Response, *, hidden_usage: bool = False, max_event: int = 1 << 20
 ) -> tuple[Splice, Exchange, Progress, Watchdog, Stalls]:
-    exchange = Exchange("r", "POST", "/v1/chat/completions")
+    exchange = Exchange("r", "POST", CHAT_PATH, shape=TABLE.at(CHAT_PATH))
     progress = Progress(0.0)
     watchdog, stalls = Watchdog(), Stalls()
     tap = SseTap(exchange, drop_usage_chunk=hidden_usage, max_event_bytes=max_event)

@@ -8,7 +8,8 @@ import pytest
 
 from slm_server.errors import AmbiguousModel, InvalidRequest, ModelNotFound, UnsupportedEndpoint
 from slm_server.registry.schema import ModelEntry, ModelSpec, ModelType, replica_specs
-from slm_server.router.dispatch.lookup import ENDPOINT_MODEL_TYPES, Registry
+from slm_server.router.dispatch.lookup import Registry
+from tests.shape_rows import MODEL_TYPES, shape
 
 
 def spec(role: str, model_id: str, port: int, **fields: Any) -> ModelSpec:
@@ -118,7 +119,7 @@ def test_other_ids_still_route_next_to_a_duplicate() -> None:
     ],
 )
 def test_route_allowed(registry: Registry, model_id: str, endpoint: str) -> None:
-    assert registry.route(model_id, endpoint).entry.id == model_id
+    assert registry.route(model_id, shape(endpoint)).entry.id == model_id
 
 
 @pytest.mark.parametrize(
@@ -141,7 +142,7 @@ def test_route_unsupported_endpoint_is_400(
     registry: Registry, model_id: str, model_type: str, endpoint: str, needs: str
 ) -> None:
     with pytest.raises(UnsupportedEndpoint) as caught:
-        registry.route(model_id, endpoint)
+        registry.route(model_id, shape(endpoint))
     error = caught.value
     assert isinstance(error, InvalidRequest)
     assert error.status == 400
@@ -154,34 +155,34 @@ def test_route_unsupported_endpoint_is_400(
 
 
 def test_route_endpoint_matrix(registry: Registry) -> None:
-    for endpoint, allowed in ENDPOINT_MODEL_TYPES.items():
+    for endpoint, allowed in MODEL_TYPES.items():
         for s in registry.enabled:
             if s.entry.model_type in allowed:
-                assert registry.route(s.entry.id, endpoint) is s
+                assert registry.route(s.entry.id, shape(endpoint)) is s
             else:
                 with pytest.raises(UnsupportedEndpoint):
-                    registry.route(s.entry.id, endpoint)
+                    registry.route(s.entry.id, shape(endpoint))
 
 
 def test_route_unlisted_endpoint_only_looks_up(registry: Registry) -> None:
-    assert registry.route("whisper-model", "/v1/unlisted") is WHISPER
+    assert registry.route("whisper-model", None) is WHISPER
 
 
 def test_every_model_type_has_an_endpoint() -> None:
-    served = set().union(*ENDPOINT_MODEL_TYPES.values())
+    served = set().union(*MODEL_TYPES.values())
     assert served == set(get_args(ModelType))
 
 
 def test_route_unknown_model_is_404_before_endpoint_check(registry: Registry) -> None:
     with pytest.raises(ModelNotFound):
-        registry.route("nope", "/v1/rerank")
+        registry.route("nope", shape("/v1/rerank"))
 
 
 def test_replicas_of_one_entry_are_one_model() -> None:
     specs = replica_specs(spec("chat", "chat-model", 8601, replicas=3))
     registry = Registry([*specs, EMBED])
     assert registry.lookup("chat-model") is specs[0]
-    assert registry.route("chat-model", "/v1/chat/completions") is specs[0]
+    assert registry.route("chat-model", shape("/v1/chat/completions")) is specs[0]
     assert registry.replicas(specs[0]) == specs
     assert registry.replicas(specs[2]) == specs
     assert registry.replicas(EMBED) == (EMBED,)
@@ -209,7 +210,7 @@ def test_a_registry_replaced_in_place_routes_by_the_new_models_only() -> None:
     assert held.enabled == (aliased, added)
     assert held.entries == (aliased, added)
     assert held.lookup("gpt-4o") is aliased
-    assert held.route("vision-model", "/v1/chat/completions") is added
+    assert held.route("vision-model", shape("/v1/chat/completions")) is added
     with pytest.raises(ModelNotFound) as caught:
         held.lookup("embed-model")
     assert caught.value.message.endswith("(known: chat-model, gpt-4o, vision-model)")
@@ -238,7 +239,7 @@ def test_an_alias_leads_to_its_entry_and_says_it_is_one() -> None:
     aliased = spec("chat", "chat-model", 8501, aliases=["gpt-4o", {"name": "cold"}])
     registry = Registry([aliased, EMBED])
     assert registry.lookup("gpt-4o") is aliased
-    assert registry.route("cold", "/v1/chat/completions") is aliased
+    assert registry.route("cold", shape("/v1/chat/completions")) is aliased
     assert registry.alias("gpt-4o") == "gpt-4o"
     assert registry.alias("chat-model") is None
     assert registry.alias("nope") is None
@@ -249,7 +250,7 @@ def test_an_alias_serves_only_its_entrys_endpoints() -> None:
         [spec("embed", "embed-model", 8502, model_type="embeddings", aliases=["e"])]
     )
     with pytest.raises(UnsupportedEndpoint):
-        registry.route("e", "/v1/chat/completions")
+        registry.route("e", shape("/v1/chat/completions"))
 
 
 def test_the_404_lists_aliases_among_the_known_names() -> None:

@@ -12,6 +12,7 @@ import pytest
 from slm_server.errors import InvalidRequest
 from slm_server.router.intake.media_parts import check_media
 from slm_server.router.intake.payload import check_fields
+from tests.shape_rows import shape
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -99,7 +100,7 @@ SERVED: dict[str, tuple[str, dict[str, Any]]] = {
 def test_media_for_a_text_model_is_refused_naming_the_part(name: str) -> None:
     endpoint, payload, param = REFUSED[name]
     with pytest.raises(InvalidRequest) as refused:
-        check_fields(payload, endpoint, model_type="lm")
+        check_fields(payload, shape(endpoint), model_type="lm")
     assert refused.value.status == 400
     assert refused.value.param == param
     assert f"`{param}`" in refused.value.message
@@ -109,16 +110,16 @@ def test_media_for_a_text_model_is_refused_naming_the_part(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_multimodal_model_is_sent_every_part(name: str) -> None:
     endpoint, payload, _param = REFUSED[name]
-    check_media(payload, endpoint, "multimodal")
+    check_media(payload, shape(endpoint).name, "multimodal")
 
 
 @pytest.mark.parametrize("name", sorted(SERVED))
 def test_text_passes_for_a_text_model(name: str) -> None:
     endpoint, payload = SERVED[name]
-    check_media(payload, endpoint, "lm")
+    check_media(payload, shape(endpoint).name, "lm")
 
 
 def test_other_endpoints_are_not_checked_so() -> None:
     body = {**chat(user(IMAGE)), **responses({"role": "user", "content": [INPUT_IMAGE]})}
     for endpoint in ("/v1/completions", "/v1/embeddings", "/v1/messages"):
-        check_media(body, endpoint, "lm")
+        check_media(body, shape(endpoint).name, "lm")

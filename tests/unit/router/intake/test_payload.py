@@ -21,6 +21,7 @@ from slm_server.router.intake.payload import (
     parse_body,
 )
 from slm_server.router.intake.presets import SHAPES, apply_preset, resolve
+from tests.shape_rows import shape
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -155,15 +156,16 @@ def complete(
 ) -> bool:
     """What the router adds to a request, as reception does it: the entry's presets
     (its ``chat_template_kwargs`` among them), then the sampling defaults."""
-    shape = SHAPES.get(endpoint)
+    row = shape(endpoint)
+    names = SHAPES.get(row.name)
     changed = False
-    if shape is not None:
-        after = apply_preset(payload, shape, resolve(e, None))
+    if names is not None:
+        after = apply_preset(payload, names, resolve(e, None))
         if after is not payload:
             payload.clear()
             payload.update(after)
             changed = True
-    return apply_defaults(payload, endpoint, sampling) or changed
+    return apply_defaults(payload, row, sampling) or changed
 
 
 @pytest.mark.parametrize("endpoint", [CHAT, RESPONSES])
@@ -248,7 +250,7 @@ def test_rerank_top_n_must_be_a_positive_integer(top_n: object) -> None:
     with pytest.raises(InvalidRequest) as caught:
         check_fields(
             {"model": "m", "query": "q", "documents": ["d"], "top_n": top_n},
-            "/v1/rerank",
+            shape("/v1/rerank"),
             model_type="rerank",
         )
     assert caught.value.code == "invalid_top_n"
@@ -258,14 +260,14 @@ def test_rerank_top_n_must_be_a_positive_integer(top_n: object) -> None:
 def test_rerank_top_n_in_range_passes(top_n: int) -> None:
     check_fields(
         {"model": "m", "query": "q", "documents": ["d"], "top_n": top_n},
-        "/v1/rerank",
+        shape("/v1/rerank"),
         model_type="rerank",
     )
 
 
 def test_top_n_is_only_checked_on_rerank() -> None:
-    check_fields({"model": "m", "top_n": -1}, "/v1/embeddings", model_type="embeddings")
-    check_fields({"model": "m"}, "/v1/rerank", model_type="rerank")
+    check_fields({"model": "m", "top_n": -1}, shape("/v1/embeddings"), model_type="embeddings")
+    check_fields({"model": "m"}, shape("/v1/rerank"), model_type="rerank")
 
 
 @pytest.mark.parametrize(

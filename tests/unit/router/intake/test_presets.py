@@ -19,9 +19,9 @@ from slm_server.router.intake.presets import (
     resolve,
 )
 
-CHAT = SHAPES["/v1/chat/completions"]
-COMPLETIONS = SHAPES["/v1/completions"]
-RESPONSES = SHAPES["/v1/responses"]
+CHAT = SHAPES["chat"]
+COMPLETIONS = SHAPES["completions"]
+RESPONSES = SHAPES["responses"]
 
 
 def entry(**fields: Any) -> ModelEntry:
@@ -230,7 +230,7 @@ def test_an_alias_with_only_a_cap_keeps_the_entry_rules() -> None:
 
 # --- Anthropic's Messages API ----------------------------------------------------------
 
-MESSAGES = SHAPES["/v1/messages"]
+MESSAGES = SHAPES["messages"]
 
 
 def test_messages_caps_max_tokens_and_names_stop_its_own_way() -> None:
@@ -263,7 +263,7 @@ def test_messages_thinking_stands_for_a_chat_template_kwargs_default() -> None:
 
 
 def test_cap_binds_when_the_client_s_bound_is_larger_or_none() -> None:
-    messages = SHAPES["/v1/messages"]
+    messages = SHAPES["messages"]
     assert cap_binds({"max_tokens": 32000}, messages, Rules(cap=256))
     assert cap_binds({}, RESPONSES, Rules(cap=256))
     assert cap_binds({"max_output_tokens": None}, RESPONSES, Rules(cap=256))

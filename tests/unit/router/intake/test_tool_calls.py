@@ -14,6 +14,7 @@ from slm_server.router.apis.messages.request import messages_to_chat
 from slm_server.router.apis.responses.translate import translate_request
 from slm_server.router.intake.payload import check_fields
 from slm_server.router.intake.tool_calls import check_arguments, check_tool_calls
+from tests.shape_rows import shape
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 CALL: dict[str, Any] = {
@@ -216,7 +217,7 @@ def test_what_llama_server_fails_on_is_refused_naming_the_field(name: str) -> No
     body, param = REFUSED[name]
     payload = {"model": "m", **unnull(body)}
     with pytest.raises(InvalidRequest) as refused:
-        check_fields(payload, "/v1/chat/completions", model_type="lm")
+        check_fields(payload, shape("/v1/chat/completions"), model_type="lm")
     assert refused.value.param == param
     assert refused.value.status == 400
     assert f"`{param}`" in refused.value.message
@@ -230,7 +231,7 @@ def test_what_llama_server_serves_passes(name: str) -> None:
 def test_only_chat_completions_is_checked_so() -> None:
     body = {"model": "m", **history(function_arguments="{oops")}
     for endpoint in ("/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"):
-        check_fields(body, endpoint, model_type="lm")
+        check_fields(body, shape(endpoint), model_type="lm")
 
 
 @pytest.mark.parametrize(

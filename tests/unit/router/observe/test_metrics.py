@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slm_server.contracts.records import BackendState, write_state
 from slm_server.contracts.verdicts import STALLED, TIMED_OUT
 from slm_server.registry.schema import ModelEntry, ModelSpec
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.backend_state import StateView
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.dispatch.lookup import Registry
@@ -48,7 +49,7 @@ def metrics(tmp_path: Path) -> Metrics:
 def exchange(
     path: str = "/v1/chat/completions", target: ModelSpec | None = ALPHA, **fields: Any
 ) -> Exchange:
-    record = Exchange(request_id="r", method="POST", path=path, started=100.0)
+    record = Exchange(request_id="r", method="POST", path=path, started=100.0, shape=TABLE.at(path))
     record.spec = target
     record.finished = 101.0
     record.status = 200

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
 from slm_server.registry.schema import ModelEntry, ModelSpec
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import OtlpHttpExporter
 from slm_server.router.observe.telemetry import (
@@ -63,7 +64,7 @@ def settings(**fields: Any) -> TelemetrySettings:
 
 
 def served(path: str = "/v1/chat/completions", **request: Any) -> Exchange:
-    exchange = Exchange(request_id="rid-1", method="POST", path=path)
+    exchange = Exchange(request_id="rid-1", method="POST", path=path, shape=TABLE.at(path))
     exchange.note_request({"model": "alpha", **request})
     exchange.spec = spec()
     return exchange
@@ -187,7 +188,9 @@ def test_a_valid_traceparent_wins_over_the_legacy_id(
 def test_an_unrouted_request_is_named_by_its_operation_only(
     telemetry: Telemetry, memory: InMemorySpanExporter
 ) -> None:
-    exchange = Exchange(request_id="r", method="POST", path="/v1/embeddings")
+    exchange = Exchange(
+        request_id="r", method="POST", path="/v1/embeddings", shape=TABLE.at("/v1/embeddings")
+    )
     exchange.note_request({"model": "no-such-model"})
     span = telemetry.open_span(exchange, Inbound())
     assert span is not None

@@ -11,8 +11,11 @@ import time
 import pytest
 
 from slm_server.errors import AnswerTooLarge, BackendProtocolError
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.upstream.sse import DONE, SseSplitter, SseTap, data_object, event_data
+
+CHAT_PATH = "/v1/chat/completions"
 
 
 def event(body: dict[str, object]) -> bytes:
@@ -27,7 +30,7 @@ USAGE = event({"id": "c1", "choices": [], "usage": {"prompt_tokens": 3, "complet
 
 
 def tap(drop: bool) -> tuple[SseTap, Exchange]:
-    exchange = Exchange(request_id="r", method="POST", path="/v1/chat/completions")
+    exchange = Exchange(request_id="r", method="POST", path=CHAT_PATH, shape=TABLE.at(CHAT_PATH))
     return SseTap(exchange, drop_usage_chunk=drop, max_event_bytes=1 << 20), exchange
 
 

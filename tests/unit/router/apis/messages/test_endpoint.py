@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from tests.anthropic_shapes import (
     sse_events,
@@ -389,8 +390,8 @@ def test_count_tokens_estimates_when_the_backend_has_no_route(tmp_path: Path) ->
 
 
 def test_the_route_has_its_own_emit_path() -> None:
-    assert Exchange("r", "POST", MESSAGES).emit_path == "messages"
-    assert Exchange("r", "POST", COUNT).emit_path == "count_tokens"
-    streamed = Exchange("r", "POST", MESSAGES)
+    assert Exchange("r", "POST", MESSAGES, shape=TABLE.at(MESSAGES)).emit_path == "messages"
+    assert Exchange("r", "POST", COUNT, shape=TABLE.at(COUNT)).emit_path == "count_tokens"
+    streamed = Exchange("r", "POST", MESSAGES, shape=TABLE.at(MESSAGES))
     streamed.note_request({"stream": True, "max_tokens": 5})
     assert streamed.stream and streamed.emit_path == "messages" and streamed.max_tokens == 5

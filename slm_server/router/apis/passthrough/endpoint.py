@@ -1,0 +1,33 @@
+"""The endpoints proxied as they are — chat completions, completions, embeddings,
+rerank, image generations, and the multipart image edits and audio transcriptions:
+the request goes to the backend's own endpoint and its answer comes back."""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from slm_server.router.answer.relay import Relay
+from slm_server.router.call.admitted_call import Call
+from slm_server.router.call.shape import Shape
+from slm_server.router.intake.reception import Intake
+
+
+class PassThrough:
+    """Sends a call's body to the backend's path of the same shape and answers with
+    what comes back."""
+
+    def __init__(self, shape: Shape, parts: Relay) -> None:
+        self.shape = shape
+        self.parts = parts
+
+    def before_admission(self, intake: Intake) -> Intake:
+        """Nothing more to check: the intake's checks are the shape's."""
+        return intake
+
+    async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
+        """The body (as the client sent it, or as the router changed it) to the backend."""
+        return await self.parts.relay(call, self.shape.path, await intake.body())
+
+
+__all__ = ["PassThrough"]

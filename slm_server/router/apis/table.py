@@ -1,0 +1,180 @@
+"""The table of API shapes: every shape the router proxies, declared once, with its path,
+the model types that serve it, whether it streams, its span and metric names, the checks
+its body takes, and the endpoint object that serves it. ``app.py`` builds the routes from
+it; the orchestrator (:mod:`~slm_server.router.proxy`) hands each request to its row's
+endpoint through :class:`Endpoint`, the one interface they all have.
+
+Adding a shape is a folder under ``apis/`` with its endpoint, and one row here (see
+``docs/development.md``, "Adding an API shape").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from slm_server.router.answer.relay import Relay
+from slm_server.router.apis.messages.endpoint import CountTokensApi, MessagesApi
+from slm_server.router.apis.passthrough.endpoint import PassThrough
+from slm_server.router.apis.responses.endpoint import ResponsesApi
+from slm_server.router.call.admitted_call import Call
+from slm_server.router.call.shape import Shape
+from slm_server.router.intake.media_parts import check_chat_media, check_responses_media
+from slm_server.router.intake.payload import check_grammar, check_top_n
+from slm_server.router.intake.reception import Intake
+from slm_server.router.intake.tool_calls import check_chat_tool_calls
+
+TEXT = frozenset({"lm", "multimodal"})
+
+CHAT = Shape(
+    "chat",
+    "/v1/chat/completions",
+    "chat",
+    TEXT,
+    streams=True,
+    token_stream=True,
+    samples=True,
+    checks=(check_chat_media, check_chat_tool_calls, check_grammar),
+)
+COMPLETIONS = Shape(
+    "completions",
+    "/v1/completions",
+    "text_completion",
+    TEXT,
+    streams=True,
+    token_stream=True,
+    samples=True,
+    checks=(check_grammar,),
+)
+RESPONSES = Shape(
+    "responses",
+    "/v1/responses",
+    "chat",
+    TEXT,
+    streams=True,
+    checks=(check_responses_media, check_grammar),
+    translated_to=CHAT,
+)
+MESSAGES = Shape(
+    "messages", "/v1/messages", "chat", TEXT, streams=True, anthropic=True, translated_to=CHAT
+)
+COUNT_TOKENS = Shape(
+    "count_tokens",
+    "/v1/messages/count_tokens",
+    "count_tokens",
+    TEXT,
+    anthropic=True,
+    translated_to=CHAT,
+)
+EMBEDDINGS = Shape("embeddings", "/v1/embeddings", "embeddings", frozenset({"embeddings"}))
+RERANK = Shape("rerank", "/v1/rerank", "rerank", frozenset({"rerank"}), checks=(check_top_n,))
+IMAGE_GENERATIONS = Shape(
+    "image_generations",
+    "/v1/images/generations",
+    "image_generation",
+    frozenset({"image-generation"}),
+)
+IMAGE_EDITS = Shape(
+    "image_edits", "/v1/images/edits", "image_edit", frozenset({"image-edit"}), form=True
+)
+TRANSCRIPTIONS = Shape(
+    "transcriptions",
+    "/v1/audio/transcriptions",
+    "transcription",
+    frozenset({"whisper"}),
+    streams=True,
+    form=True,
+)
+
+
+class Endpoint(Protocol):
+    """What serves one API shape: its checks before the request waits for a slot, then
+    the call, once admitted, sent to the backend and answered."""
+
+    def before_admission(self, intake: Intake) -> Intake | Response:
+        """``intake`` checked (400 naming the field for what cannot be served) and,
+        for a translated shape, with its translation; or the whole answer, when it
+        needs no backend."""
+
+    async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
+        """The admitted call sent to its backend, and the answer."""
+
+
+# An endpoint is built from its row's shape and the router's relay.
+EndpointClass = Callable[[Shape, Relay], Endpoint]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One shape and the class of the endpoint that serves it."""
+
+    shape: Shape
+    endpoint: EndpointClass
+
+
+class Table:
+    """The rows, and each shape by its path."""
+
+    def __init__(self, *rows: Row) -> None:
+        self.rows = rows
+        self._by_path = {row.shape.path: row for row in rows}
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
+
+    def at(self, path: str) -> Shape | None:
+        """The shape served at ``path`` exactly; None for any other path."""
+        row = self._by_path.get(path)
+        return row.shape if row is not None else None
+
+    def anthropic_at(self, path: str) -> bool:
+        """Whether errors on ``path`` take the Messages API's shape: at an Anthropic
+        shape's path, or anywhere under it."""
+        return any(
+            row.shape.anthropic
+            and (path == row.shape.path or path.startswith(row.shape.path + "/"))
+            for row in self.rows
+        )
+
+    @property
+    def emit_sites(self) -> tuple[str, ...]:
+        """Every distinct ``slm.emit_path``: one per shape, and ``streaming`` for a
+        streamed answer of OpenAI's token chunks."""
+        return (*(row.shape.name for row in self.rows), "streaming")
+
+
+TABLE = Table(
+    Row(CHAT, PassThrough),
+    Row(COMPLETIONS, PassThrough),
+    Row(RESPONSES, ResponsesApi),
+    Row(MESSAGES, MessagesApi),
+    Row(COUNT_TOKENS, CountTokensApi),
+    Row(EMBEDDINGS, PassThrough),
+    Row(RERANK, PassThrough),
+    Row(IMAGE_GENERATIONS, PassThrough),
+    Row(IMAGE_EDITS, PassThrough),
+    Row(TRANSCRIPTIONS, PassThrough),
+)
+
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "COUNT_TOKENS",
+    "EMBEDDINGS",
+    "IMAGE_EDITS",
+    "IMAGE_GENERATIONS",
+    "MESSAGES",
+    "RERANK",
+    "RESPONSES",
+    "TABLE",
+    "TEXT",
+    "TRANSCRIPTIONS",
+    "Endpoint",
+    "EndpointClass",
+    "Row",
+    "Table",
+]

@@ -1,0 +1,56 @@
+"""What the router knows of one API shape (chat completions, the Messages API, ...):
+a row of the table of shapes, :data:`~slm_server.router.apis.table.TABLE`, where every
+shape is declared with its path and the object that serves it.
+
+The layers below the table never name a path: they are handed the request's
+:class:`Shape` (the orchestrator's argument, or ``Exchange.shape``, set at the door) and
+read what they need from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# A check of a request body before it is admitted, given the model's ``model_type``:
+# raises a 4xx naming the field for what the backend would fail on.
+Check = Callable[[dict[str, Any], str], None]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Shape:
+    """One API shape the router serves, at one path.
+
+    ``name`` is its span's and metrics' ``slm.emit_path`` and its presets' row;
+    ``operation`` its OpenTelemetry ``gen_ai.operation.name``; ``model_types`` the
+    entries' ``model_type`` that serve it; ``streams``: whether ``"stream": true``
+    makes its answer a stream (elsewhere, an embeddings request say, it is no stream
+    and arms no first-byte timer); ``token_stream``: a streamed answer is OpenAI's
+    chunks of tokens (emitted as ``streaming``, asked for its usage chunk);
+    ``samples``: the backend's sampling defaults that it cannot take as flags apply;
+    ``form``: its body is a multipart form, forwarded byte for byte; ``anthropic``: its
+    errors (and those of every path under it) take the Messages API's shape;
+    ``checks``: what its body is checked for before it is admitted, in order;
+    ``translated_to``: the shape its requests are sent to a backend as (the Messages
+    API's: chat completions), None when sent as they are."""
+
+    name: str
+    path: str
+    operation: str
+    model_types: frozenset[str]
+    streams: bool = False
+    token_stream: bool = False
+    samples: bool = False
+    form: bool = False
+    anthropic: bool = False
+    checks: tuple[Check, ...] = ()
+    translated_to: Shape | None = None
+
+    def check(self, payload: dict[str, Any], model_type: str) -> None:
+        """Every check of this shape on ``payload``, in order."""
+        for check in self.checks:
+            check(payload, model_type)
+
+
+__all__ = ["Check", "Shape"]
