@@ -11,7 +11,7 @@ so :func:`check_media` refuses such a part with a 400 naming it (``messages[2].c
 Text (a string content, ``text``/``input_text`` parts) and every part llama-server
 already refuses with a 400 of its own (``file``, an unknown type) pass untouched. The
 Messages API refuses its image blocks in its translation
-(:func:`~slm_server.router.apis.messages.request.messages_to_chat`); ``/v1/completions``'
+(:func:`~slm_server.router.apis.messages.to_chat.messages_to_chat`); ``/v1/completions``'
 ``multimodal_data`` llama-server answers 400 itself.
 """
 

@@ -26,10 +26,10 @@ from slm_server.errors import BackendProtocolError, GatewayError, anthropic_erro
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.relay import Relay
 from slm_server.router.answer.translation import ChatTranslation, error_message
-from slm_server.router.apis.messages.answer import backend_error, chat_to_message
 from slm_server.router.apis.messages.count import estimate_tokens
-from slm_server.router.apis.messages.request import messages_to_chat
-from slm_server.router.apis.messages.stream import MessageStreamTranslator
+from slm_server.router.apis.messages.events import MessageStreamTranslator
+from slm_server.router.apis.messages.from_chat import backend_error, chat_to_message
+from slm_server.router.apis.messages.to_chat import messages_to_chat
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.call.shape import Shape

@@ -15,12 +15,9 @@ from starlette.types import ASGIApp
 from slm_server.errors import GatewayError
 from slm_server.router.answer.relay import Relay
 from slm_server.router.answer.translation import ChatTranslation
-from slm_server.router.apis.responses.translate import (
-    ResponseStreamTranslator,
-    chat_to_response,
-    needs_translation,
-    translate_request,
-)
+from slm_server.router.apis.responses.events import ResponseStreamTranslator
+from slm_server.router.apis.responses.from_chat import chat_to_response
+from slm_server.router.apis.responses.to_chat import needs_translation, translate_request
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.shape import Shape
 from slm_server.router.intake.payload import apply_defaults

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from slm_server.errors import InvalidRequest
-from slm_server.router.apis.messages.request import messages_to_chat
-from slm_server.router.apis.responses.translate import translate_request
+from slm_server.router.apis.messages.to_chat import messages_to_chat
+from slm_server.router.apis.responses.to_chat import translate_request
 from slm_server.router.intake.payload import check_fields
 from slm_server.router.intake.tool_calls import check_arguments, check_tool_calls
 from tests.shape_rows import shape

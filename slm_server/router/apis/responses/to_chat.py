@@ -1,10 +1,7 @@
-"""The OpenAI Responses API in terms of chat completions, for backends without ``/v1/responses``.
-
-:func:`responses_to_chat` turns a Responses request into a chat completions request and
-:func:`chat_to_response` turns the chat completion back into a Responses object that
-``openai.types.responses.Response`` accepts. Streaming answers are translated by
-:class:`ResponseStreamTranslator` (defined in :mod:`.stream` with the object
-builders, and re-exported here). Everything is pure: no I/O, no clock beyond ``time.time()``.
+"""A Responses request as a chat completions request, for backends without their own
+``/v1/responses``: :func:`responses_to_chat` (and :func:`translate_request`, which also
+says which hosted tools were left out). The answer comes back through
+:mod:`.from_chat` (whole) and :mod:`.events` (streamed). Pure.
 
 Tools are offered and their calls mapped back by :mod:`.tools`: namespaces' tools and
 custom tools as chat functions, hosted tools left out (:attr:`ChatRequest.dropped`).
@@ -15,38 +12,20 @@ naming the field; malformed backend answers raise :class:`BackendProtocolError`.
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from slm_server.errors import BackendProtocolError, InvalidRequest
-from slm_server.router.answer.chat_delta import reasoning_text
-from slm_server.router.apis.responses.custom_input import custom_arguments, custom_input
-from slm_server.router.apis.responses.stream import (
-    ResponseStreamTranslator,
-    build_response,
-    convert_usage,
-    custom_tool_call_item,
-    function_call_item,
-    incomplete_reason,
-    message_item,
-    new_id,
-    output_text_part,
-    reasoning_item,
-)
+from slm_server.errors import InvalidRequest
+from slm_server.router.apis.responses.custom_input import custom_arguments
 from slm_server.router.apis.responses.tools import (
     chat_name,
     chat_tool_choice,
-    offer_of,
     offer_tools,
 )
 from slm_server.router.intake.tool_calls import check_arguments
 
 __all__ = [
     "ChatRequest",
-    "ResponseStreamTranslator",
-    "chat_to_response",
     "needs_translation",
     "responses_to_chat",
     "translate_request",
@@ -338,77 +317,3 @@ def _response_format(text: Any) -> dict[str, Any] | None:
         )
     schema = {k: fmt[k] for k in ("name", "schema", "description", "strict") if k in fmt}
     return {"type": "json_schema", "json_schema": schema}
-
-
-def chat_to_response(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-    """Translate a non-streaming chat completion into a Responses object.
-
-    The output holds, in order, a ``reasoning`` item (from ``reasoning_content``), a
-    ``message`` item when the assistant produced text or a refusal, and one
-    ``function_call`` item per tool call (a ``custom_tool_call`` item for a custom
-    tool's, each with the namespace of a namespace's tool). A ``length`` finish reason yields status
-    ``incomplete`` with reason ``max_output_tokens``. Request settings are echoed as the
-    Responses API does. Raises :class:`BackendProtocolError` when ``chat`` has no choice
-    with a message.
-    """
-    choices = chat.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(choice, dict) or not isinstance(message, dict):
-        raise BackendProtocolError("the backend's chat completion has no choice with a message")
-    reason = incomplete_reason(choice.get("finish_reason"))
-    status = "incomplete" if reason else "completed"
-    output: list[dict[str, Any]] = []
-    reasoning = reasoning_text(message)
-    if reasoning:
-        output.append(reasoning_item(new_id("rs"), reasoning, "completed"))
-    parts: list[dict[str, Any]] = []
-    text = _content_text(message.get("content"))
-    if text:
-        parts.append(output_text_part(text))
-    if isinstance(message.get("refusal"), str) and message["refusal"]:
-        parts.append({"type": "refusal", "refusal": message["refusal"]})
-    if parts:
-        output.append(message_item(new_id("msg"), parts, status))
-    offer = offer_of(request)
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise BackendProtocolError("the backend returned a tool call without a function name")
-        arguments = function.get("arguments", "")
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments)
-        call_id = call.get("id") if isinstance(call.get("id"), str) else new_id("call")
-        ref = offer.ref(function["name"])
-        if ref.kind == "custom":
-            text = custom_input(arguments)
-            output.append(
-                custom_tool_call_item(new_id("ctc"), call_id, ref.name, text, ref.namespace)
-            )
-        else:
-            output.append(
-                function_call_item(
-                    new_id("fc"), call_id, ref.name, arguments, status, ref.namespace
-                )
-            )
-    created = chat.get("created")
-    return build_response(
-        request,
-        response_id=new_id("resp"),
-        created_at=created if isinstance(created, int) else int(time.time()),
-        status=status,
-        output=output,
-        usage=convert_usage(chat.get("usage")),
-        model=chat.get("model") if isinstance(chat.get("model"), str) else None,
-        incomplete=reason,
-    )
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from slm_server.errors import BackendProtocolError
-from slm_server.router.apis.messages.answer import backend_error, chat_to_message, tool_input
+from slm_server.router.apis.messages.from_chat import backend_error, chat_to_message, tool_input
 from tests.anthropic_shapes import strict_error, strict_message
 
 REQUEST = {"model": "smollm2-135m-instruct", "max_tokens": 32, "messages": []}

@@ -1,5 +1,5 @@
 """What coding agents send over the Responses API, translated to chat completions and
-back (:mod:`slm_server.router.apis.responses.translate`): Codex CLI's first request
+back (:mod:`slm_server.router.apis.responses.to_chat`): Codex CLI's first request
 (namespace and custom tools, a hosted tool, ``developer`` messages, ``include``,
 ``reasoning``, ``store``, ``prompt_cache_key``, ``client_metadata``), a history with
 namespaced and custom tool calls, and answers whose calls are mapped back, each checked
@@ -15,8 +15,8 @@ from openai.types.responses import ResponseCustomToolCall, ResponseFunctionToolC
 from openai.types.responses.response_create_params import ResponseCreateParamsStreaming
 
 from slm_server.errors import InvalidRequest
-from slm_server.router.apis.responses.translate import (
-    chat_to_response,
+from slm_server.router.apis.responses.from_chat import chat_to_response
+from slm_server.router.apis.responses.to_chat import (
     needs_translation,
     responses_to_chat,
     translate_request,

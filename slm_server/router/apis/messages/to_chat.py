@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from slm_server.errors import InvalidRequest
-from slm_server.router.intake.tool_schema import check_schema
+from slm_server.router.apis.messages.tools import chat_tool_choice, chat_tools
 
 # Fields of a Messages request the translation reads.
 READ_FIELDS = frozenset(
@@ -117,11 +117,11 @@ def messages_to_chat(
         chat["stream_options"] = {"include_usage": True}
     tools = body.get("tools")
     if tools is not None:
-        converted = _tools(tools)
+        converted = chat_tools(tools)
         if converted:
             chat["tools"] = converted
     if body.get("tool_choice") is not None:
-        _tool_choice(body["tool_choice"], chat)
+        chat_tool_choice(body["tool_choice"], chat)
     _thinking(body.get("thinking"), chat)
     return chat
 
@@ -355,66 +355,6 @@ def _assistant(blocks: list[Any], path: str) -> tuple[dict[str, Any], list[str]]
     if calls:
         message["tool_calls"] = calls
     return message, ids
-
-
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise InvalidRequest("`tools` must be a list", param="tools")
-    converted: list[dict[str, Any]] = []
-    for index, tool in enumerate(tools):
-        path = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequest(f"`{path}` must be an object", param=path)
-        kind = tool.get("type")
-        if kind not in (None, "custom"):
-            raise InvalidRequest(
-                f"tool type {kind!r} is not supported: only client tools (a name, a "
-                "description and an input_schema) can be served by a local model",
-                param=f"{path}.type",
-            )
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest(f"`{path}.name` must be a non-empty string", param=f"{path}.name")
-        schema = tool.get("input_schema")
-        if not isinstance(schema, dict):
-            raise InvalidRequest(
-                f"`{path}.input_schema` must be a JSON schema object",
-                param=f"{path}.input_schema",
-            )
-        check_schema(schema, f"{path}.input_schema")
-        function: dict[str, Any] = {"name": name, "parameters": schema}
-        description = tool.get("description")
-        if description is not None:
-            if not isinstance(description, str):
-                raise InvalidRequest(
-                    f"`{path}.description` must be a string", param=f"{path}.description"
-                )
-            function["description"] = description
-        converted.append({"type": "function", "function": function})
-    return converted
-
-
-def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    if not isinstance(choice, dict) or kind not in ("auto", "any", "tool", "none"):
-        raise InvalidRequest(
-            "`tool_choice.type` must be auto, any, tool or none", param="tool_choice.type"
-        )
-    if kind == "tool":
-        name = choice.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest("`tool_choice.name` must name a tool", param="tool_choice.name")
-        chat["tool_choice"] = {"type": "function", "function": {"name": name}}
-    else:
-        chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
-    disable = choice.get("disable_parallel_tool_use")
-    if disable is not None and not isinstance(disable, bool):
-        raise InvalidRequest(
-            "`tool_choice.disable_parallel_tool_use` must be a boolean",
-            param="tool_choice.disable_parallel_tool_use",
-        )
-    if disable:
-        chat["parallel_tool_calls"] = False
 
 
 def _thinking(value: Any, chat: dict[str, Any]) -> None:

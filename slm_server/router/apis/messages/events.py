@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from slm_server.router.answer.chat_delta import walk_delta
-from slm_server.router.apis.messages.answer import (
+from slm_server.router.answer.chat_walk import CallPiece, walk_chunk, walk_delta
+from slm_server.router.apis.messages.from_chat import (
     model_of,
     new_id,
     stop_reason,
@@ -90,16 +90,10 @@ class MessageStreamTranslator:
         events = self.start()
         if chunk.get("usage") is not None:
             self._usage = chunk["usage"]
-        choices = chunk.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            if isinstance(delta, dict):
-                events += self._delta(delta)
-            if isinstance(choice.get("finish_reason"), str):
-                self._finish_reason = choice["finish_reason"]
-        return events
+        told, finish = walk_chunk(chunk, self._delta)
+        if finish is not None:
+            self._finish_reason = finish
+        return events + told
 
     def finish(self) -> list[bytes]:
         """Close the open block (and any tool call not yet shown), then
@@ -151,22 +145,17 @@ class MessageStreamTranslator:
         events.append(_event("content_block_delta", index=self._blocks - 1, delta=delta))
         return events
 
-    def _call(self, chunk: dict[str, Any]) -> list[bytes]:
-        position = chunk.get("index")
-        position = position if isinstance(position, int) else len(self._calls)
+    def _call(self, piece: CallPiece) -> list[bytes]:
+        position = piece.index if piece.index is not None else len(self._calls)
         call = self._calls.get(position)
         if call is None:
             call = self._calls[position] = _Call(new_id("toolu"))
-        function = chunk.get("function")
-        function = function if isinstance(function, dict) else {}
-        if not call.name and isinstance(chunk.get("id"), str) and chunk["id"]:
-            call.call_id = chunk["id"]
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            call.arguments += arguments
-        name = function.get("name")
-        if call.index < 0 and isinstance(name, str) and name:
-            call.name = name
+        if not call.name and piece.call_id is not None:
+            call.call_id = piece.call_id
+        if piece.arguments is not None:
+            call.arguments += piece.arguments
+        if call.index < 0 and piece.name is not None:
+            call.name = piece.name
             return self._open_call(call)
         return []
 

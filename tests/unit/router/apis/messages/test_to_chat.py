@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from slm_server.errors import InvalidRequest
-from slm_server.router.apis.messages.request import messages_to_chat
+from slm_server.router.apis.messages.to_chat import messages_to_chat
 
 MODEL = "smollm2-135m-instruct"
 PNG = (

@@ -20,11 +20,9 @@ from openai.types.responses.response_create_params import ResponseCreateParamsNo
 from pydantic import TypeAdapter
 
 from slm_server.errors import BackendProtocolError, InvalidRequest
-from slm_server.router.apis.responses.translate import (
-    ResponseStreamTranslator,
-    chat_to_response,
-    responses_to_chat,
-)
+from slm_server.router.apis.responses.events import ResponseStreamTranslator
+from slm_server.router.apis.responses.from_chat import chat_to_response
+from slm_server.router.apis.responses.to_chat import responses_to_chat
 from slm_server.router.upstream.sse import DONE, SseSplitter, data_object
 
 EVENTS: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)

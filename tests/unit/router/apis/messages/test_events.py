@@ -11,7 +11,7 @@ from anthropic.types import Message
 
 from slm_server.errors import BackendTimeout
 from slm_server.router.apis.messages.endpoint import MessagesTranslation
-from slm_server.router.apis.messages.stream import MessageStreamTranslator
+from slm_server.router.apis.messages.events import MessageStreamTranslator
 from tests.anthropic_shapes import EVENTS, sse_events, strict_events
 
 REQUEST = {"model": "m", "max_tokens": 32, "messages": [], "stream": True}

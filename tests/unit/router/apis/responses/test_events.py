@@ -1,4 +1,4 @@
-"""Tool calls in a translated Responses stream (:mod:`slm_server.router.apis.responses.stream`):
+"""Tool calls in a translated Responses stream (:mod:`slm_server.router.apis.responses.events`):
 a namespace's function streams as a ``function_call`` with its namespace, a custom tool's
 call as a ``custom_tool_call`` whose input streams decoded, every event checked strictly
 against the openai package's types."""
@@ -14,8 +14,8 @@ from openai.types.responses import (
     ResponseStreamEvent,
 )
 
-from slm_server.router.apis.responses.stream import build_response
-from slm_server.router.apis.responses.translate import ResponseStreamTranslator
+from slm_server.router.apis.responses.events import ResponseStreamTranslator
+from slm_server.router.apis.responses.from_chat import build_response
 from tests.openai_shapes import strict_events
 
 MODEL = "smollm2-135m-instruct"

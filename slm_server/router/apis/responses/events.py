@@ -1,205 +1,31 @@
-"""Responses API objects and their streaming form, built from chat completion pieces.
-
-The builders (:func:`build_response`, :func:`message_item`...) shape the objects
-``openai.types.responses.Response`` and its output items accept; :class:`ResponseStreamTranslator`
-turns a chat completions stream into the Responses event stream the ``openai`` client
-parses. No I/O.
+"""The Responses API's event stream, from a chat completions stream: the
+:class:`ResponseStreamTranslator` turns chat chunks into the events the ``openai``
+client parses, with the objects :mod:`.from_chat` builds. No I/O.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from slm_server.router.answer.chat_delta import walk_delta
+from slm_server.router.answer.chat_walk import CallPiece, walk_chunk, walk_delta
 from slm_server.router.apis.responses.custom_input import InputReader
-from slm_server.router.apis.responses.tools import echoed_tools, offer_of
-
-INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
-
-
-def new_id(prefix: str) -> str:
-    """A fresh identifier in the OpenAI style, ``<prefix>_<32 hex digits>``."""
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def incomplete_reason(finish_reason: Any) -> str | None:
-    """The Responses ``incomplete_details.reason`` for a chat finish reason, if any."""
-    return INCOMPLETE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
-
-
-def convert_usage(usage: Any) -> dict[str, Any] | None:
-    """Chat ``usage`` (prompt/completion tokens) as Responses ``usage``; None if absent."""
-    if not isinstance(usage, dict):
-        return None
-
-    def count(value: Any) -> int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    def detail(section: str, key: str) -> int:
-        details = usage.get(section)
-        return count(details.get(key)) if isinstance(details, dict) else 0
-
-    prompt = count(usage.get("prompt_tokens"))
-    completion = count(usage.get("completion_tokens"))
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {
-            "cached_tokens": detail("prompt_tokens_details", "cached_tokens"),
-            "cache_write_tokens": 0,
-        },
-        "output_tokens": completion,
-        "output_tokens_details": {
-            "reasoning_tokens": detail("completion_tokens_details", "reasoning_tokens")
-        },
-        "total_tokens": count(usage.get("total_tokens")) or prompt + completion,
-    }
-
-
-def output_text_part(text: str) -> dict[str, Any]:
-    """An ``output_text`` content part."""
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def reasoning_part(text: str) -> dict[str, Any]:
-    """A ``reasoning_text`` content part."""
-    return {"type": "reasoning_text", "text": text}
-
-
-def message_item(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str, Any]:
-    """An assistant ``message`` output item."""
-    return {
-        "type": "message",
-        "id": item_id,
-        "status": status,
-        "role": "assistant",
-        "content": content,
-    }
-
-
-def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    """A ``reasoning`` output item; ``text=None`` gives the empty item a stream opens with."""
-    content = [] if text is None else [reasoning_part(text)]
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
-
-
-def function_call_item(
-    item_id: str,
-    call_id: str,
-    name: str,
-    arguments: str,
-    status: str,
-    namespace: str | None = None,
-) -> dict[str, Any]:
-    """A ``function_call`` output item (with the ``namespace`` of a namespace's tool)."""
-    item = {
-        "type": "function_call",
-        "id": item_id,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-    if namespace:
-        item["namespace"] = namespace
-    return item
-
-
-def custom_tool_call_item(
-    item_id: str, call_id: str, name: str, text: str, namespace: str | None = None
-) -> dict[str, Any]:
-    """A ``custom_tool_call`` output item (it has no status)."""
-    item = {"type": "custom_tool_call", "id": item_id, "call_id": call_id, "name": name}
-    item["input"] = text
-    if namespace:
-        item["namespace"] = namespace
-    return item
-
-
-def build_response(
-    request: dict[str, Any],
-    *,
-    response_id: str,
-    created_at: int,
-    status: str,
-    output: list[dict[str, Any]],
-    usage: dict[str, Any] | None = None,
-    model: str | None = None,
-    incomplete: str | None = None,
-    error: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A Responses object with the request's settings echoed (its tools without the
-    hosted ones left out); ``model`` defaults to the request's.
-
-    ``incomplete`` is the ``incomplete_details.reason``; ``error`` the ``{code, message}``
-    of a failed response.
-    """
-    state = response_state(
-        request,
-        response_id=response_id,
-        created_at=created_at,
-        status=status,
-        output=output,
-        usage=usage,
-        model=model,
-        incomplete=incomplete,
-        error=error,
-    )
-    return {**state, **echoed_settings(request)}
-
-
-def response_state(
-    request: dict[str, Any],
-    *,
-    response_id: str,
-    created_at: int,
-    status: str,
-    output: list[dict[str, Any]],
-    usage: dict[str, Any] | None,
-    model: str | None,
-    incomplete: str | None,
-    error: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The fields of a Responses object that change as it goes (see :func:`build_response`)."""
-    requested_model = request.get("model")
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "completed_at": int(time.time()) if status == "completed" else None,
-        "model": requested_model if isinstance(requested_model, str) else (model or ""),
-        "output": output,
-        "usage": usage,
-        "error": error,
-        "incomplete_details": {"reason": incomplete} if incomplete else None,
-    }
-
-
-def echoed_settings(request: dict[str, Any]) -> dict[str, Any]:
-    """The request's settings a Responses object repeats (see :func:`build_response`):
-    the same in every event of a stream. An agent's ``instructions`` and ``tools`` make
-    them most of an answer's bytes."""
-    parallel = request.get("parallel_tool_calls")
-    return {
-        "instructions": request.get("instructions"),
-        "max_output_tokens": request.get("max_output_tokens"),
-        "metadata": request.get("metadata") or {},
-        "parallel_tool_calls": parallel if isinstance(parallel, bool) else True,
-        "temperature": request.get("temperature"),
-        "top_p": request.get("top_p"),
-        "tool_choice": request.get("tool_choice") or "auto",
-        "tools": echoed_tools(request.get("tools")),
-        "text": request.get("text") or {"format": {"type": "text"}},
-        "reasoning": None,
-        "previous_response_id": None,
-        "truncation": "disabled",
-        "background": False,
-        "user": request.get("user"),
-    }
+from slm_server.router.apis.responses.from_chat import (
+    convert_usage,
+    custom_tool_call_item,
+    echoed_settings,
+    function_call_item,
+    incomplete_reason,
+    message_item,
+    new_id,
+    output_text_part,
+    reasoning_item,
+    reasoning_part,
+    response_state,
+)
+from slm_server.router.apis.responses.tools import offer_of
 
 
 def _dumps(value: dict[str, Any]) -> str:
@@ -307,16 +133,10 @@ class ResponseStreamTranslator:
         if isinstance(chunk.get("model"), str):
             self._model = chunk["model"]
         self._usage = convert_usage(chunk.get("usage")) or self._usage
-        choices = chunk.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            if isinstance(delta, dict):
-                events += self._delta(delta)
-            if isinstance(choice.get("finish_reason"), str):
-                self._finish_reason = choice["finish_reason"]
-        return events
+        told, finish = walk_chunk(chunk, self._delta)
+        if finish is not None:
+            self._finish_reason = finish
+        return events + told
 
     def finish(self) -> list[bytes]:
         """Close every open item and emit ``response.completed`` (or ``response.incomplete``)."""
@@ -374,22 +194,18 @@ class ResponseStreamTranslator:
             events.append(self._on("response.reasoning_text.delta", item, delta=text))
         return events
 
-    def _stream_call(self, call: dict[str, Any]) -> list[bytes]:
-        index = call.get("index")
-        index = index if isinstance(index, int) else len(self._calls)
+    def _stream_call(self, piece: CallPiece) -> list[bytes]:
+        index = piece.index if piece.index is not None else len(self._calls)
         item = self._calls.setdefault(
             index, _Item("function_call", new_id("fc"), call_id=new_id("call"))
         )
-        function = call.get("function")
-        function = function if isinstance(function, dict) else {}
-        arguments = function.get("arguments")
-        arguments = arguments if isinstance(arguments, str) else ""
+        arguments = piece.arguments or ""
         if item.output_index >= 0:
             return self._call_delta(item, arguments)
-        if isinstance(call.get("id"), str) and call["id"]:
-            item.call_id = call["id"]
-        if isinstance(function.get("name"), str) and function["name"] and not item.name:
-            item.name = function["name"]
+        if piece.call_id is not None:
+            item.call_id = piece.call_id
+        if piece.name is not None and not item.name:
+            item.name = piece.name
         item.text += arguments
         return self._open_call(item) if item.name else []
 

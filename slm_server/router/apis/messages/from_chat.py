@@ -8,7 +8,7 @@ import secrets
 from typing import Any
 
 from slm_server.errors import BackendProtocolError, anthropic_error_body
-from slm_server.router.answer.chat_delta import reasoning_text
+from slm_server.router.answer.chat_walk import reasoning_text
 
 # Chat finish reasons as Anthropic stop reasons. A stop sequence ends a chat completion
 # with "stop" like the end of a turn, and chat completions do not say which: it is
