@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -187,25 +187,24 @@ def production_app(
     return create_app(settings, registry_file, deps, registry, version=version)
 
 
-def create_app(
-    settings: Settings,
-    registry_file: RegistryFile,
-    deps: Dependencies,
-    registry: Registry | None = None,
-    *,
-    version: str | None = None,
-    follow_seconds: float = POLL_SECONDS,
-) -> Starlette:
-    """The router serving the enabled models of ``registry_file`` through ``deps``;
-    ``version`` is that of the text the registry was parsed from, and the registry
-    the supervisor applied is looked at every ``follow_seconds``."""
-    registry = registry or Registry(registry_file.models)
-    drain, upstream, telemetry, metrics = deps.drain, deps.upstream, deps.telemetry, deps.metrics
-    tripwire = Tripwire(settings.watchdog, deps.events, on_failure=metrics.count_failure)
-    in_force = InForce(version, str(registry_file.path))
-    proxy = Proxy(settings, registry, upstream, tripwire, deps.states, drain, deps.gates, in_force)
+@dataclass(frozen=True)
+class Wired:
+    """The parts of one router, made from its settings, registry and dependencies."""
+
+    proxy: Proxy
+    loader: Loader
+    pressure: PressureWatch
+    follower: Follower
+    reload_api: ReloadApi
+    info: Info
+    models_api: ModelsApi
+    recent: RecentRequests
+    dashboard: Dashboard
+
+
+def pressure_watch(settings: Settings, deps: Dependencies) -> PressureWatch:
+    """The watch on the machine's free memory (the simulated file's, when set)."""
     memory = settings.memory
-    rules = Rules(memory.budget_mb, memory.max_loaded, memory.hold_seconds, memory.aging_seconds)
     source = deps.memory or machine_source(memory.simulated_file)
     if memory.simulated_file is not None:
         log.warning(
@@ -213,13 +212,32 @@ def create_app(
             "from the operating system: for tests and diagnosis only",
             memory.simulated_file,
         )
-    pressure = PressureWatch(
+    return PressureWatch(
         source,
         Floor.of(memory.floor_mb),
         deps.events,
         poll_seconds=memory.poll_seconds,
         budget_mb=memory.budget_mb,
     )
+
+
+def wire(
+    settings: Settings,
+    registry_file: RegistryFile,
+    deps: Dependencies,
+    registry: Registry,
+    version: str | None,
+    follow_seconds: float,
+) -> Wired:
+    """Every part of the router, each handed what it shares with the others."""
+    upstream, memory = deps.upstream, settings.memory
+    tripwire = Tripwire(settings.watchdog, deps.events, on_failure=deps.metrics.count_failure)
+    in_force = InForce(version, str(registry_file.path))
+    proxy = Proxy(
+        settings, registry, upstream, tripwire, deps.states, deps.drain, deps.gates, in_force
+    )
+    rules = Rules(memory.budget_mb, memory.max_loaded, memory.hold_seconds, memory.aging_seconds)
+    pressure = pressure_watch(settings, deps)
     loader = Loader(
         registry,
         deps.states,
@@ -243,14 +261,8 @@ def create_app(
         retirements,
     )
     follower = Follower(
-        deps.states,
-        settings.log_dir,
-        rewire,
-        retirements,
-        in_force,
-        poll_seconds=follow_seconds,
+        deps.states, settings.log_dir, rewire, retirements, in_force, poll_seconds=follow_seconds
     )
-    reload_api = ReloadApi(deps.commander, follower)
     info = Info(
         registry,
         upstream,
@@ -262,12 +274,30 @@ def create_app(
         list_aliases=settings.serving.list_aliases,
         memory=pressure.report,
     )
-    models_api = ModelsApi(registry, loader, info.describe)
-    metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
+    deps.metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
     recent = RecentRequests()
     dashboard = Dashboard(
         registry, deps.states, recent, settings.watchdog.log_path, settings.log_dir
     )
+    return Wired(
+        proxy,
+        loader,
+        pressure,
+        follower,
+        ReloadApi(deps.commander, follower),
+        info,
+        ModelsApi(registry, loader, info.describe),
+        recent,
+        dashboard,
+    )
+
+
+def lifespan_of(
+    registry_file: RegistryFile, deps: Dependencies, wired: Wired
+) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """What starts with the router and stops with it: telemetry, the planner, the
+    pressure watch, following the registry, the end of waiting requests at the drain."""
+    drain, telemetry, proxy = deps.drain, deps.telemetry, wired.proxy
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -276,9 +306,9 @@ def create_app(
         telemetry.start()
         drain.bind(asyncio.get_running_loop())
         logging_setup.bind_to_loop(asyncio.get_running_loop())
-        loader.start()
-        pressure.start()
-        await follower.start()  # a reload applied before the router started is followed
+        wired.loader.start()
+        wired.pressure.start()
+        await wired.follower.start()  # a reload applied before the router started is followed
 
         async def end_waiting_requests() -> None:
             await drain.expired.wait()
@@ -289,43 +319,69 @@ def create_app(
             yield
         finally:
             ender.cancel()
-            await follower.stop()
+            await wired.follower.stop()
             await proxy.readiness.stop()
-            await pressure.stop()
-            await loader.stop()
-            await upstream.aclose()
+            await wired.pressure.stop()
+            await wired.loader.stop()
+            await deps.upstream.aclose()
             await telemetry.shutdown()
             logging_setup.bind_to_loop(None)
 
-    # The proxied POST paths go straight to their handlers (see router/edge/screening.py); the
-    # routes stay for every other method, and as the one list of what is served.
-    direct: dict[str, Handler] = {row.shape.path: proxy.handler(row.shape) for row in TABLE}
+    return lifespan
+
+
+def routes_of(direct: dict[str, Handler], deps: Dependencies, wired: Wired) -> list[Route]:
+    """Every route: the API shapes' (``direct``), then the router's own."""
+    info, dashboard = wired.info, wired.dashboard
     routes = [Route(path, handler, methods=["POST"]) for path, handler in direct.items()]
-    routes += [
+    return [
+        *routes,
         Route("/v1/models", info.models, methods=["GET"]),
-        Route("/v1/models/load", models_api.load, methods=["POST"]),
-        Route("/v1/models/unload", models_api.unload, methods=["POST"]),
+        Route("/v1/models/load", wired.models_api.load, methods=["POST"]),
+        Route("/v1/models/unload", wired.models_api.unload, methods=["POST"]),
         Route("/v1/models/{model_id:path}", info.model, methods=["GET"]),
-        Route("/v1/config/reload", reload_api.reload, methods=["POST"]),
+        Route("/v1/config/reload", wired.reload_api.reload, methods=["POST"]),
         Route("/v1/backends/health", info.backends_health, methods=["GET"]),
         Route("/health", info.health, methods=["GET"]),
-        Route("/metrics", metrics.scrape, methods=["GET"]),
-        Route("/v1/telemetry/effective-config", telemetry.report, methods=["GET"]),
+        Route("/metrics", deps.metrics.scrape, methods=["GET"]),
+        Route("/v1/telemetry/effective-config", deps.telemetry.report, methods=["GET"]),
         Route("/v1/ui/events", dashboard.events, methods=["GET"]),
         Route("/v1/ui/requests", dashboard.requests, methods=["GET"]),
         Route("/v1/ui/logs/{role}", dashboard.logs, methods=["GET"]),
         Route("/ui", dashboard.page, methods=["GET"]),
         Route("/ui/{asset}", dashboard.page, methods=["GET"]),
     ]
+
+
+def create_app(
+    settings: Settings,
+    registry_file: RegistryFile,
+    deps: Dependencies,
+    registry: Registry | None = None,
+    *,
+    version: str | None = None,
+    follow_seconds: float = POLL_SECONDS,
+) -> Starlette:
+    """The router serving the enabled models of ``registry_file`` through ``deps``;
+    ``version`` is that of the text the registry was parsed from, and the registry
+    the supervisor applied is looked at every ``follow_seconds``."""
+    registry = registry or Registry(registry_file.models)
+    wired = wire(settings, registry_file, deps, registry, version, follow_seconds)
+    # The proxied POST paths go straight to their handlers (see router/edge/screening.py); the
+    # routes stay for every other method, and as the one list of what is served.
+    direct: dict[str, Handler] = {row.shape.path: wired.proxy.handler(row.shape) for row in TABLE}
+    serving = settings.serving
     app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
+        routes=routes_of(direct, deps, wired),
+        lifespan=lifespan_of(registry_file, deps, wired),
         middleware=[
-            Middleware(RequestObserver, telemetry=telemetry, metrics=metrics, recent=recent),
+            Middleware(
+                RequestObserver, telemetry=deps.telemetry, metrics=deps.metrics, recent=wired.recent
+            ),
             Middleware(
                 Front,
-                hosts=AllowedHosts((*settings.serving.allowed_hosts, settings.router_host)),
-                keys=Keys(settings.serving.api_keys, settings.serving.metrics_need_key),
+                hosts=AllowedHosts((*serving.allowed_hosts, settings.router_host)),
+                keys=Keys(serving.api_keys, serving.metrics_need_key),
                 direct=direct,
                 on_error=_gateway_error,
             ),
@@ -336,8 +392,8 @@ def create_app(
             Exception: _unexpected_error,
         },
     )
-    app.state.drain = drain
-    app.state.follower = follower
+    app.state.drain = deps.drain
+    app.state.follower = wired.follower
     return app
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
@@ -37,6 +38,44 @@ from slm_server.router.watchdog.tripwire import Progress, StallTimer
 JSON = "application/json"
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """One answer under way: its call, the backend's response, the first-byte timer,
+    what the backend delivered (``noted``; ``progress`` is None when the client shortened
+    the deadline and it is never judged), and the hooks its relay calls."""
+
+    sender: Sender
+    call: Call
+    upstream: UpstreamResponse
+    timer: StallTimer
+    progress: Progress | None
+    noted: Progress
+
+    def on_cut(self, error: GatewayError) -> None:
+        self.call.exchange.error_type = error.code
+        if error.code == "deadline_exceeded":
+            self.sender.judge_deadline(self.call.spec, self.progress, error)
+
+    def on_head(self, sent: bool) -> None:
+        # The head waits for the client (a full buffer): the backend's first-byte
+        # timer and silence stop until it is out, and then start afresh.
+        if sent:
+            self.noted.go_on(time.perf_counter())
+            self.timer.resume()
+        else:
+            self.timer.pause()
+            self.noted.hold()
+
+    async def close(self) -> None:
+        # A relay that never began reading (the client left first) must not leave
+        # the first-byte timer to blame the backend.
+        self.timer.cancel()
+        try:
+            await self.upstream.aclose()
+        finally:
+            self.call.slot.release()
+
+
 class Replies:
     """Turns backend responses into the client's answers, for one router."""
 
@@ -62,88 +101,65 @@ class Replies:
         content_type = upstream.headers.get("content-type", "application/json")
         streams = upstream.status_code == 200 and "event-stream" in content_type
         noted = progress if progress is not None else Progress(time.perf_counter())
-
-        def on_cut(error: GatewayError) -> None:
-            exchange.error_type = error.code
-            if error.code == "deadline_exceeded":
-                self.sender.judge_deadline(spec, progress, error)
-
-        def on_head(sent: bool) -> None:
-            # The head waits for the client (a full buffer): the backend's first-byte
-            # timer and silence stop until it is out, and then start afresh.
-            if sent:
-                noted.go_on(time.perf_counter())
-                timer.resume()
-            else:
-                timer.pause()
-                noted.hold()
-
-        async def close() -> None:
-            # A relay that never began reading (the client left first) must not leave
-            # the first-byte timer to blame the backend.
-            timer.cancel()
-            try:
-                await upstream.aclose()
-            finally:
-                call.slot.release()
-
+        answer = _Answer(self.sender, call, upstream, timer, progress, noted)
         encoding = content_encoding(upstream)
         if encoding is not None and translation is not None:
             timer.cancel()
-            await close()
+            await answer.close()
             raise BackendProtocolError(
                 f"The backend for '{spec.entry.id}' sent a {encoding}-encoded answer, "
                 f"which the router cannot translate to {translation.api}",
                 code="upstream_encoded",
             )
         if exchange.stream and streams:
-            if translation is not None:
-                events = iter_sse(spec, upstream, self.max_event)
-                return StreamRelay(
-                    translation.stream(self.sender.watched(call, events, timer, noted), exchange),
-                    close,
-                    error_event=translation.stream_error,
-                    deadline=call.deadline.at,
-                    drain=self.drain,
-                    on_cut=on_cut,
-                    on_head=on_head,
-                )
-            chunks = self.sender.watched(call, iter_raw(spec, upstream), timer, noted)
-            if encoding is not None:  # the bytes as they came: the client decodes them
-                return StreamRelay(
-                    chunks,
-                    close,
-                    media_type=content_type,
-                    headers={"content-encoding": encoding},
-                    deadline=call.deadline.at,
-                    drain=self.drain,
-                    on_cut=on_cut,
-                    on_head=on_head,
-                )
-            tap = SseTap(
-                exchange, drop_usage_chunk=call.hidden_usage, max_event_bytes=self.max_event
-            )
-            spliced = None
-            source = upstream.spliceable()
-            if source is not None:
-                tripwire = self.sender.tripwire
-                spliced = Splice(spec, exchange, source, tap, timer, noted, tripwire)
-            return StreamRelay(
-                _tapped(chunks, tap),
-                close,
-                media_type=content_type,
-                deadline=call.deadline.at,
-                drain=self.drain,
-                on_cut=on_cut,
-                splice=spliced,
-                on_head=on_head,
-            )
+            return self._relay(answer, content_type, encoding, translation)
         timer.cancel()
         try:
             content = await self.sender.read(call, upstream, progress)
         finally:
-            await close()
+            await answer.close()
         return _whole(call, upstream.status_code, content_type, encoding, content, translation)
+
+    def _relay(
+        self,
+        answer: _Answer,
+        content_type: str,
+        encoding: str | None,
+        translation: Translation | None,
+    ) -> StreamRelay:
+        """A streamed answer relayed as it comes: translated event by event, passed
+        as it came when it is encoded (the client decodes it), else tapped for what
+        telemetry reports and, where the door allows, spliced to the client."""
+        call, upstream, timer, noted = answer.call, answer.upstream, answer.timer, answer.noted
+        spec, exchange = call.spec, call.exchange
+
+        def relay(chunks: AsyncIterator[bytes], **fields: Any) -> StreamRelay:
+            return StreamRelay(
+                chunks,
+                answer.close,
+                deadline=call.deadline.at,
+                drain=self.drain,
+                on_cut=answer.on_cut,
+                on_head=answer.on_head,
+                **fields,
+            )
+
+        if translation is not None:
+            events = iter_sse(spec, upstream, self.max_event)
+            watched = self.sender.watched(call, events, timer, noted)
+            return relay(
+                translation.stream(watched, exchange), error_event=translation.stream_error
+            )
+        chunks = self.sender.watched(call, iter_raw(spec, upstream), timer, noted)
+        if encoding is not None:  # the bytes as they came: the client decodes them
+            return relay(chunks, media_type=content_type, headers={"content-encoding": encoding})
+        tap = SseTap(exchange, drop_usage_chunk=call.hidden_usage, max_event_bytes=self.max_event)
+        spliced = None
+        source = upstream.spliceable()
+        if source is not None:
+            tripwire = self.sender.tripwire
+            spliced = Splice(spec, exchange, source, tap, timer, noted, tripwire)
+        return relay(_tapped(chunks, tap), media_type=content_type, splice=spliced)
 
 
 def _whole(

@@ -122,6 +122,8 @@ class Table:
     def __init__(self, *rows: Row) -> None:
         self.rows = rows
         self._by_path = {row.shape.path: row for row in rows}
+        self._anthropic = frozenset(row.shape.path for row in rows if row.shape.anthropic)
+        self._under_anthropic = tuple(path + "/" for path in self._anthropic)
 
     def __iter__(self) -> Iterator[Row]:
         return iter(self.rows)
@@ -134,11 +136,7 @@ class Table:
     def anthropic_at(self, path: str) -> bool:
         """Whether errors on ``path`` take the Messages API's shape: at an Anthropic
         shape's path, or anywhere under it."""
-        return any(
-            row.shape.anthropic
-            and (path == row.shape.path or path.startswith(row.shape.path + "/"))
-            for row in self.rows
-        )
+        return path in self._anthropic or path.startswith(self._under_anthropic)
 
     @property
     def emit_sites(self) -> tuple[str, ...]:

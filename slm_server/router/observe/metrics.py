@@ -130,6 +130,63 @@ class EngineSource(Protocol):
     def exposition(self) -> bytes: ...
 
 
+# The families every router exports: name, help, labels (and a histogram's buckets).
+REQUESTS: Final = (
+    "slm_requests_total",
+    "Requests answered, by model, emit path, outcome and status class.",
+    ["model", "emit_path", "outcome", "status_class"],
+)
+DURATION: Final = (
+    "slm_request_duration_seconds",
+    "Time from the request's arrival to the end of its answer (streams included).",
+    ["model", "emit_path", "status_class"],
+    DURATION_BUCKETS,
+)
+FIRST_TOKEN: Final = (
+    "slm_time_to_first_token_seconds",
+    "Streams: time from the request's arrival to the backend's first chunk.",
+    ["model"],
+    FIRST_TOKEN_BUCKETS,
+)
+TOKENS_PER_SECOND: Final = (
+    "slm_output_tokens_per_second",
+    "Streams: completion tokens per second between the first and the last chunk.",
+    ["model"],
+    TOKENS_PER_SECOND_BUCKETS,
+)
+PROMPT_TOKENS: Final = (
+    "slm_prompt_tokens_total",
+    "Prompt (input) tokens the backends reported.",
+    ["model"],
+)
+COMPLETION_TOKENS: Final = (
+    "slm_completion_tokens_total",
+    "Completion (output) tokens the backends reported, streams included.",
+    ["model"],
+)
+OVERHEAD: Final = (
+    "slm_router_overhead_seconds",
+    "Time a request spent in the router: duration minus backend time minus queue wait.",
+    ["model"],
+    OVERHEAD_BUCKETS,
+)
+QUEUE_WAIT: Final = (
+    "slm_queue_wait_seconds",
+    "Time a request waited for a free backend slot before it was sent.",
+    ["model"],
+    QUEUE_BUCKETS,
+)
+WATCHDOG_FAILURES: Final = (
+    "slm_watchdog_failures_total",
+    "Watchdog verdicts of failure on a backend's answer, by failure class.",
+    ["model", "replica", "reason"],
+)
+ROUTED: Final = (
+    "slm_routed_requests_total",
+    "Requests to an entry with replicas, by the replica chosen and the rule that chose it.",
+    ["model", "replica", "rule"],
+)
+
 _F = TypeVar("_F", Counts, Spread)
 
 
@@ -146,82 +203,16 @@ class Metrics:
             families.append(made)
             return made
 
-        self.requests = family(
-            Counts(
-                "slm_requests_total",
-                "Requests answered, by model, emit path, outcome and status class.",
-                ["model", "emit_path", "outcome", "status_class"],
-            )
-        )
-        self.duration = family(
-            Spread(
-                "slm_request_duration_seconds",
-                "Time from the request's arrival to the end of its answer (streams included).",
-                ["model", "emit_path", "status_class"],
-                DURATION_BUCKETS,
-            )
-        )
-        self.first_token = family(
-            Spread(
-                "slm_time_to_first_token_seconds",
-                "Streams: time from the request's arrival to the backend's first chunk.",
-                ["model"],
-                FIRST_TOKEN_BUCKETS,
-            )
-        )
-        self.tokens_per_second = family(
-            Spread(
-                "slm_output_tokens_per_second",
-                "Streams: completion tokens per second between the first and the last chunk.",
-                ["model"],
-                TOKENS_PER_SECOND_BUCKETS,
-            )
-        )
-        self.prompt_tokens = family(
-            Counts(
-                "slm_prompt_tokens_total",
-                "Prompt (input) tokens the backends reported.",
-                ["model"],
-            )
-        )
-        self.completion_tokens = family(
-            Counts(
-                "slm_completion_tokens_total",
-                "Completion (output) tokens the backends reported, streams included.",
-                ["model"],
-            )
-        )
-        self.overhead = family(
-            Spread(
-                "slm_router_overhead_seconds",
-                "Time a request spent in the router: duration minus backend time minus queue wait.",
-                ["model"],
-                OVERHEAD_BUCKETS,
-            )
-        )
-        self.queue_wait = family(
-            Spread(
-                "slm_queue_wait_seconds",
-                "Time a request waited for a free backend slot before it was sent.",
-                ["model"],
-                QUEUE_BUCKETS,
-            )
-        )
-        self.watchdog_failures = family(
-            Counts(
-                "slm_watchdog_failures_total",
-                "Watchdog verdicts of failure on a backend's answer, by failure class.",
-                ["model", "replica", "reason"],
-            )
-        )
-        self.routed = family(
-            Counts(
-                "slm_routed_requests_total",
-                "Requests to an entry with replicas, by the replica chosen and the rule that "
-                "chose it.",
-                ["model", "replica", "rule"],
-            )
-        )
+        self.requests = family(Counts(*REQUESTS))
+        self.duration = family(Spread(*DURATION))
+        self.first_token = family(Spread(*FIRST_TOKEN))
+        self.tokens_per_second = family(Spread(*TOKENS_PER_SECOND))
+        self.prompt_tokens = family(Counts(*PROMPT_TOKENS))
+        self.completion_tokens = family(Counts(*COMPLETION_TOKENS))
+        self.overhead = family(Spread(*OVERHEAD))
+        self.queue_wait = family(Spread(*QUEUE_WAIT))
+        self.watchdog_failures = family(Counts(*WATCHDOG_FAILURES))
+        self.routed = family(Counts(*ROUTED))
         self.registry.register(_Families(families))
         self.registry.register(LiveState(registry, states, self.live))
 

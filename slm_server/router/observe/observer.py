@@ -75,6 +75,30 @@ def request_id_from(value: bytes | None) -> str:
     return new_request_id()
 
 
+def arriving(scope: Scope) -> tuple[Exchange, Inbound]:
+    """The exchange of a request as it arrives (its id, the API shape at its path), and
+    the trace context it came with."""
+    path: str = scope["path"]
+    inbound_id = traceparent = tracestate = legacy = None
+    for name, value in scope["headers"]:
+        if name == REQUEST_ID_HEADER:
+            inbound_id = value
+        elif name == b"traceparent":
+            traceparent = value.decode("latin-1")
+        elif name == b"tracestate":
+            tracestate = value.decode("latin-1")
+        elif name == b"x-trace-id":
+            legacy = value.decode("latin-1")
+    exchange = Exchange(
+        request_id=request_id_from(inbound_id),
+        method=scope["method"],
+        path=path,
+        shape=TABLE.at(path),
+        anthropic=TABLE.anthropic_at(path),
+    )
+    return exchange, Inbound(traceparent, tracestate, legacy)
+
+
 class RequestObserver:
     """Wraps ``app``; see the module docstring."""
 
@@ -94,28 +118,10 @@ class RequestObserver:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
-        inbound_id = traceparent = tracestate = legacy = None
-        for name, value in scope["headers"]:
-            if name == REQUEST_ID_HEADER:
-                inbound_id = value
-            elif name == b"traceparent":
-                traceparent = value.decode("latin-1")
-            elif name == b"tracestate":
-                tracestate = value.decode("latin-1")
-            elif name == b"x-trace-id":
-                legacy = value.decode("latin-1")
-        request_id = request_id_from(inbound_id)
-        shape = TABLE.at(path)
-        exchange = Exchange(
-            request_id=request_id,
-            method=scope["method"],
-            path=path,
-            shape=shape,
-            anthropic=TABLE.anthropic_at(path),
-        )
+        exchange, inbound = arriving(scope)
+        request_id = exchange.request_id
         attach_exchange(scope, exchange)
-        model_endpoint = shape is not None
+        model_endpoint = exchange.shape is not None
         span = None
         token = REQUEST_ID.set(request_id)
 
@@ -144,7 +150,7 @@ class RequestObserver:
         error: BaseException | None = None
         try:
             if model_endpoint:
-                span = self.telemetry.open_span(exchange, Inbound(traceparent, tracestate, legacy))
+                span = self.telemetry.open_span(exchange, inbound)
                 self.metrics.begin(exchange)
             await self.app(scope, observed_receive, observed_send)
         except BaseException as exc:

@@ -27,9 +27,10 @@ from slm_server.errors import BackendUnavailable, ModelNotFound
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.admission import Gate
 from slm_server.router.call.backend_state import StateSource, given_up
-from slm_server.router.call.waits import ClientWatch, Waits, cancel_and_wait, running_loop
+from slm_server.router.call.periodic import Periodic
+from slm_server.router.call.waits import ClientWatch, Waits, running_loop
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.ondemand.memory_fit import Holder, Rules, make_room
+from slm_server.router.ondemand.memory_fit import Holder, Room, Rules, make_room
 from slm_server.router.ondemand.memory_pressure import refusal_reason
 from slm_server.router.ondemand.pressure_watch import PressureWatch
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
@@ -38,6 +39,7 @@ log = logging.getLogger("slm_server.router")
 
 POLL_SECONDS = 0.02  # the state file, while a load or unload is under way
 IDLE_POLL_SECONDS = 1.0  # otherwise (idle TTLs)
+PLAN_FAILED = "the on-demand planner failed a turn"
 # States in which a load that was asked for has failed.
 LOAD_FAILED = frozenset({"restarting", "abandoned", "failed", "stopped"})
 LAUNCHING = frozenset({"loading", "starting"})  # an unload refused in these is asked again
@@ -124,8 +126,9 @@ class Loader:
             for spec in registry.enabled
             if spec.entry.load == "on_demand"
         }
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._planner = Periodic(
+            self._turn, after_failure=lambda: POLL_SECONDS, log=log, failure=PLAN_FAILED
+        )
         self._started = False
         self.pressure = pressure
         if pressure is not None:
@@ -187,8 +190,7 @@ class Loader:
     # -- the planner ----------------------------------------------------------------
 
     def wake(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        self._planner.wake()
 
     def follow(self) -> None:
         """The registry and the gates were replaced (a reload): plan for the on-demand
@@ -233,31 +235,15 @@ class Loader:
         """Run the planner on the current loop (nothing to plan without an on-demand
         model: a reload that adds one starts it then)."""
         self._started = True
-        if self.models and self._task is None:
-            self._wake = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self.models:
+            self._planner.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._planner.stop()
 
-    async def _run(self) -> None:
-        assert self._wake is not None
-        while True:
-            self._wake.clear()
-            try:
-                busy = await self.plan()
-            except Exception:  # one bad turn never ends loading for good
-                log.exception("the on-demand planner failed a turn")
-                busy = True
-            poll = POLL_SECONDS if busy else IDLE_POLL_SECONDS
-            # A timer rather than wait_for: on 3.11 wait_for can swallow a cancel that
-            # arrives as the event is set, and the planner would never stop.
-            timer = running_loop().call_later(poll, self._wake.set)
-            try:
-                await self._wake.wait()
-            finally:
-                timer.cancel()
+    async def _turn(self) -> float:
+        """One turn of the planner; sooner again when it is busy."""
+        return POLL_SECONDS if await self.plan() else IDLE_POLL_SECONDS
 
     def _last_used(self, role: str) -> float:
         """When (router clock) the model last finished a request, or became ready if
@@ -309,58 +295,70 @@ class Loader:
         states = {spec.role: self.state_of(spec) for spec in self.registry.enabled}
         busy = False
         for role, model in self.models.items():
-            state = states.get(role)
-            name = state.state if state is not None else "unloaded"
-            if name in GONE:
-                model.gone_seen += 1
-            if name == "ready" and model.ready_seen_at is None:
-                model.ready_seen_at = now
-            if name != "ready":
-                model.ready_seen_at = None
-            if name in ("unloaded", "stopped") or state is None:
-                model.unload_sent = False
-                model.drained_for = None
-                if model.draining:
-                    model.draining = False
-                    model.gate.resume()
-            if model.load_sent_at is not None and name != "unloaded":
-                model.load_seen = True  # loading, or already unloading again
-            if model.load_sent_at is not None and name in ("ready", *LOAD_FAILED):
-                if name == "ready":
-                    model.last_load_seconds = now - model.load_sent_at
-                    model.gave_up_at = model.wanted_since = None
-                model.load_sent_at = None
-                model.load_seen = False
-                if name != "ready":
-                    exit = state.last_exit if state is not None else None
-                    why = f"{exit} while loading" if exit else (state and state.reason) or name
-                    self._fail(model, f"its load failed: {why}", "load_failed")
-            elif (
-                model.load_sent_at is not None
-                and name == "unloaded"
-                and (model.load_seen or now - model.load_sent_at > LOAD_UNSEEN_SECONDS)
-            ):
-                # Unloaded while loading (by hand, or nobody waited), or a load the
-                # state file never showed (it came and went between two looks):
-                # whoever still waits asks for a load again below.
-                model.load_sent_at = None
-                model.load_seen = False
-            if model.waiting is not None and model.load_sent_at is None and state is not None:
-                # Given up on while it served (no load of ours under way): it will not
-                # become ready by itself, and a load is not taken in that state, so
-                # nobody waits for it to their deadline.
-                refusal = given_up(f"The backend for '{model.spec.entry.id}'", state)
-                if refusal is not None:
-                    self._refuse(model, refusal)
-            waiting = model.waiting
-            if waiting is not None and name == "ready" and not model.unload_sent:
-                for future in waiting.futures:
-                    if not future.done():
-                        future.set_result(None)
-                model.waiting = None
-            busy = busy or name in ("loading", "unloading") or model.waiting is not None
+            busy = self._observe(model, states.get(role), now) or busy
         await self._relieve_pressure(states)
-        # Waiting models, oldest first; only the oldest may evict (no starvation).
+        await self._load_the_waiting(states, now)
+        self._release_drained()
+        await self._drop_unwanted_loads(states, now)
+        await self._expire_idle(states, now)
+        return busy
+
+    def _observe(self, model: Model, state: BackendState | None, now: float) -> bool:
+        """What ``model``'s state says of its load, its drain and its waiters; whether
+        it is under way (loading, unloading, or waited for)."""
+        name = state.state if state is not None else "unloaded"
+        if name in GONE:
+            model.gone_seen += 1
+        if name == "ready" and model.ready_seen_at is None:
+            model.ready_seen_at = now
+        if name != "ready":
+            model.ready_seen_at = None
+        if name in ("unloaded", "stopped") or state is None:
+            model.unload_sent = False
+            model.drained_for = None
+            if model.draining:
+                model.draining = False
+                model.gate.resume()
+        if model.load_sent_at is not None and name != "unloaded":
+            model.load_seen = True  # loading, or already unloading again
+        if model.load_sent_at is not None and name in ("ready", *LOAD_FAILED):
+            if name == "ready":
+                model.last_load_seconds = now - model.load_sent_at
+                model.gave_up_at = model.wanted_since = None
+            model.load_sent_at = None
+            model.load_seen = False
+            if name != "ready":
+                exit = state.last_exit if state is not None else None
+                why = f"{exit} while loading" if exit else (state and state.reason) or name
+                self._fail(model, f"its load failed: {why}", "load_failed")
+        elif (
+            model.load_sent_at is not None
+            and name == "unloaded"
+            and (model.load_seen or now - model.load_sent_at > LOAD_UNSEEN_SECONDS)
+        ):
+            # Unloaded while loading (by hand, or nobody waited), or a load the
+            # state file never showed (it came and went between two looks):
+            # whoever still waits asks for a load again below.
+            model.load_sent_at = None
+            model.load_seen = False
+        if model.waiting is not None and model.load_sent_at is None and state is not None:
+            # Given up on while it served (no load of ours under way): it will not
+            # become ready by itself, and a load is not taken in that state, so
+            # nobody waits for it to their deadline.
+            refusal = given_up(f"The backend for '{model.spec.entry.id}'", state)
+            if refusal is not None:
+                self._refuse(model, refusal)
+        waiting = model.waiting
+        if waiting is not None and name == "ready" and not model.unload_sent:
+            for future in waiting.futures:
+                if not future.done():
+                    future.set_result(None)
+            model.waiting = None
+        return name in ("loading", "unloading") or model.waiting is not None
+
+    async def _load_the_waiting(self, states: dict[str, BackendState | None], now: float) -> None:
+        """Load the models requests wait for, oldest first, as memory allows; only the
+        oldest may evict or drain others to make room (no starvation)."""
         queue = sorted(
             (m for m in self.models.values() if m.waiting is not None),
             key=lambda m: m.waiting.since if m.waiting is not None else 0.0,
@@ -393,27 +391,29 @@ class Loader:
                 continue
             waiting.why = room.why
             if first:
-                for victim in room.evict:
-                    evicted = self.models.get(victim)  # (a reload may have removed it)
-                    if evicted is not None:
-                        await self._unload(evicted, "evicted", model.spec.entry.id)
-                for role_in_way in room.drain:
-                    other = self.models.get(role_in_way)
-                    if other is not None and not other.draining:
-                        other.draining = True
-                        other.drained_for = role
-                        other.gate.pause()
-                        log.info(
-                            "draining %s to make room for %s (waiting %.1fs)",
-                            other.spec.entry.id,
-                            model.spec.entry.id,
-                            now - waiting.since,
-                        )
+                await self._make_room(model, waiting, room, now)
             first = False
-        self._release_drained()
-        await self._drop_unwanted_loads(states, now)
-        await self._expire_idle(states, now)
-        return busy
+
+    async def _make_room(self, model: Model, waiting: Waiting, room: Room, now: float) -> None:
+        """Evict and drain what stands in the way of ``model``'s load (``waiting``: its
+        waiters)."""
+        role = model.spec.role
+        for victim in room.evict:
+            evicted = self.models.get(victim)  # (a reload may have removed it)
+            if evicted is not None:
+                await self._unload(evicted, "evicted", model.spec.entry.id)
+        for role_in_way in room.drain:
+            other = self.models.get(role_in_way)
+            if other is not None and not other.draining:
+                other.draining = True
+                other.drained_for = role
+                other.gate.pause()
+                log.info(
+                    "draining %s to make room for %s (waiting %.1fs)",
+                    other.spec.entry.id,
+                    model.spec.entry.id,
+                    now - waiting.since,
+                )
 
     async def _relieve_pressure(self, states: Mapping[str, BackendState | None]) -> None:
         """Unload the idle models the pressure watch's last reading asks to evict

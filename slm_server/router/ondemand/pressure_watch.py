@@ -23,7 +23,7 @@ from typing import Any
 
 from slm_server.contracts.events import EventSink
 from slm_server.memory.available import MemorySource
-from slm_server.router.call.waits import cancel_and_wait
+from slm_server.router.call.periodic import Periodic
 from slm_server.router.ondemand.memory_fit import Holder
 from slm_server.router.ondemand.memory_pressure import Floor, Verdict, holders_named, judge
 
@@ -56,7 +56,12 @@ class PressureWatch:
         self._evict: tuple[str, ...] = ()
         self._holders: Holders = list
         self._wake: Callable[[], None] = lambda: None
-        self._task: asyncio.Task[None] | None = None
+        self._task = Periodic(
+            self._turn,
+            after_failure=lambda: self.poll_seconds,
+            log=log,
+            failure="the memory pressure watch failed a reading",
+        )
 
     def bind(self, holders: Holders, wake: Callable[[], None]) -> None:
         """Where the models holding memory come from, and whom to wake after a reading
@@ -123,20 +128,14 @@ class PressureWatch:
 
     def start(self) -> None:
         """Read every ``poll_seconds`` on the current loop."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._task.stop()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.read()
-            except Exception:  # one bad reading never ends the watch
-                log.exception("the memory pressure watch failed a reading")
-            await asyncio.sleep(self.poll_seconds)
+    async def _turn(self) -> float:
+        await self.read()
+        return self.poll_seconds
 
     # -- reporting ------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from slm_server.contracts.applied_registry import RegistryStamp, read_snapshot
 from slm_server.registry.schema import ConfigError, RegistryFile, parse_registry
 from slm_server.router.call.backend_state import StateSource
-from slm_server.router.call.waits import cancel_and_wait
+from slm_server.router.call.periodic import Periodic
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.reload.retirements import Retirements
 from slm_server.router.reload.rewire import Rewire
@@ -66,25 +66,25 @@ class Follower:
         self.poll_seconds = poll_seconds
         self._lock = asyncio.Lock()
         self._unreadable: set[str] = set()  # versions that did not parse (or apply)
-        self._task: asyncio.Task[None] | None = None
+        self._task = Periodic(
+            self._turn,
+            after_failure=lambda: self.poll_seconds,
+            log=log,
+            failure="following the applied registry failed a turn",
+            first_wait=lambda: self.poll_seconds,
+        )
 
     async def start(self) -> None:
         """Follow once now, then every ``poll_seconds``."""
         await self.sync()
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._task.stop()
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_seconds)
-            try:
-                await self.sync()
-            except Exception:  # one bad look never ends following for good
-                log.exception("following the applied registry failed a turn")
+    async def _turn(self) -> float:
+        await self.sync()
+        return self.poll_seconds
 
     async def sync(self) -> None:
         """One look: follow the stamp if it names another registry, and move the
