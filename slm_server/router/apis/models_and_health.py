@@ -159,22 +159,17 @@ class Info:
                 streak = self.tripwire.open_streak(spec.role)
                 if entry.remote:
                     item["url"] = remote.shown_url(entry)
-                if known is not None and entry.remote:
+                if known is not None:
                     state = known.state if launcher_alive else "unsupervised"
-                    if state == "ready" and streak:
-                        state = "degraded"
+                    item["state"] = "degraded" if state == "ready" and streak else state
+                if known is not None and entry.remote:
                     item.update(
-                        state=state,
                         reason=known.reason,
                         ejected_until=known.ejected_until,
                         ejections=known.ejections,
                     )
                 elif known is not None:
-                    state = known.state if launcher_alive else "unsupervised"
-                    if state == "ready" and streak:
-                        state = "degraded"
                     item.update(
-                        state=state,
                         pid=known.pid,
                         uptime_seconds=round(now - known.started_at, 1)
                         if known.started_at
