@@ -38,7 +38,7 @@ from slm_server.router.watchdog.tripwire import Progress, StallTimer
 JSON = "application/json"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Answer:
     """One answer under way: its call, the backend's response, the first-byte timer,
     what the backend delivered (``noted``; ``progress`` is None when the client shortened

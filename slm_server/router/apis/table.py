@@ -121,7 +121,7 @@ class Table:
 
     def __init__(self, *rows: Row) -> None:
         self.rows = rows
-        self._by_path = {row.shape.path: row for row in rows}
+        self._shapes = {row.shape.path: row.shape for row in rows}
         self._anthropic = frozenset(row.shape.path for row in rows if row.shape.anthropic)
         self._under_anthropic = tuple(path + "/" for path in self._anthropic)
 
@@ -130,8 +130,7 @@ class Table:
 
     def at(self, path: str) -> Shape | None:
         """The shape served at ``path`` exactly; None for any other path."""
-        row = self._by_path.get(path)
-        return row.shape if row is not None else None
+        return self._shapes.get(path)
 
     def anthropic_at(self, path: str) -> bool:
         """Whether errors on ``path`` take the Messages API's shape: at an Anthropic

@@ -15,7 +15,8 @@ from slm_server.router.call.waits import cancel_and_wait, running_loop
 class Periodic:
     """Runs ``turn`` until stopped; each turn answers how many seconds to wait before
     the next (``after_failure`` when it raised, which ``log`` is told as ``failure``).
-    The first turn runs after ``first_wait`` seconds; :meth:`wake` cuts a wait short."""
+    The first turn runs after ``first_wait`` seconds; where ``wakeable``, :meth:`wake`
+    cuts a wait short (a plain sleep costs less, for the tasks no one wakes)."""
 
     def __init__(
         self,
@@ -25,12 +26,14 @@ class Periodic:
         log: logging.Logger,
         failure: str,
         first_wait: Callable[[], float] = lambda: 0.0,
+        wakeable: bool = False,
     ) -> None:
         self.turn = turn
         self.after_failure = after_failure
         self.log = log
         self.failure = failure
         self.first_wait = first_wait
+        self.wakeable = wakeable
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -50,14 +53,16 @@ class Periodic:
         await cancel_and_wait(task)
 
     def wake(self) -> None:
-        """Run the next turn now, not when the wait ends."""
+        """Run the next turn now, not when the wait ends (where ``wakeable``)."""
         if self._wake is not None:
             self._wake.set()
 
     async def _run(self, wake: asyncio.Event) -> None:
         wait: float | None = self.first_wait() or None  # None: the first turn at once
         while True:
-            if wait is not None:
+            if wait is not None and not self.wakeable:
+                await asyncio.sleep(wait)
+            elif wait is not None:
                 # A timer rather than wait_for: on 3.11 wait_for can swallow a cancel
                 # that arrives as the event is set, and the task would never stop.
                 timer = running_loop().call_later(wait, wake.set)

@@ -47,10 +47,5 @@ class Shape:
     checks: tuple[Check, ...] = ()
     translated_to: Shape | None = None
 
-    def check(self, payload: dict[str, Any], model_type: str) -> None:
-        """Every check of this shape on ``payload``, in order."""
-        for check in self.checks:
-            check(payload, model_type)
-
 
 __all__ = ["Check", "Shape"]

@@ -79,7 +79,8 @@ def check_fields(payload: dict[str, Any], shape: Shape, *, model_type: str) -> N
     (:func:`~slm_server.router.intake.tool_calls.check_tool_calls`), both a
     ``json_schema`` and a ``grammar`` (:func:`check_grammar`), a rerank ``top_n`` that
     is not a positive integer (:func:`check_top_n`)."""
-    shape.check(payload, model_type)
+    for check in shape.checks:
+        check(payload, model_type)
 
 
 def check_grammar(payload: dict[str, Any], _model_type: str) -> None:

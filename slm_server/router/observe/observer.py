@@ -89,12 +89,13 @@ def arriving(scope: Scope) -> tuple[Exchange, Inbound]:
             tracestate = value.decode("latin-1")
         elif name == b"x-trace-id":
             legacy = value.decode("latin-1")
+    shape = TABLE.at(path)
     exchange = Exchange(
         request_id=request_id_from(inbound_id),
         method=scope["method"],
         path=path,
-        shape=TABLE.at(path),
-        anthropic=TABLE.anthropic_at(path),
+        shape=shape,
+        anthropic=shape.anthropic if shape is not None else TABLE.anthropic_at(path),
     )
     return exchange, Inbound(traceparent, tracestate, legacy)
 

@@ -127,7 +127,11 @@ class Loader:
             if spec.entry.load == "on_demand"
         }
         self._planner = Periodic(
-            self._turn, after_failure=lambda: POLL_SECONDS, log=log, failure=PLAN_FAILED
+            self._turn,
+            after_failure=lambda: POLL_SECONDS,
+            log=log,
+            failure=PLAN_FAILED,
+            wakeable=True,
         )
         self._started = False
         self.pressure = pressure

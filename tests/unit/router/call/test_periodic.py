@@ -50,7 +50,12 @@ def test_a_wake_runs_the_next_turn_now_and_the_first_can_wait() -> None:
             return FOREVER
 
         task = Periodic(
-            turn, after_failure=lambda: FOREVER, log=LOG, failure="x", first_wait=lambda: FOREVER
+            turn,
+            after_failure=lambda: FOREVER,
+            log=LOG,
+            failure="x",
+            first_wait=lambda: FOREVER,
+            wakeable=True,
         )
         task.start()
         await asyncio.sleep(0)  # the task's first step: it waits, no turn yet
