@@ -37,13 +37,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from benchmarks.machine import describe_machine
 from benchmarks.report import DASH, TIMES, write_measurements
 from benchmarks.servers import otlp_sink
-from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.router.observe.otlp_wire import PairCache, encode_request
 from slm_server.router.observe.telemetry import UNIQUE_ATTRIBUTES, Inbound, Telemetry
 from slm_server.settings import TelemetrySettings
+from tests.registry_entries import model_spec
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -68,17 +68,8 @@ class Kept(SpanExporter):
 def router_spans(count: int) -> list[ReadableSpan]:
     """``count`` spans as the router makes them for chat requests, half of them
     streamed, half with a caller's traceparent, with varied usage and settings."""
-    entry = ModelEntry.model_validate(
-        {
-            "id": "smollm2-135m-instruct",
-            "backend": "llamacpp",
-            "port": 8501,
-            "model_path": "/m.gguf",
-            "default_timeout": 60,
-            "quantization": "Q4_1",
-        }
-    )
-    spec = ModelSpec(role="chat", index=0, entry=entry)
+    spec = model_spec("chat", "smollm2-135m-instruct")
+    entry = spec.entry
     settings = TelemetrySettings(
         enabled=True, otlp_endpoint="http://unused:4318", service_name="slm-server", log_json=False
     )

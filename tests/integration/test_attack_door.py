@@ -20,6 +20,7 @@ import pytest
 from tests.fakes.control import FakeBackend
 from tests.integration.attack_wire import Wire, request
 from tests.processes import poll, registry_env, running_router
+from tests.registry_entries import registry_entry
 
 # Its module-scoped stack starts once: one worker runs the whole module.
 pytestmark = pytest.mark.xdist_group("test_attack_door")
@@ -46,15 +47,7 @@ def router(
     fake: FakeBackend, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, int]]:
     workdir: Path = tmp_path_factory.mktemp("door-attack")
-    entry = {
-        "id": MODEL,
-        "backend": "llamacpp",
-        "port": fake.port,
-        "model_path": "models/none.gguf",
-        "default_timeout": 30,
-        "quantization": "Q4_0",
-        "max_concurrency": 4,
-    }
+    entry = registry_entry(MODEL, fake.port, default_timeout=30, max_concurrency=4)
     env = registry_env(
         workdir,
         {MODEL: entry},

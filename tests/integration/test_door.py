@@ -16,6 +16,7 @@ import pytest
 
 from tests import one_shot
 from tests.processes import free_port, poll, registry_env, running_router
+from tests.registry_entries import registry_entry
 
 # Its module-scoped stack starts once: one worker runs the whole module.
 pytestmark = pytest.mark.xdist_group("test_door")
@@ -27,17 +28,9 @@ IDLE_TIMEOUT = 1.5
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     workdir: Path = tmp_path_factory.mktemp("door")
-    entry = {
-        "id": "door",
-        "backend": "llamacpp",
-        "port": free_port(),
-        "model_path": "models/none.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-    }
     env = registry_env(
         workdir,
-        {"door": entry},
+        {"door": registry_entry("door", free_port())},
         SLM_API_KEYS="sk-door-test-key",
         SLM_MAX_URL_KB="8",
         SLM_MAX_HEADERS_KB="32",

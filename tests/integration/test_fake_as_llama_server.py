@@ -22,10 +22,9 @@ import pytest
 import yaml
 
 from slm_server.launch.llama_argv import ModelFiles, native_argv
-from slm_server.registry.schema import ModelEntry
 from tests import one_shot
 from tests.processes import ROOT, free_port, pid_alive, poll, start_command
-from tests.registry_entries import registry_entry
+from tests.registry_entries import model_entry, registry_entry
 
 FAKE_LLAMA_SERVER = ROOT / "tests" / "fakes" / "fake-llama-server"
 HOST = "127.0.0.1"
@@ -149,38 +148,35 @@ def test_a_normal_start_serves_health_and_chat_under_the_alias(tmp_path: Path) -
 def test_every_flag_the_launcher_passes_is_accepted(tmp_path: Path) -> None:
     """The launcher's own argv for an entry using every llama.cpp option."""
     model = model_file(tmp_path, b"GGUF\x03\x00\x00\x00 not json \xff\xfe")
-    entry = ModelEntry.model_validate(
-        {
-            "id": "every-flag",
-            "backend": "llamacpp",
-            "port": 1,  # replaced below: the fixture appends --host/--port, last one wins
-            "model_path": str(model),
-            "default_timeout": 5.0,
-            "quantization": "Q8_0",
-            "model_type": "embeddings",
-            "context_length": 4096,
-            "max_concurrency": 2,
-            "pooling": "mean",
-            "chat_template_kwargs": {"enable_thinking": False},
-            "temp": 0.7,
-            "top_p": 0.8,
-            "top_k": 20,
-            "min_p": 0.0,
-            "presence_penalty": -0.5,
-            "repetition_penalty": 1.05,
-            "n_predict": -1,
-            "ubatch_size": 512,
-            "cache_ram": -1,
-            "kv_offload": False,
-            "flash_attn": True,
-            "kv_unified": True,
-            "fit": False,
-            "cont_batching": True,
-            "cache_prompt": False,
-            "spec_type": "ngram-simple",
-            "spec_draft_n_max": 8,
-            "verbose": True,
-        }
+    entry = model_entry(
+        "every-flag",
+        1,  # the port, replaced below: the fixture appends --host/--port, last one wins
+        model_path=str(model),
+        default_timeout=5.0,
+        quantization="Q8_0",
+        model_type="embeddings",
+        context_length=4096,
+        max_concurrency=2,
+        pooling="mean",
+        chat_template_kwargs={"enable_thinking": False},
+        temp=0.7,
+        top_p=0.8,
+        top_k=20,
+        min_p=0.0,
+        presence_penalty=-0.5,
+        repetition_penalty=1.05,
+        n_predict=-1,
+        ubatch_size=512,
+        cache_ram=-1,
+        kv_offload=False,
+        flash_attn=True,
+        kv_unified=True,
+        fit=False,
+        cont_batching=True,
+        cache_prompt=False,
+        spec_type="ngram-simple",
+        spec_draft_n_max=8,
+        verbose=True,
     )
     files = ModelFiles(
         model=str(model),

@@ -28,6 +28,7 @@ from tests.anthropic_shapes import sse_events, strict_count, strict_events, stri
 from tests.integration.watched import Watched, watched
 from tests.models.tiny_qwen3 import build
 from tests.processes import free_port, pid_alive, poll
+from tests.registry_entries import registry_entry
 
 # One worker runs the whole module: its module-scoped stack starts once, not per worker.
 pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("test_mlx_backend")]
@@ -40,17 +41,15 @@ START_TIMEOUT = 120.0
 
 
 def mlx_entry(model_dir: Path, **fields: Any) -> dict[str, Any]:
-    return {
-        "id": MODEL_ID,
-        "backend": "mlx",
-        "model_type": "lm",
-        "port": free_port(),
-        "model_path": str(model_dir),
-        "quantization": "f32",
-        "default_timeout": 60,
-        "max_concurrency": 2,
-        **fields,
-    }
+    written = {"default_timeout": 60, "model_type": "lm", "max_concurrency": 2, **fields}
+    return registry_entry(
+        MODEL_ID,
+        free_port(),
+        backend="mlx",
+        model_path=str(model_dir),
+        quantization="f32",
+        **written,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from tests import one_shot
 from tests.integration.watched import watched
 from tests.models.tiny_qwen3 import build
 from tests.processes import Command, free_port, poll, start_command
+from tests.registry_entries import registry_entry
 
 # The test environment always has MLX (scripts/setup.sh --for-tests installs the mlx
 # extra, on Linux too); a missing one fails here rather than skipping.
@@ -367,15 +368,15 @@ def test_a_port_in_use_exits_1(tmp_path: Path, model_dir: Path) -> None:
 def test_the_launcher_and_router_serve_an_mlx_rerank_entry(
     tmp_path: Path, model_dir: Path, reference: Reference
 ) -> None:
-    entry = {
-        "id": MODEL_ID,
-        "backend": "mlx-rerank",
-        "model_type": "rerank",
-        "port": free_port(),
-        "model_path": str(model_dir),
-        "quantization": "f32",
-        "default_timeout": 60,
-    }
+    entry = registry_entry(
+        MODEL_ID,
+        free_port(),
+        backend="mlx-rerank",
+        model_type="rerank",
+        model_path=str(model_dir),
+        quantization="f32",
+        default_timeout=60,
+    )
     with watched(
         tmp_path,
         {"rerank": entry},

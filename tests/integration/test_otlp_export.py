@@ -22,13 +22,13 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import ExportConfig, OtlpHttpExporter
 from slm_server.router.observe.telemetry import UNIQUE_ATTRIBUTES, Inbound, Telemetry
 from slm_server.settings import TelemetrySettings
 from tests.integration.otlp_receiver import OtlpReceiver
+from tests.registry_entries import model_spec
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -265,17 +265,7 @@ def routed() -> Exchange:
         request_id=uuid.uuid4().hex, method="POST", path=CHAT_PATH, shape=TABLE.at(CHAT_PATH)
     )
     exchange.note_request({"model": "alpha"})
-    entry = ModelEntry.model_validate(
-        {
-            "id": "alpha",
-            "backend": "llamacpp",
-            "port": 8501,
-            "model_path": "/m.gguf",
-            "default_timeout": 60,
-            "quantization": "Q4_1",
-        }
-    )
-    exchange.spec = ModelSpec(role="alpha", index=0, entry=entry)
+    exchange.spec = model_spec("alpha", "alpha")
     exchange.status = 200
     return exchange
 

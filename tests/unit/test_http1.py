@@ -39,6 +39,7 @@ from slm_server.http1 import (
 )
 from slm_server.registry.schema import ModelSpec, parse_registry
 from slm_server.router.upstream.client import Upstream, iter_sse, read_all
+from tests.registry_entries import model_spec
 
 T = TypeVar("T")
 # One read of the socket, at most, on either loop.
@@ -608,18 +609,9 @@ def test_a_reader_that_does_not_read_holds_back_the_stream(run: Any) -> None:
 
 
 def spec_at(port: int, timeout: float = 5.0) -> ModelSpec:
-    registry = f"""
-models:
-  m:
-    id: m
-    backend: llamacpp
-    port: {port}
-    model_path: models/m.gguf
-    default_timeout: {timeout}
-    quantization: Q4_0
-"""
-    [spec] = parse_registry(registry, Path("models.yaml")).models
-    return spec
+    return model_spec(
+        "m", "m", port, model_path="models/m.gguf", default_timeout=timeout, quantization="Q4_0"
+    )
 
 
 def test_upstream_translates_failures_into_gateway_errors(run: Any) -> None:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from slm_server.cli.commands import main
+from tests.registry_entries import registry_entry
 
 # Its module-scoped stack starts once: one worker runs the whole module.
 pytestmark = pytest.mark.xdist_group("test_cli_check")
@@ -108,16 +109,8 @@ def make_sandbox(root: Path) -> Sandbox:
 
 
 def entry(model_id: str, port: int, model_path: Path | str, **fields: Any) -> dict[str, Any]:
-    raw: dict[str, Any] = {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": str(model_path),
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-    }
-    raw.update(fields)
-    return raw
+    written = {"default_timeout": 60, "quantization": "Q4_1", **fields}
+    return registry_entry(model_id, port, model_path=str(model_path), **written)
 
 
 def assert_clean_failure(run: Run) -> None:

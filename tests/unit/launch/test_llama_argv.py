@@ -17,6 +17,7 @@ from slm_server.launch.llama_argv import (
 )
 from slm_server.launch.mlx_argv import mlx_argv, mlx_rerank_argv
 from slm_server.registry.schema import CacheType, ModelEntry
+from tests.registry_entries import model_entry
 
 MODEL = "/models/m1.gguf"
 FILES = ModelFiles(model=MODEL)
@@ -24,16 +25,7 @@ PY = "/venv/bin/python"
 
 
 def entry(**fields: Any) -> ModelEntry:
-    raw: dict[str, Any] = {
-        "id": "m1",
-        "backend": "llamacpp",
-        "port": 8501,
-        "model_path": MODEL,
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-    }
-    raw.update(fields)
-    return ModelEntry.model_validate(raw)
+    return model_entry(model_path=MODEL, **fields)
 
 
 def mlx_entry(**fields: Any) -> ModelEntry:

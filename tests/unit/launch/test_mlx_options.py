@@ -12,6 +12,7 @@ import pytest
 from slm_server.launch.mlx_argv import mlx_argv, unsupported_choices
 from slm_server.launch.mlx_options import MlxOptions, read_mlx_options
 from slm_server.registry.schema import ModelEntry
+from tests.registry_entries import model_entry
 
 # Abridged from `mlx-openai-server launch --help` 1.8.1 (click wraps the choice lists).
 HELP_1_8 = """
@@ -53,15 +54,15 @@ Options:
 
 
 def mlx_entry(**fields: Any) -> ModelEntry:
-    base: dict[str, Any] = {
-        "id": "qwen-mlx",
-        "backend": "mlx",
-        "model_path": "/models/qwen",
-        "port": 8511,
-        "quantization": "8bit",
-        "default_timeout": 120,
-    }
-    return ModelEntry.model_validate({**base, **fields})
+    return model_entry(
+        "qwen-mlx",
+        8511,
+        backend="mlx",
+        model_path="/models/qwen",
+        quantization="8bit",
+        default_timeout=120,
+        **fields,
+    )
 
 
 def test_parse_reads_flags_and_wrapped_choices() -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch, plan_registry
 from slm_server.launch.runtime import LlamaRuntime
-from slm_server.registry.schema import NATIVE_ONLY_FIELDS, ModelEntry, ModelSpec, RegistryFile
+from slm_server.registry.schema import NATIVE_ONLY_FIELDS, ModelSpec, RegistryFile
+from tests.registry_entries import model_spec
 
 NATIVE = LlamaRuntime("native", "/opt/llama/llama-server", "test")
 PYTHON = LlamaRuntime("python", sys.executable, "test")
@@ -33,17 +34,10 @@ def tools(
     return Toolchain(llama=llama, llama_error=llama_error, mlx_server=mlx_server)
 
 
-def spec(role: str = "chat", index: int = 0, **fields: Any) -> ModelSpec:
-    raw: dict[str, Any] = {
-        "id": "m1",
-        "backend": "llamacpp",
-        "port": 8501,
-        "model_path": "/nonexistent/model.gguf",
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-    }
-    raw.update(fields)
-    return ModelSpec(role=role, index=index, entry=ModelEntry.model_validate(raw))
+def spec(
+    role: str = "chat", index: int = 0, model_path: str = "/nonexistent/model.gguf", **fields: Any
+) -> ModelSpec:
+    return model_spec(role, index=index, model_path=model_path, **fields)
 
 
 @pytest.fixture

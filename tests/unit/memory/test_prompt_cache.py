@@ -17,6 +17,7 @@ from slm_server.memory.estimate import estimate_gguf
 from slm_server.memory.prompt_cache import SERVER_DEFAULT_MB, default_size_mb, size_mb
 from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.backend import admitted_mb
+from tests.registry_entries import model_entry
 from tests.unit.memory.gguf_files import llama_like, write_gguf
 
 NATIVE = Toolchain(LlamaRuntime("native", "/opt/llama-server", "test"), None, "/opt/mlx")
@@ -50,18 +51,8 @@ def test_the_registry_s_cache_ram_wins_and_minus_one_is_unbounded() -> None:
         size_mb(-2, 90, 18000)
 
 
-def entry(model: Path, **fields: Any) -> ModelEntry:
-    raw: dict[str, Any] = {
-        "id": "m1",
-        "backend": "llamacpp",
-        "port": 8501,
-        "model_path": str(model),
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-        "context_length": 2048,
-        **fields,
-    }
-    return ModelEntry.model_validate(raw)
+def entry(model: Path, context_length: int = 2048, **fields: Any) -> ModelEntry:
+    return model_entry(model_path=str(model), context_length=context_length, **fields)
 
 
 @pytest.fixture

@@ -17,23 +17,15 @@ from slm_server.registry.model_path import (
 )
 from slm_server.registry.schema import ModelEntry
 from slm_server.settings import PROJECT_ROOT
+from tests.registry_entries import model_entry
 
 HUB_ID = "mlx-community/Qwen3-8B-MLX-8bit"
 
 
 def entry(model_path: str, backend: str = "llamacpp", **fields: Any) -> ModelEntry:
-    raw: dict[str, Any] = {
-        "id": "m1",
-        "backend": backend,
-        "port": 8501,
-        "model_path": model_path,
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-    }
     if backend == "mlx-rerank":
-        raw["model_type"] = "rerank"
-    raw.update(fields)
-    return ModelEntry.model_validate(raw)
+        fields = {"model_type": "rerank", **fields}
+    return model_entry(model_path=model_path, backend=backend, **fields)
 
 
 def touch(path: Path) -> Path:

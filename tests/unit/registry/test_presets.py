@@ -11,20 +11,14 @@ import yaml
 
 from slm_server.registry.presets import Alias, Preset
 from slm_server.registry.schema import ConfigError, RegistryFile, parse_registry
+from tests.registry_entries import registry_entry
+from tests.unit.registry.test_schema import IN_FILE
 
 SOURCE = Path("/registry/models.yaml")
 
 
 def llama(model_id: str = "m1", port: int = 8501, **fields: Any) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "models/m1.gguf",
-        "default_timeout": 120,
-        "quantization": "Q4_1",
-        **fields,
-    }
+    return registry_entry(model_id, port, **(IN_FILE | fields))
 
 
 def parse(models: dict[str, Any]) -> RegistryFile:

@@ -21,6 +21,7 @@ from slm_server.registry.schema import (
     parse_registry,
 )
 from slm_server.settings import PROJECT_ROOT
+from tests.registry_entries import registry_entry
 
 SOURCE = Path("/registry/models.yaml")
 HEAD = f"{SOURCE}: model 'standard' (id 'm1')"
@@ -61,18 +62,17 @@ MLX_VALUES: dict[str, Any] = {
     "config_name": "flux-dev",
 }
 
+# The fields of an entry written in a registry file, that no test here starts.
+IN_FILE: dict[str, Any] = {
+    "model_path": "models/m1.gguf",
+    "default_timeout": 120,
+    "quantization": "Q4_1",
+}
+
 
 def llama(**fields: Any) -> dict[str, Any]:
-    raw: dict[str, Any] = {
-        "id": "m1",
-        "backend": "llamacpp",
-        "port": 8501,
-        "model_path": "models/m1.gguf",
-        "default_timeout": 120,
-        "quantization": "Q4_1",
-    }
-    raw.update(fields)
-    return raw
+    written = {"id": "m1", "port": 8501, **IN_FILE, **fields}
+    return registry_entry(written.pop("id"), written.pop("port"), **written)
 
 
 def mlx(**fields: Any) -> dict[str, Any]:

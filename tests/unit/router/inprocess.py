@@ -39,6 +39,7 @@ from slm_server.router.reload.follower import POLL_SECONDS, Follower
 from slm_server.router.upstream.client import Probe, UpstreamResponse
 from slm_server.settings import Settings
 from tests.fakes.memory import ScriptedMemory
+from tests.registry_entries import registry_entry, registry_yaml
 from tests.unit.router.door_client import through_door
 
 Step = bytes | BaseException | asyncio.Event
@@ -401,6 +402,14 @@ def registry_text(
     if chat:
         text = text.replace("    quantization: Q4_1\n", f"    quantization: Q4_1\n{chat}", 1)
     return text
+
+
+def entry_text(role: str, port: int, *extra: str, **fields: Any) -> str:
+    """One more model for :func:`registry_text` (its ``more``): ``<role>-model`` on
+    ``port``, written as the chat model is (the file ``models/<role>.gguf``, timeout 5 s,
+    Q4_1); ``fields`` add to it or override it, and the ``extra`` YAML lines follow."""
+    written = {"model_path": f"models/{role}.gguf", "default_timeout": 5, "quantization": "Q4_1"}
+    return registry_yaml(role, registry_entry(f"{role}-model", port, **(written | fields)), *extra)
 
 
 def make_router(

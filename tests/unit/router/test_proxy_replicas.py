@@ -17,6 +17,7 @@ from slm_server.errors import BackendUnavailable
 from slm_server.registry.schema import parse_registry
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.telemetry import span_attributes
+from tests.registry_entries import registry_entry, registry_yaml
 from tests.unit.router.inprocess import (
     FakeResponse,
     Router,
@@ -320,11 +321,16 @@ def test_the_replica_and_its_match_are_visible(
 
 
 def test_span_attributes_name_the_replica_and_the_match() -> None:
-    text = (
-        "models:\n  chat:\n    id: m\n    backend: llamacpp\n    port: 9100\n"
-        "    model_path: m.gguf\n    default_timeout: 5\n    quantization: Q4_1\n"
-        "    replicas: 2\n    routing: prefix_affinity\n"
+    entry = registry_entry(
+        "m",
+        9100,
+        model_path="m.gguf",
+        default_timeout=5,
+        quantization="Q4_1",
+        replicas=2,
+        routing="prefix_affinity",
     )
+    text = "models:\n" + registry_yaml("chat", entry)
     second = parse_registry(text, Path("models.yaml")).models[1]
     exchange = Exchange("id", "POST", CHAT, spec=second)
     assert "slm.replica" not in span_attributes(exchange)  # not routed among replicas

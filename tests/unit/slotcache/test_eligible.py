@@ -13,6 +13,7 @@ import pytest
 
 from slm_server.registry.schema import ModelEntry
 from slm_server.slotcache.eligible import SLIDING_WINDOW, why_not
+from tests.registry_entries import model_entry
 from tests.unit.memory.gguf_files import llama_like, write_gguf
 
 
@@ -32,16 +33,7 @@ def sliding(tmp_path: Path) -> Path:
 
 
 def entry(model: Path, **fields: Any) -> ModelEntry:
-    raw: dict[str, Any] = {
-        "id": "m1",
-        "backend": "llamacpp",
-        "port": 8501,
-        "model_path": str(model),
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-        **fields,
-    }
-    return ModelEntry.model_validate(raw)
+    return model_entry(model_path=str(model), **fields)
 
 
 def test_a_native_text_model_without_a_window_is_kept(plain: Path) -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from slm_server.launch.plan import LaunchPlan, Toolchain, plan_launch
 from slm_server.launch.runtime import LlamaRuntime
-from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.slotcache.key import KEY_LENGTH, cache_key, components
 from slm_server.slotcache.store import slot_file
+from tests.registry_entries import model_spec
 
 BUDGET_MB = 8000
 
@@ -40,16 +40,7 @@ class Launch:
         return path
 
     def plan(self, slot_dir: Path | None = None, **fields: Any) -> LaunchPlan:
-        raw: dict[str, Any] = {
-            "id": "m1",
-            "backend": "llamacpp",
-            "port": 8501,
-            "model_path": str(self.model),
-            "default_timeout": 60,
-            "quantization": "Q4_1",
-            **fields,
-        }
-        spec = ModelSpec(role="chat", index=0, entry=ModelEntry.model_validate(raw))
+        spec = model_spec(model_path=str(self.model), **fields)
         tools = Toolchain(
             llama=LlamaRuntime("native", str(self.server), "test"),
             llama_error=None,

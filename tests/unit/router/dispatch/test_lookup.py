@@ -7,22 +7,14 @@ from typing import Any, get_args
 import pytest
 
 from slm_server.errors import AmbiguousModel, InvalidRequest, ModelNotFound, UnsupportedEndpoint
-from slm_server.registry.schema import ModelEntry, ModelSpec, ModelType, replica_specs
+from slm_server.registry.schema import ModelSpec, ModelType, replica_specs
 from slm_server.router.dispatch.lookup import Registry
+from tests.registry_entries import model_spec
 from tests.shape_rows import MODEL_TYPES, shape
 
 
 def spec(role: str, model_id: str, port: int, **fields: Any) -> ModelSpec:
-    raw: dict[str, Any] = {
-        "id": model_id,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "/m.gguf",
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-    }
-    raw.update(fields)
-    return ModelSpec(role=role, index=port, entry=ModelEntry.model_validate(raw))
+    return model_spec(role, model_id, port, index=port, **fields)
 
 
 CHAT = spec("chat", "chat-model", 8501)

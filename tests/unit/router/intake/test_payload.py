@@ -21,6 +21,7 @@ from slm_server.router.intake.payload import (
     parse_body,
 )
 from slm_server.router.intake.presets import SHAPES, apply_preset, resolve
+from tests.registry_entries import model_entry
 from tests.shape_rows import shape
 
 CHAT = "/v1/chat/completions"
@@ -30,19 +31,6 @@ EMBEDDINGS = "/v1/embeddings"
 RERANK = "/v1/rerank"
 KWARGS = {"enable_thinking": False}
 SAMPLING = {"temperature": 0.2, "top_k": 20, "max_tokens": 64}
-
-
-def entry(**fields: Any) -> ModelEntry:
-    raw: dict[str, Any] = {
-        "id": "m1",
-        "backend": "llamacpp",
-        "port": 8501,
-        "model_path": "/m.gguf",
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-    }
-    raw.update(fields)
-    return ModelEntry.model_validate(raw)
 
 
 # --- parse_body -------------------------------------------------------------------------
@@ -170,7 +158,7 @@ def complete(
 
 @pytest.mark.parametrize("endpoint", [CHAT, RESPONSES])
 def test_chat_template_kwargs_injected_when_absent(endpoint: str) -> None:
-    e = entry(chat_template_kwargs=KWARGS)
+    e = model_entry(chat_template_kwargs=KWARGS)
     payload: dict[str, Any] = {"model": "m1"}
     assert complete(payload, e, endpoint, {}) is True
     assert payload == {"model": "m1", "chat_template_kwargs": {"enable_thinking": False}}
@@ -181,33 +169,33 @@ def test_chat_template_kwargs_injected_when_absent(endpoint: str) -> None:
 @pytest.mark.parametrize("endpoint", [CHAT, RESPONSES])
 def test_chat_template_kwargs_of_the_request_win(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": {"enable_thinking": True}}
-    assert complete(payload, entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
+    assert complete(payload, model_entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
     assert payload["chat_template_kwargs"] == {"enable_thinking": True}
 
 
 def test_explicit_null_chat_template_kwargs_is_kept() -> None:
     payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": None}
-    assert complete(payload, entry(chat_template_kwargs=KWARGS), CHAT, {}) is False
+    assert complete(payload, model_entry(chat_template_kwargs=KWARGS), CHAT, {}) is False
     assert payload["chat_template_kwargs"] is None
 
 
 @pytest.mark.parametrize("endpoint", [COMPLETIONS, EMBEDDINGS, RERANK])
 def test_chat_template_kwargs_only_for_chat_endpoints(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1"}
-    assert complete(payload, entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
+    assert complete(payload, model_entry(chat_template_kwargs=KWARGS), endpoint, {}) is False
     assert payload == {"model": "m1"}
 
 
 def test_no_chat_template_kwargs_in_entry() -> None:
     payload: dict[str, Any] = {"model": "m1"}
-    assert complete(payload, entry(), CHAT, {}) is False
+    assert complete(payload, model_entry(), CHAT, {}) is False
     assert payload == {"model": "m1"}
 
 
 @pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
 def test_sampling_defaults_fill_only_what_is_absent(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1", "temperature": 0.9, "max_tokens": None}
-    assert complete(payload, entry(), endpoint, SAMPLING) is True
+    assert complete(payload, model_entry(), endpoint, SAMPLING) is True
     assert payload == {"model": "m1", "temperature": 0.9, "max_tokens": None, "top_k": 20}
 
 
@@ -215,20 +203,20 @@ def test_sampling_defaults_fill_only_what_is_absent(endpoint: str) -> None:
 def test_sampling_defaults_all_present_is_no_change(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1", "temperature": 1, "top_k": 1, "max_tokens": 1}
     before = dict(payload)
-    assert complete(payload, entry(), endpoint, SAMPLING) is False
+    assert complete(payload, model_entry(), endpoint, SAMPLING) is False
     assert payload == before
 
 
 @pytest.mark.parametrize("endpoint", [RESPONSES, EMBEDDINGS, RERANK])
 def test_sampling_defaults_not_for_other_endpoints(endpoint: str) -> None:
     payload: dict[str, Any] = {"model": "m1"}
-    assert complete(payload, entry(), endpoint, SAMPLING) is False
+    assert complete(payload, model_entry(), endpoint, SAMPLING) is False
     assert payload == {"model": "m1"}
 
 
 def test_both_defaults_on_chat() -> None:
     payload: dict[str, Any] = {"model": "m1", "messages": []}
-    assert complete(payload, entry(chat_template_kwargs=KWARGS), CHAT, SAMPLING) is True
+    assert complete(payload, model_entry(chat_template_kwargs=KWARGS), CHAT, SAMPLING) is True
     assert payload == {
         "model": "m1",
         "messages": [],
@@ -241,7 +229,7 @@ def test_both_defaults_on_chat() -> None:
 
 def test_kwargs_present_but_sampling_added_still_reports_change() -> None:
     payload: dict[str, Any] = {"model": "m1", "chat_template_kwargs": {}}
-    assert complete(payload, entry(chat_template_kwargs=KWARGS), CHAT, {"top_p": 1}) is True
+    assert complete(payload, model_entry(chat_template_kwargs=KWARGS), CHAT, {"top_p": 1}) is True
     assert payload == {"model": "m1", "chat_template_kwargs": {}, "top_p": 1}
 
 

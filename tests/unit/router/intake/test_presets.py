@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from slm_server.registry.schema import ModelEntry
 from slm_server.router.intake.presets import (
     SHAPES,
     ApiShape,
@@ -18,23 +17,11 @@ from slm_server.router.intake.presets import (
     cap_binds,
     resolve,
 )
+from tests.registry_entries import model_entry
 
 CHAT = SHAPES["chat"]
 COMPLETIONS = SHAPES["completions"]
 RESPONSES = SHAPES["responses"]
-
-
-def entry(**fields: Any) -> ModelEntry:
-    raw: dict[str, Any] = {
-        "id": "m1",
-        "backend": "llamacpp",
-        "port": 8501,
-        "model_path": "/m.gguf",
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-    }
-    raw.update(fields)
-    return ModelEntry.model_validate(raw)
 
 
 def applied(body: dict[str, Any], shape: ApiShape, rules: Rules) -> dict[str, Any]:
@@ -166,19 +153,19 @@ def test_completions_have_no_chat_template() -> None:
 
 
 def test_the_entry_chat_template_kwargs_is_a_default_as_before() -> None:
-    rules = resolve(entry(chat_template_kwargs={"enable_thinking": False}), None)
+    rules = resolve(model_entry(chat_template_kwargs={"enable_thinking": False}), None)
     assert rules == Rules(
         rules={"chat_template_kwargs": Rule("default", {"enable_thinking": False})}
     )
 
 
 def test_an_entry_without_presets_has_no_rules() -> None:
-    assert resolve(entry(), None).empty
-    assert resolve(entry(aliases=["a"]), "a").empty
+    assert resolve(model_entry(), None).empty
+    assert resolve(model_entry(aliases=["a"]), "a").empty
 
 
 def test_the_entry_preset_over_its_chat_template_kwargs() -> None:
-    e = entry(
+    e = model_entry(
         chat_template_kwargs={"enable_thinking": True},
         preset={"set": {"chat_template_kwargs": {"enable_thinking": False}}},
     )
@@ -188,7 +175,7 @@ def test_the_entry_preset_over_its_chat_template_kwargs() -> None:
 
 
 def test_an_alias_preset_wins_parameter_by_parameter_and_its_cap_replaces() -> None:
-    e = entry(
+    e = model_entry(
         preset={
             "max_output_tokens": 1000,
             "set": {"temperature": 0.7, "top_p": 0.9},
@@ -221,7 +208,7 @@ def test_an_alias_preset_wins_parameter_by_parameter_and_its_cap_replaces() -> N
 
 
 def test_an_alias_with_only_a_cap_keeps_the_entry_rules() -> None:
-    e = entry(
+    e = model_entry(
         preset={"set": {"temperature": 0.3}},
         aliases=[{"name": "short", "preset": {"max_output_tokens": 8}}],
     )

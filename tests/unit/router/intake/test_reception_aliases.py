@@ -18,6 +18,7 @@ from tests.unit.router.inprocess import (
     Router,
     Sent,
     call,
+    entry_text,
     make_router,
     run,
     serving,
@@ -153,17 +154,13 @@ def test_the_responses_answer_echoes_the_capped_bound(tmp_path: Path) -> None:
 
 
 def test_embeddings_by_alias_are_routed_untouched(tmp_path: Path) -> None:
-    more = """\
-  embed:
-    id: embed-model
-    backend: llamacpp
-    port: 18002
-    model_path: models/e.gguf
-    default_timeout: 5
-    quantization: Q4_1
-    model_type: embeddings
-    aliases: [text-embedding-3-small]
-"""
+    more = entry_text(
+        "embed",
+        18002,
+        "aliases: [text-embedding-3-small]",
+        model_path="models/e.gguf",
+        model_type="embeddings",
+    )
     router = make_router(tmp_path, answer, more=more)
 
     async def scenario() -> None:
@@ -252,17 +249,9 @@ def test_an_on_demand_model_loads_and_unloads_by_its_alias(tmp_path: Path) -> No
 
 
 def test_a_disabled_models_alias_is_named_disabled(tmp_path: Path) -> None:
-    more = """\
-  off:
-    id: off-model
-    backend: llamacpp
-    port: 18002
-    model_path: models/o.gguf
-    default_timeout: 5
-    quantization: Q4_1
-    enabled: false
-    aliases: [old-name]
-"""
+    more = entry_text(
+        "off", 18002, "aliases: [old-name]", model_path="models/o.gguf", enabled=False
+    )
     router = make_router(tmp_path, answer, more=more)
 
     async def scenario() -> None:

@@ -13,7 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.observe.engine_metrics import EngineMetrics
-from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, whole
+from tests.unit.router.inprocess import (
+    FakeResponse,
+    Router,
+    Sent,
+    call,
+    entry_text,
+    make_router,
+    whole,
+)
 
 LLAMA_METRICS = b"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter
@@ -22,15 +30,7 @@ llamacpp:prompt_tokens_total 30
 # TYPE llamacpp:requests_processing gauge
 llamacpp:requests_processing{model="gguf-name"} 1
 """
-SECOND = """
-  second:
-    id: second-model
-    backend: llamacpp
-    port: 18002
-    model_path: models/second.gguf
-    default_timeout: 5
-    quantization: Q4_1
-"""
+SECOND = entry_text("second", 18002)
 
 
 # Every test here runs twice: through plain ASGI and through the door (its fast path).

@@ -15,25 +15,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slm_server.contracts.records import BackendState, write_state
 from slm_server.contracts.verdicts import STALLED, TIMED_OUT
-from slm_server.registry.schema import ModelEntry, ModelSpec
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.apis.table import TABLE
 from slm_server.router.call.backend_state import StateView
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.observe.metrics import OUTCOMES, Metrics, outcome_of, status_class
+from tests.registry_entries import model_spec
 
 
 def spec(role: str, port: int, **fields: Any) -> ModelSpec:
-    raw: dict[str, Any] = {
-        "id": role,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "/m.gguf",
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-    }
-    raw.update(fields)
-    return ModelSpec(role=role, index=port, entry=ModelEntry.model_validate(raw))
+    return model_spec(role, role, port, index=port, **fields)
 
 
 ALPHA = spec("alpha", 8501)

@@ -22,7 +22,6 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from slm_server.logging_setup import REQUEST_ID, RequestIdFilter
-from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.call.backend_state import StateView
 from slm_server.router.call.exchange import exchange_of
 from slm_server.router.dispatch.lookup import Registry
@@ -30,21 +29,9 @@ from slm_server.router.observe.metrics import Metrics
 from slm_server.router.observe.observer import MAX_SHOWN, RequestObserver, request_id_from, shown
 from slm_server.router.observe.telemetry import Telemetry
 from slm_server.settings import TelemetrySettings
+from tests.registry_entries import model_spec
 
-ALPHA = ModelSpec(
-    role="alpha",
-    index=0,
-    entry=ModelEntry.model_validate(
-        {
-            "id": "alpha",
-            "backend": "llamacpp",
-            "port": 8501,
-            "model_path": "/m.gguf",
-            "default_timeout": 60,
-            "quantization": "Q4_1",
-        }
-    ),
-)
+ALPHA = model_spec("alpha", "alpha")
 app_log = logging.getLogger("slm_server.test_handler")
 
 

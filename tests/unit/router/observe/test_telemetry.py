@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
-from slm_server.registry.schema import ModelEntry, ModelSpec
+from slm_server.registry.schema import ModelSpec
 from slm_server.router.apis.table import TABLE
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.observe.otlp_export import OtlpHttpExporter
@@ -31,6 +31,7 @@ from slm_server.router.observe.telemetry import (
     span_attributes,
 )
 from slm_server.settings import TelemetrySettings
+from tests.registry_entries import model_spec
 
 PARENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT_SPAN = "b7ad6b7169203331"
@@ -39,17 +40,7 @@ TelemetrySpanContext = SpanContext(int(PARENT_TRACE, 16), int(PARENT_SPAN, 16), 
 
 
 def spec(model_id: str = "alpha", backend: str = "llamacpp", **fields: Any) -> ModelSpec:
-    raw: dict[str, Any] = {
-        "id": model_id,
-        "backend": backend,
-        "port": 8501,
-        "model_path": "/m.gguf",
-        "default_timeout": 60,
-        "quantization": "Q4_1",
-        "host": "127.0.0.2",
-    }
-    raw.update(fields)
-    return ModelSpec(role="role", index=0, entry=ModelEntry.model_validate(raw))
+    return model_spec("role", model_id, backend=backend, **{"host": "127.0.0.2", **fields})
 
 
 def settings(**fields: Any) -> TelemetrySettings:

@@ -21,6 +21,7 @@ from tests.unit.router.inprocess import (
     Router,
     Sent,
     call,
+    entry_text,
     held_until,
     make_router,
     serving,
@@ -32,18 +33,8 @@ ON_DEMAND = "    load: on_demand\n"
 
 
 def entry(role: str, port: int, *extra: str, on_demand: bool = True) -> str:
-    lines = [
-        f"  {role}:",
-        f"    id: {role}-model",
-        "    backend: llamacpp",
-        f"    port: {port}",
-        f"    model_path: models/{role}.gguf",
-        "    default_timeout: 5",
-        "    quantization: Q4_1",
-        *(["    load: on_demand"] if on_demand else []),
-        *(f"    {line}" for line in extra),
-    ]
-    return "\n".join(lines) + "\n"
+    """One more model (loaded on demand unless told otherwise)."""
+    return entry_text(role, port, *extra, **({"load": "on_demand"} if on_demand else {}))
 
 
 def chat_body(model: str, stream: bool = False) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""What the in-process tests of reloads share: registry entries, publishing an applied
-registry as the supervisor would (snapshot, then stamp), and waiting on a condition."""
+"""What the in-process tests of reloads share: publishing an applied registry as the
+supervisor would (snapshot, then stamp), and waiting on a condition."""
 
 from __future__ import annotations
 
@@ -26,21 +26,6 @@ ANSWER = {
     "model": "m",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
 }
-
-
-def entry(role: str, port: int, *extra: str) -> str:
-    """One registry entry (under ``models:``) serving ``<role>-model`` on ``port``."""
-    lines = [
-        f"  {role}:",
-        f"    id: {role}-model",
-        "    backend: llamacpp",
-        f"    port: {port}",
-        f"    model_path: models/{role}.gguf",
-        "    default_timeout: 5",
-        "    quantization: Q4_1",
-        *(f"    {line}" for line in extra),
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def chat_body(model: str, stream: bool = False) -> dict[str, Any]:

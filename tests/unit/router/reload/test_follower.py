@@ -24,6 +24,7 @@ from tests.unit.router.inprocess import (
     Sent,
     Step,
     call,
+    entry_text,
     held_until,
     make_router,
     registry_text,
@@ -38,13 +39,12 @@ from tests.unit.router.reload.reloading import (
     CHAT,
     CHAT_ID,
     chat_body,
-    entry,
     publish,
     retiring,
     until,
 )
 
-EXTRA = entry("extra", 18002)
+EXTRA = entry_text("extra", 18002)
 WITH_EXTRA = registry_text(more=EXTRA)
 ONLY_EXTRA = "models:\n" + EXTRA
 
@@ -285,7 +285,7 @@ def test_a_reload_that_adds_an_on_demand_model_loads_it_for_its_first_request(
     tmp_path: Path,
 ) -> None:
     router = supervised(tmp_path)
-    added = registry_text(more=entry("lazy", 18003, "load: on_demand"))
+    added = registry_text(more=entry_text("lazy", 18003, "load: on_demand"))
 
     async def scenario() -> None:
         async with serving(router):
@@ -325,7 +325,7 @@ def test_a_registry_the_router_cannot_be_rewired_to_is_reported_once(
 
 
 def test_a_request_waiting_for_a_load_the_reload_removed_gets_404(tmp_path: Path) -> None:
-    lazy = entry("lazy", 18003, "load: on_demand")
+    lazy = entry_text("lazy", 18003, "load: on_demand")
     router = make_router(tmp_path, answer_whole, more=lazy, follow_seconds=3600)
     router.supervisor.load_seconds = 60.0  # loading until the test is over
 

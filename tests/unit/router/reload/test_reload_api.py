@@ -15,16 +15,17 @@ from tests.unit.router.inprocess import (
     Router,
     Sent,
     call,
+    entry_text,
     make_router,
     registry_text,
     run,
     serving,
     whole,
 )
-from tests.unit.router.reload.reloading import ANSWER, CHAT, chat_body, entry, publish
+from tests.unit.router.reload.reloading import ANSWER, CHAT, chat_body, publish
 
 RELOAD = "/v1/config/reload"
-WITH_EXTRA = registry_text(more=entry("extra", 18002))
+WITH_EXTRA = registry_text(more=entry_text("extra", 18002))
 
 
 async def answer_whole(_sent: Sent) -> FakeResponse:

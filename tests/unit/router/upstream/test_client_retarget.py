@@ -15,23 +15,15 @@ import pytest
 from slm_server.registry.schema import ModelSpec, parse_registry
 from slm_server.router.upstream import client
 from slm_server.router.upstream.client import Upstream, read_all
+from tests.registry_entries import model_spec
 from tests.unit.router.inprocess import run
 from tests.unit.test_http1 import Peer, Server, chunked, ok
 
 
 def spec_at(port: int, role: str = "m") -> ModelSpec:
-    registry = f"""
-models:
-  {role}:
-    id: m
-    backend: llamacpp
-    port: {port}
-    model_path: models/m.gguf
-    default_timeout: 5
-    quantization: Q4_0
-"""
-    [spec] = parse_registry(registry, Path("models.yaml")).models
-    return spec
+    return model_spec(
+        role, "m", port, model_path="models/m.gguf", default_timeout=5, quantization="Q4_0"
+    )
 
 
 async def answering(peer: Peer) -> None:

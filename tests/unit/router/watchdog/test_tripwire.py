@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -27,28 +26,28 @@ from slm_server.contracts.verdicts import (
 from slm_server.registry.schema import ModelSpec, parse_registry
 from slm_server.router.watchdog.tripwire import Progress, StallTimer, Tripwire
 from slm_server.settings import WatchdogSettings
+from tests.registry_entries import registry_entry, registry_yaml
 
 WALL = 1_700_000_000.25
 TS = "2023-11-14T22:13:20.250Z"
 
-REGISTRY = textwrap.dedent(
-    """\
-    models:
-      standard:
-        id: smollm2-135m-instruct
-        backend: llamacpp
-        port: 8501
-        model_path: models/standard.gguf
-        default_timeout: 120
-        quantization: Q4_1
-      fast:
-        id: tiny-model
-        backend: llamacpp
-        port: 8502
-        model_path: models/fast.gguf
-        default_timeout: 60
-        quantization: Q8_0
-    """
+# Two models: (role, id, port, default_timeout, quantization), the file models/<role>.gguf.
+MODELS = (
+    ("standard", "smollm2-135m-instruct", 8501, 120, "Q4_1"),
+    ("fast", "tiny-model", 8502, 60, "Q8_0"),
+)
+REGISTRY = "models:\n" + "".join(
+    registry_yaml(
+        role,
+        registry_entry(
+            model_id,
+            port,
+            model_path=f"models/{role}.gguf",
+            default_timeout=timeout,
+            quantization=quantization,
+        ),
+    )
+    for role, model_id, port, timeout, quantization in MODELS
 )
 SPECS = {spec.role: spec for spec in parse_registry(REGISTRY, Path("models.yaml")).models}
 STANDARD = SPECS["standard"]

@@ -6,24 +6,11 @@ from pathlib import Path
 
 from slm_server.contracts.events import EventLog
 from slm_server.contracts.verdicts import HEALTHY, STALLED, Outcome, classify_status
-from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.router.watchdog.tripwire import Tripwire
 from slm_server.settings import WatchdogSettings
+from tests.registry_entries import model_spec
 
-SPEC = ModelSpec(
-    role="alpha",
-    index=0,
-    entry=ModelEntry.model_validate(
-        {
-            "id": "alpha",
-            "backend": "llamacpp",
-            "port": 8501,
-            "model_path": "/m.gguf",
-            "default_timeout": 60,
-            "quantization": "Q4_1",
-        }
-    ),
-)
+SPEC = model_spec("alpha", "alpha")
 
 
 def test_failure_verdicts_reach_the_hook(tmp_path: Path) -> None:

@@ -32,21 +32,21 @@ from slm_server.supervise.evidence import Target, gather
 from slm_server.supervise.phases import Ready
 from slm_server.supervise.restart_budget import RestartBudget
 from tests.unit.router.door_client import Unread, door_for
-from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole
+from tests.unit.router.inprocess import (
+    FakeResponse,
+    Router,
+    Sent,
+    call,
+    entry_text,
+    make_router,
+    sse,
+    whole,
+)
 from tests.unit.router.test_proxy import ANSWER, CHAT, MODEL, chat, delta, serving
 from tests.unit.supervise.test_evidence import FakeClock, FakeHttp, FakeProcs
 
 EMBED_MODEL = "org/embed-model"
-EMBEDDINGS = f"""
-  embed:
-    id: {EMBED_MODEL}
-    backend: llamacpp
-    model_type: embeddings
-    port: 18003
-    model_path: models/embed.gguf
-    default_timeout: 5
-    quantization: Q4_1
-"""
+EMBEDDINGS = entry_text("embed", 18003, id=EMBED_MODEL, model_type="embeddings")
 
 
 # Every test here runs twice: through plain ASGI and through the door (its fast path).

@@ -24,6 +24,7 @@ from tests.unit.router.inprocess import (
     FakeResponse,
     Sent,
     call,
+    entry_text,
     held_until,
     make_router,
     run,
@@ -53,22 +54,14 @@ ANSWER = {
     ],
     "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
 }
-MORE = """  mlx:
-    id: org/mlx-model
-    backend: mlx
-    port: 18003
-    model_path: mlx-community/some-model
-    default_timeout: 5
-    quantization: 4bit
-  embed:
-    id: org/embed-model
-    backend: llamacpp
-    port: 18004
-    model_path: models/embed.gguf
-    default_timeout: 5
-    quantization: Q4_1
-    model_type: embeddings
-"""
+MORE = entry_text(
+    "mlx",
+    18003,
+    id="org/mlx-model",
+    backend="mlx",
+    model_path="mlx-community/some-model",
+    quantization="4bit",
+) + entry_text("embed", 18004, id="org/embed-model", model_type="embeddings")
 
 
 def request(stream: bool = False, **extra: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from tests.unit.router.inprocess import (
     FakeResponse,
     Sent,
     call,
+    entry_text,
     make_router,
     run,
     serving,
@@ -68,14 +69,9 @@ CHUNKS = [
         ],
     }
 ]
-MLX = """  mlx:
-    id: org/mlx-model
-    backend: mlx
-    port: 18002
-    model_path: org/model
-    default_timeout: 5
-    quantization: 4bit
-"""
+MLX = entry_text(
+    "mlx", 18002, id="org/mlx-model", backend="mlx", model_path="org/model", quantization="4bit"
+)
 
 
 def answering(response: FakeResponse) -> Any:
