@@ -43,8 +43,8 @@ UNREACHABLE = "backend_unreachable"
 
 
 class Proxy:
-    """The proxying handlers, bound to one registry, one upstream transport and the
-    router's half of the watchdog."""
+    """The handlers of the API shapes of ``table``, bound to one registry, one upstream
+    transport and the router's half of the watchdog."""
 
     def __init__(
         self,
@@ -67,9 +67,10 @@ class Proxy:
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
         replies = Replies(self.sender, drain, serving.max_sse_event_bytes)
-        parts = Relay(self.sender, replies, self.reception.sampling_defaults, self.server_kind)
+        relay = Relay(self.sender, replies, self.reception.sampling_defaults, self.server_kind)
+        # Each row's endpoint, built once, by its shape.
         self.endpoints: dict[Shape, Endpoint] = {
-            row.shape: row.endpoint(row.shape, parts) for row in table
+            row.shape: row.endpoint(row.shape, relay) for row in table
         }
         self.loader: Loader | None = None  # loading on demand, set by the app
         # Requests for backends a reload started wait for them, once routed by its registry.

@@ -116,9 +116,9 @@ def prepare(intake: Intake, counting: bool) -> Intake:
 class MessagesApi:
     """``POST /v1/messages`` over any chat-completions backend."""
 
-    def __init__(self, shape: Shape, parts: Relay) -> None:
+    def __init__(self, shape: Shape, relay: Relay) -> None:
         self.chat = _translated_to(shape)
-        self.parts = parts
+        self.relay = relay
 
     def before_admission(self, intake: Intake) -> Intake:
         """The request translated to chat completions (refused before it waits for a
@@ -131,18 +131,18 @@ class MessagesApi:
         ``model`` the backend's name for it)."""
         request = intake.payload
         chat = {**(intake.translated or {}), "model": request.get("model")}
-        apply_defaults(chat, self.chat, self.parts.sampling_defaults(call.spec))
+        apply_defaults(chat, self.chat, self.relay.sampling_defaults(call.spec))
         translation = MessagesTranslation(request, capped=call.capped)
-        return await self.parts.relay(call, self.chat.path, dumps_body(chat), translation)
+        return await self.relay.relay(call, self.chat.path, dumps_body(chat), translation)
 
 
 class CountTokensApi:
     """``POST /v1/messages/count_tokens``: llama-server's own count, else the router's
     estimate."""
 
-    def __init__(self, shape: Shape, parts: Relay) -> None:
+    def __init__(self, shape: Shape, relay: Relay) -> None:
         self.shape = shape
-        self.parts = parts
+        self.relay = relay
 
     def before_admission(self, intake: Intake) -> Intake | Response:
         """The request checked as a Messages request; the router's estimate at once,
@@ -162,7 +162,7 @@ class CountTokensApi:
             return True
         if entry.backend != "llamacpp":
             return False
-        kind = self.parts.server_kind(spec)
+        kind = self.relay.server_kind(spec)
         return kind is None or kind in NATIVE_COUNT_KINDS
 
     @staticmethod
@@ -172,11 +172,11 @@ class CountTokensApi:
 
     async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
         """The backend's own count of the request; the estimate when it has no route."""
-        sender = self.parts.sender
+        sender = self.relay.sender
         progress = sender.progress(call)
         upstream, timer = await sender.open(call, self.shape.path, await intake.body(), progress)
         if upstream.status_code not in COUNT_FALLBACK_STATUSES:
-            return await self.parts.replies.reply(
+            return await self.relay.replies.reply(
                 call, upstream, timer, progress, translation=TokenCount()
             )
         timer.cancel()

@@ -17,9 +17,9 @@ class PassThrough:
     """Sends a call's body to the backend's path of the same shape and answers with
     what comes back."""
 
-    def __init__(self, shape: Shape, parts: Relay) -> None:
+    def __init__(self, shape: Shape, relay: Relay) -> None:
         self.shape = shape
-        self.parts = parts
+        self.relay = relay
 
     def before_admission(self, intake: Intake) -> Intake:
         """Nothing more to check: the intake's checks are the shape's."""
@@ -27,7 +27,7 @@ class PassThrough:
 
     async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
         """The body (as the client sent it, or as the router changed it) to the backend."""
-        return await self.parts.relay(call, self.shape.path, await intake.body())
+        return await self.relay.relay(call, self.shape.path, await intake.body())
 
 
 __all__ = ["PassThrough"]

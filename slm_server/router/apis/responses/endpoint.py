@@ -61,12 +61,12 @@ class ResponsesTranslation(ChatTranslation[ResponseStreamTranslator]):
 class ResponsesApi:
     """``POST /v1/responses`` over any backend."""
 
-    def __init__(self, shape: Shape, parts: Relay) -> None:
+    def __init__(self, shape: Shape, relay: Relay) -> None:
         if shape.translated_to is None:
             raise ValueError("the Responses shape names no shape it is translated to")
         self.shape = shape
         self.chat = shape.translated_to
-        self.parts = parts
+        self.relay = relay
 
     def before_admission(self, intake: Intake) -> Intake:
         """Nothing more to check before admission: the translation waits for the
@@ -79,22 +79,22 @@ class ResponsesApi:
         answers 404/422; otherwise the request converted to chat completions and the
         answer converted back. The request's bytes are built only for the backend's own
         route."""
-        spec, payload, parts = call.spec, intake.payload, self.parts
+        spec, payload, relay = call.spec, intake.payload, self.relay
         if spec.entry.backend in OWN_RESPONSES_BACKENDS and not needs_translation(payload):
-            sender = parts.sender
+            sender = relay.sender
             progress = sender.progress(call)
             probe, timer = await sender.open(call, self.shape.path, await intake.body(), progress)
             if probe.status_code not in RESPONSES_FALLBACK_STATUSES:
-                return await parts.replies.reply(call, probe, timer, progress)
+                return await relay.replies.reply(call, probe, timer, progress)
             timer.cancel()
             await probe.aclose()
         translated = translate_request(payload)  # presets were applied to the Responses body
         chat = translated.chat
         check_tool_calls(chat)  # the translation's own checks name the Responses fields
         call.exchange.dropped_tools = translated.dropped
-        apply_defaults(chat, self.chat, parts.sampling_defaults(spec))
+        apply_defaults(chat, self.chat, relay.sampling_defaults(spec))
         translation = ResponsesTranslation(payload, capped=call.capped)
-        return await parts.relay(call, self.chat.path, dumps_body(chat), translation)
+        return await relay.relay(call, self.chat.path, dumps_body(chat), translation)
 
 
 __all__ = [
