@@ -1,5 +1,5 @@
 """One registry entry under supervision: its lifecycle (decided by
-:mod:`~slm_server.supervise.decide`) beside what the shell acts on (its plan, its
+:mod:`~slm_server.supervise.core.decide`) beside what the shell acts on (its plan, its
 process, its expected footprint)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from slm_server.memory import measure
 from slm_server.memory.store import FootprintKey
 from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.control import Child
-from slm_server.supervise.decide import Lifecycle
+from slm_server.supervise.core.decide import Lifecycle
 
 
 def admitted_mb(

@@ -2,7 +2,7 @@
 one, restart dead or wedged ones within a bounded budget, and stop them all on
 SIGINT/SIGTERM. Every decision goes to the watchdog log.
 
-The shell of :mod:`slm_server.supervise.decide`, on one asyncio loop: each turn it
+The shell of :mod:`slm_server.supervise.core.decide`, on one asyncio loop: each turn it
 *observes* (process exits, finished launches, probes, stops and confirmations, the
 router's restart requests each sweep, the clock), lets :func:`decide` *decide*, and
 *acts* through one :class:`~slm_server.supervise.control.ProcessControl`. Anything slow
@@ -47,30 +47,30 @@ from slm_server.registry.schema import ModelSpec, RegistryFile
 from slm_server.settings import Settings
 from slm_server.slotcache.store import SlotStore
 from slm_server.supervise import command_socket, launcher_lock
-from slm_server.supervise import decide as core
 from slm_server.supervise.backend import Backend, admitted_mb
 from slm_server.supervise.command_socket import CommandSocket
-from slm_server.supervise.config_watch import ConfigWatch
-from slm_server.supervise.confirm import judge
 from slm_server.supervise.control import Child, ProcessControl, RealControl
-from slm_server.supervise.evidence import Target
-from slm_server.supervise.footprints import Expected, Footprints
-from slm_server.supervise.housekeeping import ChoreErrors, Housekeeping
-from slm_server.supervise.phases import (
+from slm_server.supervise.core import decide as core
+from slm_server.supervise.core.confirm import judge
+from slm_server.supervise.core.phases import (
     Confirming,
     Held,
     Ready,
     Starting,
 )
+from slm_server.supervise.core.registry_diff import LaunchKey
+from slm_server.supervise.core.restart_budget import RestartBudget
+from slm_server.supervise.core.strays import verifiably_ours
+from slm_server.supervise.evidence import Target
+from slm_server.supervise.footprints import Expected, Footprints
+from slm_server.supervise.housekeeping import ChoreErrors, Housekeeping
 from slm_server.supervise.publish import Publisher
-from slm_server.supervise.registry_diff import LaunchKey
-from slm_server.supervise.reload import Prepared, Refusal, conflicts, plan_all, prepare
+from slm_server.supervise.reload.prepare import Prepared, Refusal, conflicts, plan_all, prepare
+from slm_server.supervise.reload.retire import Retiree, Retirements
+from slm_server.supervise.reload.watch import ConfigWatch
 from slm_server.supervise.remotes import Remotes
-from slm_server.supervise.restart_budget import RestartBudget
-from slm_server.supervise.retire import Retiree, Retirements
 from slm_server.supervise.signal_flag import SignalFlag
 from slm_server.supervise.slot_saves import SlotSaves
-from slm_server.supervise.strays import verifiably_ours
 
 log = logging.getLogger("slm_server.supervisor")
 
@@ -203,7 +203,7 @@ class Supervisor:
 
     def apply(self, observation: core.Observation) -> list[core.Action]:
         """Decide on one observation and carry out what it calls for; the actions (an
-        :class:`~slm_server.supervise.decide.Answer` among them goes to the caller).
+        :class:`~slm_server.supervise.core.decide.Answer` among them goes to the caller).
 
         A change of state is published before the events that report it, so whoever
         reads an event in ``watchdog.jsonl`` finds the state file already agreeing."""
@@ -722,7 +722,7 @@ class Supervisor:
     def reload(self, source: str) -> commands.Reply:
         """Read, validate and apply the registry file again (``source``: ``command``,
         ``signal`` or ``file``): refused whole, naming every problem, or applied as the
-        difference from the running one (see :mod:`.reload`), published before the
+        difference from the running one (see :mod:`.reload.prepare`), published before the
         reply. Reloads are serialised: each runs whole on the loop."""
         started = self.clock()
         path = self.registry.path
@@ -797,7 +797,7 @@ class Supervisor:
         )
 
     def conflicts(self, prepared: Prepared) -> list[str]:
-        """Why a valid registry cannot be applied now (see :func:`.reload.conflicts`);
+        """Why a valid registry cannot be applied now (see :func:`.reload.prepare.conflicts`);
         also one that enables no model (the supervisor would have nothing left)."""
         found = conflicts(
             prepared, self.settings.memory.budget_mb, self.footprint_of, self.port_taken

@@ -23,8 +23,8 @@ from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
 from slm_server.registry.schema import ModelEntry, ModelSpec, RegistryFile
 from slm_server.settings import Settings
-from slm_server.supervise.confirm import Evidence, Probe, ProcessStatus
-from slm_server.supervise.confirm import Reply as ProbeReply
+from slm_server.supervise.core.confirm import Evidence, Probe, ProcessStatus
+from slm_server.supervise.core.confirm import Reply as ProbeReply
 from slm_server.supervise.evidence import ProbeError, Target
 from slm_server.supervise.supervisor import Supervisor
 

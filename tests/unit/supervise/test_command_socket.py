@@ -14,7 +14,7 @@ from slm_server.contracts import commands
 from slm_server.contracts.commands import Command, Reply
 from slm_server.supervise import command_socket
 from slm_server.supervise.command_socket import CommandSocket
-from slm_server.supervise.decide import (
+from slm_server.supervise.core.decide import (
     Action,
     Answer,
     Emit,

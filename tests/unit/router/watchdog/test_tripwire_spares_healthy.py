@@ -18,8 +18,8 @@ from typing import Any, cast
 import pytest
 
 from slm_server.contracts.restart_requests import take_requests
-from slm_server.supervise.confirm import judge
-from slm_server.supervise.decide import (
+from slm_server.supervise.core.confirm import judge
+from slm_server.supervise.core.decide import (
     Confirm,
     Judged,
     Lifecycle,
@@ -28,9 +28,9 @@ from slm_server.supervise.decide import (
     Stop,
     decide,
 )
+from slm_server.supervise.core.phases import Ready
+from slm_server.supervise.core.restart_budget import RestartBudget
 from slm_server.supervise.evidence import Target, gather
-from slm_server.supervise.phases import Ready
-from slm_server.supervise.restart_budget import RestartBudget
 from tests.unit.router.dispatch.test_proxy import ANSWER, CHAT, MODEL, chat, delta, serving
 from tests.unit.router.door_client import Unread, door_for
 from tests.unit.router.inprocess import FakeResponse, Router, Sent, call, make_router, sse, whole

@@ -50,7 +50,7 @@ from typing import Any
 from slm_server.contracts.restart_requests import RestartRequest, is_stale
 from slm_server.contracts.states import RUNNING, SUPERVISED, State, check_transition
 from slm_server.contracts.verdicts import FailureClass
-from slm_server.supervise.phases import (
+from slm_server.supervise.core.phases import (
     Attempt,
     Confirming,
     Done,
@@ -63,7 +63,7 @@ from slm_server.supervise.phases import (
     Unloaded,
     Unloading,
 )
-from slm_server.supervise.restart_budget import RestartBudget
+from slm_server.supervise.core.restart_budget import RestartBudget
 
 # Restart reasons as bounded metric labels; a failed launch's message is not one.
 RESTART_REASONS = frozenset({"exited", "exited while starting"} | {f.value for f in FailureClass})

@@ -17,7 +17,7 @@ import pytest
 
 from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.contracts.states import State, check_transition
-from slm_server.supervise.decide import (
+from slm_server.supervise.core.decide import (
     Action,
     Answer,
     Begin,
@@ -48,7 +48,7 @@ from slm_server.supervise.decide import (
     UnloadRequested,
     decide,
 )
-from slm_server.supervise.phases import (
+from slm_server.supervise.core.phases import (
     Attempt,
     Confirming,
     Done,
@@ -60,7 +60,7 @@ from slm_server.supervise.phases import (
     Starting,
     Unloaded,
 )
-from slm_server.supervise.restart_budget import RestartBudget
+from slm_server.supervise.core.restart_budget import RestartBudget
 
 ROLE, MODEL, PORT = "chat", "m1", 8501
 IDS: dict[str, Any] = {"role": ROLE, "model_id": MODEL, "port": PORT}

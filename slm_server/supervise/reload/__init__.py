@@ -1,0 +1,3 @@
+"""The registry reloaded while the supervisor runs: preparing the new one
+(``prepare``), the backends it retires while they drain (``retire``) and the watch on
+the registry file (``watch``)."""
