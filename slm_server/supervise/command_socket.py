@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slm_server.contracts import commands
-from slm_server.supervise.core.decide import Action, Answer, LoadRequested, UnloadRequested
+from slm_server.supervise.core.actions import Action, Answer
+from slm_server.supervise.core.observations import LoadRequested, UnloadRequested
 
 log = logging.getLogger("slm_server.supervisor")
 

@@ -16,7 +16,7 @@ from slm_server.memory.store import FootprintKey, FootprintStore
 from slm_server.registry.schema import ModelSpec
 from slm_server.supervise.backend import Backend
 from slm_server.supervise.control import ProcessControl
-from slm_server.supervise.core.decide import Measured
+from slm_server.supervise.core.observations import Measured
 from slm_server.supervise.housekeeping import ChoreErrors
 
 log = logging.getLogger("slm_server.supervisor")

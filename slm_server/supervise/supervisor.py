@@ -51,7 +51,31 @@ from slm_server.supervise.backend import Backend, admitted_mb
 from slm_server.supervise.command_socket import CommandSocket
 from slm_server.supervise.control import Child, ProcessControl, RealControl
 from slm_server.supervise.core import decide as core
+from slm_server.supervise.core.actions import (
+    Action,
+    Confirm,
+    Emit,
+    Launch,
+    Log,
+    Probe,
+    Remember,
+    Stop,
+)
 from slm_server.supervise.core.confirm import judge
+from slm_server.supervise.core.observations import (
+    Begin,
+    Exited,
+    HealthProbed,
+    Judged,
+    Launched,
+    Observation,
+    ProbeLost,
+    Released,
+    Requested,
+    Shutdown,
+    Stopped,
+    Tick,
+)
 from slm_server.supervise.core.phases import (
     Confirming,
     Held,
@@ -123,7 +147,7 @@ class Supervisor:
         self.stopping = SignalFlag()  # SIGINT/SIGTERM: stop within a tick
         self.backends: dict[str, Backend] = {}
         self.previous_records: list[PidRecord] = []
-        self.inbox: list[core.Observation] = []
+        self.inbox: list[Observation] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self._wake: asyncio.Event | None = None
         chores = ChoreErrors(self.events)
@@ -201,7 +225,7 @@ class Supervisor:
     def lives(self) -> dict[str, core.Lifecycle]:
         return {role: b.life for role, b in self.backends.items()}
 
-    def apply(self, observation: core.Observation) -> list[core.Action]:
+    def apply(self, observation: Observation) -> list[Action]:
         """Decide on one observation and carry out what it calls for; the actions (an
         :class:`~slm_server.supervise.core.decide.Answer` among them goes to the caller).
 
@@ -217,23 +241,23 @@ class Supervisor:
             self.act(action)
         return actions
 
-    def act(self, action: core.Action) -> None:
-        if isinstance(action, core.Emit):
+    def act(self, action: Action) -> None:
+        if isinstance(action, Emit):
             self.events.emit(action.event, **action.fields)
-        elif isinstance(action, core.Log):
+        elif isinstance(action, Log):
             log.log(action.level, "%s", action.message)
-        elif isinstance(action, core.Launch):
+        elif isinstance(action, Launch):
             self.spawn_task(self.launch(self.backends[action.role]))
-        elif isinstance(action, core.Stop):
+        elif isinstance(action, Stop):
             backend = self.backends[action.role]
             if backend.child is not None and backend.child.pid == action.pid:
                 self.spawn_task(self.stop_task(backend, backend.child, action.kill, action.save))
-        elif isinstance(action, core.Probe):
+        elif isinstance(action, Probe):
             self.spawn_task(self.probe(self.backends[action.role]))
-        elif isinstance(action, core.Remember):
+        elif isinstance(action, Remember):
             self.footprints.remember(self.backends[action.role], action.resident_mb)
             self.dirty = True
-        elif isinstance(action, core.Confirm):
+        elif isinstance(action, Confirm):
             self.spawn_task(self.confirm(self.backends[action.role], action.reason))
 
     def spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
@@ -248,9 +272,9 @@ class Supervisor:
         if self._wake is not None:
             self._wake.set()
 
-    def observe_exits(self) -> list[core.Observation]:
+    def observe_exits(self) -> list[Observation]:
         """Poll every live process of a backend that is starting or serving."""
-        exits: list[core.Observation] = []
+        exits: list[Observation] = []
         for backend in self.backends.values():
             life, child = backend.life, backend.child
             if child is None or not life.alive:
@@ -262,7 +286,7 @@ class Supervisor:
                 continue
             path = backend.plan.log_path if backend.plan is not None else None
             exits.append(
-                core.Exited(
+                Exited(
                     role=backend.role,
                     pid=child.pid,
                     status=status,
@@ -275,7 +299,7 @@ class Supervisor:
 
     # -- acting: each a task of its own, reporting back through the inbox ------------
 
-    def report(self, observation: core.Observation) -> None:
+    def report(self, observation: Observation) -> None:
         self.inbox.append(observation)
 
     def current(self, backend: Backend) -> bool:
@@ -346,16 +370,16 @@ class Supervisor:
             else:
                 for problem in exc.problems:
                     log.error("not starting: %s", problem)
-            self.report(core.Launched(backend.role, None, reason, retryable=exc.missing))
+            self.report(Launched(backend.role, None, reason, retryable=exc.missing))
             return
         backend.plan = plan
         refused = await self.free_port(backend, plan)
         if refused is not None:
             log.error("%s (%s): %s", spec.role, spec.entry.id, refused)
-            self.report(core.Launched(backend.role, None, refused, retryable=True))
+            self.report(Launched(backend.role, None, refused, retryable=True))
             return
         if self.stopping.is_set():
-            self.report(core.Launched(backend.role, None, "shutting down", retryable=False))
+            self.report(Launched(backend.role, None, "shutting down", retryable=False))
             return
         if not self.current(backend):
             return  # a reload replaced or removed it while its port was freed
@@ -363,7 +387,7 @@ class Supervisor:
             child = self.control.spawn(plan)
         except OSError as exc:  # the log could not be opened, the binary not executed
             log.error("%s (%s): cannot start: %s", spec.role, spec.entry.id, exc)
-            self.report(core.Launched(backend.role, None, f"cannot start: {exc}"))
+            self.report(Launched(backend.role, None, f"cannot start: {exc}"))
             return
         backend.child = child
         log.info(
@@ -375,7 +399,7 @@ class Supervisor:
             child.pid,
             plan.log_path,
         )
-        self.report(core.Launched(backend.role, child.pid))
+        self.report(Launched(backend.role, child.pid))
 
     async def reap(self, child: Child, timeout: float) -> int | None:
         """Wait (polling, never blocking the loop) up to ``timeout`` for ``child`` to end."""
@@ -404,7 +428,7 @@ class Supervisor:
             await self.slot_saves.save(backend)
             self.dirty = True
         status, survived = await self.stop_child(child, kill)
-        self.report(core.Stopped(backend.role, child.pid, status, survived))
+        self.report(Stopped(backend.role, child.pid, status, survived))
 
     async def probe(self, backend: Backend) -> None:
         """Probe ``/health``; reports :class:`HealthProbed`, or :class:`ProbeLost` when
@@ -423,10 +447,10 @@ class Supervisor:
             resident = self.control.resident_mb(child.pid) if ok and child is not None else None
             answered = True
             if self.current(backend):
-                self.report(core.HealthProbed(backend.role, ok, resident))
+                self.report(HealthProbed(backend.role, ok, resident))
         finally:
             if not answered and self.current(backend):
-                self.report(core.ProbeLost(backend.role))
+                self.report(ProbeLost(backend.role))
 
     async def confirm(self, backend: Backend, reason: str) -> None:
         """Gather the evidence on a trip and judge it; reports :class:`Judged`."""
@@ -450,11 +474,11 @@ class Supervisor:
             # A bug here must neither stop supervision nor restart a backend that may
             # well be healthy: the trip is not confirmed.
             log.exception("confirmation of %s failed", spec.entry.id)
-            self.report(core.Judged(backend.role, False, "confirmation_failed", str(exc)))
+            self.report(Judged(backend.role, False, "confirmation_failed", str(exc)))
             return
         decision = judge(evidence)
         self.report(
-            core.Judged(
+            Judged(
                 backend.role,
                 decision.restart,
                 decision.rule,
@@ -512,7 +536,7 @@ class Supervisor:
                 continue  # nothing to start: see Remotes
             self.backends[spec.role] = self.new_backend(spec, plans.get(spec.role))
         self.stamp_registry()
-        self.apply(core.Begin())  # the first phases, and the first launches
+        self.apply(Begin())  # the first phases, and the first launches
 
     def new_backend(
         self,
@@ -598,7 +622,7 @@ class Supervisor:
             if isinstance(request, RestartRequest) and request.role in self.remotes:
                 self.remotes.trip(request)  # ejected, never restarted
             else:
-                self.apply(core.Requested(request))
+                self.apply(Requested(request))
         for measured in self.footprints.measure(self.backends.values()):
             life = self.backends[measured.role].life
             before = (life.resident_mb, life.measured_mb)
@@ -620,7 +644,7 @@ class Supervisor:
             self.apply(observation)
         while self.inbox:
             self.apply(self.inbox.pop(0))
-        self.apply(core.Tick())
+        self.apply(Tick())
         self.remotes.tick()
         self.dirty = self.dirty or self.remotes.dirty
         for retiree, why in self.retirements.due():
@@ -693,7 +717,7 @@ class Supervisor:
         self.retirements.by_pid.clear()
         self.remotes.stop()
         self.dirty = True
-        self.apply(core.Shutdown())  # every supervised backend STOPPED, and published
+        self.apply(Shutdown())  # every supervised backend STOPPED, and published
         self.publish()
 
     def command(self, command: commands.Command) -> commands.Reply:
@@ -885,7 +909,7 @@ class Supervisor:
         self.keys = dict(prepared.keys)
         self.registry_text = prepared.text
         self.dirty = True
-        self.apply(core.Begin())
+        self.apply(Begin())
         self.release_held()  # held by a process that was already gone
         self.publish()
 
@@ -932,7 +956,7 @@ class Supervisor:
             if not isinstance(backend.life.phase, Held):
                 continue
             if self.retirements.holder(backend.role, backend.spec.entry.port) is None:
-                self.apply(core.Released(backend.role))
+                self.apply(Released(backend.role))
 
     async def main(self) -> int:
         status = 1

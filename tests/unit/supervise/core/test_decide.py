@@ -17,36 +17,36 @@ import pytest
 
 from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.contracts.states import State, check_transition
-from slm_server.supervise.core.decide import (
+from slm_server.supervise.core.actions import (
     Action,
     Answer,
-    Begin,
     Confirm,
     Emit,
+    Launch,
+    Log,
+    Probe,
+    Remember,
+    Stop,
+)
+from slm_server.supervise.core.decide import Lifecycle, Policy, decide
+from slm_server.supervise.core.observations import (
+    Begin,
     Exited,
     HealthProbed,
     Judged,
-    Launch,
     Launched,
-    Lifecycle,
     Load,
     LoadRequested,
-    Log,
     Measured,
     Observation,
-    Policy,
-    Probe,
     ProbeLost,
     Released,
-    Remember,
     Requested,
     Shutdown,
-    Stop,
     Stopped,
     Tick,
     Unload,
     UnloadRequested,
-    decide,
 )
 from slm_server.supervise.core.phases import (
     Attempt,
