@@ -29,7 +29,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -64,7 +63,6 @@ from slm_server.supervise.core.actions import (
 from slm_server.supervise.core.confirm import judge
 from slm_server.supervise.core.observations import (
     Begin,
-    Exited,
     HealthProbed,
     Judged,
     Launched,
@@ -77,7 +75,6 @@ from slm_server.supervise.core.observations import (
     Tick,
 )
 from slm_server.supervise.core.phases import (
-    Confirming,
     Held,
     Ready,
     Starting,
@@ -109,6 +106,20 @@ KILL_WAIT_SECONDS = 5.0
 _REAP_INTERVAL = 0.05
 
 
+def policy_of(settings: Settings) -> core.Policy:
+    """The tunables :func:`decide` reads, from the settings."""
+    watchdog = settings.watchdog
+    return core.Policy(
+        watchdog_enabled=watchdog.enabled,
+        restart_window_seconds=watchdog.restart_window_seconds,
+        startup_grace_seconds=watchdog.startup_grace_seconds,
+        ready_timeout_seconds=settings.ready_timeout_seconds,
+        confirm=watchdog.confirm_seconds > 0,
+        probe_interval_seconds=STARTING_PROBE_SECONDS,
+        remeasure_growth=REMEASURE_GROWTH,
+    )
+
+
 class Supervisor:
     """Owns every backend process of one registry, from start to stop."""
 
@@ -135,15 +146,7 @@ class Supervisor:
             env, settings.connect_timeout_seconds, clock
         )
         self.tools = tools or Toolchain.discover(settings.llama_server_bin)
-        self.policy = core.Policy(
-            watchdog_enabled=self.watchdog.enabled,
-            restart_window_seconds=self.watchdog.restart_window_seconds,
-            startup_grace_seconds=self.watchdog.startup_grace_seconds,
-            ready_timeout_seconds=settings.ready_timeout_seconds,
-            confirm=self.watchdog.confirm_seconds > 0,
-            probe_interval_seconds=STARTING_PROBE_SECONDS,
-            remeasure_growth=REMEASURE_GROWTH,
-        )
+        self.policy = policy_of(settings)
         self.stopping = SignalFlag()  # SIGINT/SIGTERM: stop within a tick
         self.backends: dict[str, Backend] = {}
         self.previous_records: list[PidRecord] = []
@@ -163,7 +166,7 @@ class Supervisor:
         slots = settings.slot_cache
         store = SlotStore(slots.directory, slots.budget_mb)
         self.slot_saves = SlotSaves(store, self.control, self.events, slots.timeout_seconds)
-        self.slot_dir = self.prepare_slot_dir(store) if slots.enabled else None
+        self.slot_dir = self.slot_saves.prepare_directory() if slots.enabled else None
         self.commands = CommandSocket(settings.log_dir)
         remotes = [s for s in registry.enabled if s.entry.remote]
         self.remotes = Remotes(
@@ -192,16 +195,6 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.request_stop)
         signal.signal(signal.SIGHUP, self.request_reload)
-
-    def prepare_slot_dir(self, store: SlotStore) -> Path | None:
-        """The directory slots are saved in, made private; None (nothing kept) when it
-        cannot be."""
-        try:
-            store.prepare()
-        except OSError as exc:
-            log.error("prompt caches are not kept across unloads: %s: %s", store.directory, exc)
-            return None
-        return store.directory
 
     def sweep_leftovers(self) -> None:
         self.previous_records = self.housekeeping.sweep_leftovers()
@@ -274,28 +267,8 @@ class Supervisor:
 
     def observe_exits(self) -> list[Observation]:
         """Poll every live process of a backend that is starting or serving."""
-        exits: list[Observation] = []
-        for backend in self.backends.values():
-            life, child = backend.life, backend.child
-            if child is None or not life.alive:
-                continue
-            if not isinstance(life.phase, Starting | Ready | Confirming):
-                continue
-            status = child.poll()
-            if status is None:
-                continue
-            path = backend.plan.log_path if backend.plan is not None else None
-            exits.append(
-                Exited(
-                    role=backend.role,
-                    pid=child.pid,
-                    status=status,
-                    description=process.describe_exit(status),
-                    tail=tuple(self.control.tail(path, 8)) if path is not None else (),
-                    log_path=str(path) if path is not None else "",
-                )
-            )
-        return exits
+        found = (b.exited(self.control.tail) for b in self.backends.values())
+        return [exit for exit in found if exit is not None]
 
     # -- acting: each a task of its own, reporting back through the inbox ------------
 
@@ -972,8 +945,9 @@ class Supervisor:
 
     def run(self) -> int:
         """Start, watch, stop; the exit status of the ``backends`` command (1 at once,
-        touching nothing, when another launcher supervises the same log directory)."""
-        lock = self.take_lock()
+        touching nothing, when another launcher supervises the same log directory:
+        :func:`.launcher_lock.acquire`)."""
+        lock = launcher_lock.acquire(self.settings.log_dir, self.events)
         if lock is None:
             return 1
         try:
@@ -982,27 +956,3 @@ class Supervisor:
             return asyncio.run(self.main())
         finally:
             lock.release()
-
-    def take_lock(self) -> launcher_lock.LauncherLock | None:
-        """This log directory's launcher lock (:mod:`.launcher_lock`); None when another
-        launcher holds it (reported). A file that cannot be had at all (a read-only
-        directory) is reported, and supervision goes on without the lock."""
-        log_dir = self.settings.log_dir
-        try:
-            taken = launcher_lock.take(log_dir)
-        except OSError as exc:
-            log.warning("cannot take the launcher lock in %s: %s", log_dir, exc)
-            return launcher_lock.LauncherLock(log_dir / launcher_lock.LOCK_NAME, None)
-        if isinstance(taken, launcher_lock.Held):
-            holder = f"pid {taken.holder}" if taken.holder is not None else "another process"
-            log.error(
-                "another launcher (%s) already supervises %s; stop it first, or give this "
-                "one its own SLM_BACKEND_LOG_DIR",
-                holder,
-                log_dir,
-            )
-            self.events.emit(
-                "supervisor_refused", pid=os.getpid(), holder_pid=taken.holder, path=taken.path
-            )
-            return None
-        return taken

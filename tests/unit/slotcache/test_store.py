@@ -129,7 +129,7 @@ def test_prepare_creates_missing_parents_and_a_private_directory(tmp_path: Path)
 
 
 def test_prepare_on_a_file_raises_oserror(tmp_path: Path) -> None:
-    """The supervisor turns this OSError into 'not kept' (prepare_slot_dir)."""
+    """The supervisor turns this OSError into 'not kept' (SlotSaves.prepare_directory)."""
     (tmp_path / "slots").write_text("not a directory")
     with pytest.raises(FileExistsError):
         SlotStore(tmp_path / "slots", 1).prepare()
