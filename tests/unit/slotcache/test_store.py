@@ -389,7 +389,7 @@ def test_a_subdirectory_named_like_ours_does_not_fail_a_commit(store: SlotStore)
 
 def test_discard_leaves_a_subdirectory_named_like_its_files(store: SlotStore) -> None:
     """A save that fails discards its key: a directory in the way must not raise out
-    of it (stop_task would then never stop the process)."""
+    of it (Actor.stop would then never stop the process)."""
     keep(store, KEY, (10, 10))
     (store.directory / slot_file(KEY, 2)).mkdir()
     store.discard(KEY)

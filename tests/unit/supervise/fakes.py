@@ -293,7 +293,7 @@ async def until(supervisor: Supervisor, condition: Callable[[], bool], what: str
     while not condition():
         assert time.monotonic() < deadline, f"never: {what}"
         await asyncio.sleep(0)  # let tasks spawned by the last turn start
-        pending = set(supervisor.tasks)
+        pending = set(supervisor.tasks.running)
         if pending:
             await asyncio.wait(pending, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
         supervisor.turn()
