@@ -14,11 +14,12 @@ detection: every process is polled each ``TICK_SECONDS``. A backend is ready whe
 Only :func:`decide` writes a backend's lifecycle (its first phase, shutdown and the
 router's commands included). The loop's collaborators, each on the same process
 control: :mod:`.fleet` (the backends, and which process is ours), :mod:`.act`
-(launching, stopping, probing, confirming), and the chores: :mod:`.publish` (the
-state file and pidfile), :mod:`.footprints` (estimates, measurements, the store),
+(launching, stopping, probing, confirming), :mod:`.reload.apply` (the registry in
+force, and each reload of it), and the chores: :mod:`.publish` (the state file and
+pidfile), :mod:`.footprints` (estimates, measurements, the store),
 :mod:`.housekeeping` (leftovers, request files, log trimming, failed chores reported
 once) and :mod:`.command_socket` (the router's load and unload). This module keeps the
-loop, applying a reload, the dispatch of signals and commands, and the wiring.
+loop, the dispatch of signals and commands, and the wiring.
 """
 
 from __future__ import annotations
@@ -32,13 +33,12 @@ import time
 from collections.abc import Callable, Mapping
 from types import FrameType
 
-from slm_server.contracts import applied_registry, commands
-from slm_server.contracts.applied_registry import RegistryStamp, RetireReason
+from slm_server.contracts import commands
 from slm_server.contracts.events import EventLog
 from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.contracts.states import SUPERVISED
-from slm_server.launch.plan import LaunchPlan, Toolchain
-from slm_server.registry.schema import ModelSpec, RegistryFile
+from slm_server.launch.plan import Toolchain
+from slm_server.registry.schema import RegistryFile
 from slm_server.settings import Settings
 from slm_server.slotcache.store import SlotStore
 from slm_server.supervise import command_socket, launcher_lock
@@ -48,22 +48,14 @@ from slm_server.supervise.command_socket import CommandSocket
 from slm_server.supervise.control import ProcessControl, RealControl
 from slm_server.supervise.core.actions import Action
 from slm_server.supervise.core.decide import Policy, decide
-from slm_server.supervise.core.observations import (
-    Begin,
-    Observation,
-    Released,
-    Requested,
-    Shutdown,
-    Tick,
-)
-from slm_server.supervise.core.phases import Held, Starting
+from slm_server.supervise.core.observations import Begin, Observation, Requested, Shutdown, Tick
+from slm_server.supervise.core.phases import Starting
 from slm_server.supervise.fleet import Fleet
 from slm_server.supervise.footprints import Footprints
 from slm_server.supervise.housekeeping import ChoreErrors, Housekeeping
 from slm_server.supervise.publish import Publisher
-from slm_server.supervise.reload.prepare import Prepared, Refusal, conflicts, plan_all, prepare
-from slm_server.supervise.reload.retire import Retiree, Retirements
-from slm_server.supervise.reload.watch import ConfigWatch
+from slm_server.supervise.reload.apply import Reloads
+from slm_server.supervise.reload.retire import Retirements
 from slm_server.supervise.remotes import Remotes
 from slm_server.supervise.signal_flag import SignalFlag
 from slm_server.supervise.slot_saves import SlotSaves
@@ -154,10 +146,16 @@ class Supervisor:
             self.slot_dir,
         )
         self.actor = Actor(shell, self.fleet, self.tasks, self.footprints, self.slot_saves)
-        # The registry in force (see contracts/applied_registry.py): its text and stamp.
-        self.registry_text = registry_text
-        self.stamp: RegistryStamp | None = None
-        self.watch_file: ConfigWatch | None = None
+        self.reloads = Reloads(
+            shell,
+            self.fleet,
+            self.tasks,
+            self.actor,
+            self.remotes,
+            self.apply,
+            self.publish,
+            registry_text,
+        )
 
     @property
     def registry(self) -> RegistryFile:
@@ -196,7 +194,7 @@ class Supervisor:
     def publish(self) -> None:
         """Write the state file and pidfile when anything changed."""
         retiring = [(r.backend, r.record) for r in self.fleet.retirements.by_pid.values()]
-        self.publisher.publish(self.backends.values(), self.remotes, self.stamp, retiring)
+        self.publisher.publish(self.backends.values(), self.remotes, self.reloads.stamp, retiring)
 
     # -- observe -> decide -> act ---------------------------------------------------
 
@@ -256,20 +254,7 @@ class Supervisor:
                 ", ".join(short),
                 self.watchdog.failure_threshold,
             )
-        # Every entry planned once: the launch keys a reload compares against, and
-        # whether each one's slots are kept (the launches plan again, as they must).
-        plans, self.fleet.keys, _problems = plan_all(
-            self.registry,
-            self.tools,
-            self.settings.log_dir,
-            budget_mb=self.settings.memory.budget_mb,
-            slot_dir=self.slot_dir,
-        )
-        for spec in self.registry.models:
-            if spec.role in self.remotes:
-                continue  # nothing to start: see Remotes
-            self.backends[spec.role] = self.fleet.new_backend(spec, plans.get(spec.role))
-        self.stamp_registry()
+        self.reloads.start()  # the backends made, the registry published
         self.apply(Begin())  # the first phases, and the first launches
 
     def sweep(self) -> None:
@@ -307,12 +292,12 @@ class Supervisor:
         self.dirty = self.dirty or self.remotes.dirty
         for retiree, why in self.fleet.retirements.due():
             retiree.stopping = True
-            self.tasks.spawn(self.retire(retiree, why))
+            self.tasks.spawn(self.reloads.retire(retiree, why))
         if self.reload_asked.is_set():
             self.reload_asked.clear()
-            self.reload("signal")
-        if self.watch_file is not None and self.watch_file.due(self.clock()):
-            self.reload("file")
+            self.reloads.reload("signal")
+        if self.reloads.file_changed():
+            self.reloads.reload("file")
 
     async def watch(self) -> int:
         """Supervise until a stop signal (0) or until no backend is left (1)."""
@@ -352,7 +337,7 @@ class Supervisor:
         the router's load or unload (so it sees ``loading`` or ``unloading`` without
         waiting for the next turn), a reload, a retiring backend drained."""
         if command.op == "reload":
-            return self.reload("command")
+            return self.reloads.reload("command")
         if command.op == "retired":
             retirements = self.fleet.retirements
             taken = command.pid is not None and retirements.drained(command.role, command.pid)
@@ -366,216 +351,6 @@ class Supervisor:
         self.publish()
         self.tasks.wake_loop()
         return command_socket.reply(actions)
-
-    # -- reloading the registry ---------------------------------------------------------
-
-    def stamp_registry(self) -> None:
-        """Publish the registry at start: its snapshot, then (with the state file) its
-        stamp."""
-        text = self.registry_text
-        if text is None:
-            try:
-                text = self.fleet.registry.path.read_text(encoding="utf-8")
-            except OSError:
-                text = None
-        if text is not None:
-            self.registry_text = text
-            self.publish_registry(text, 1)
-        if self.settings.config_watch:
-            self.watch_file = ConfigWatch(
-                self.fleet.registry.path, self.settings.config_watch_settle_seconds
-            )
-
-    def publish_registry(self, text: str, generation: int) -> bool:
-        """Write the applied registry's snapshot now and its stamp with the next state
-        file; False when the snapshot cannot be written (reported; the stamp then stays
-        as it was)."""
-        path = applied_registry.snapshot_path(self.settings.log_dir)
-        try:
-            applied_registry.write_snapshot(self.settings.log_dir, text)
-        except OSError as exc:
-            self.publisher.chores.failed("state_write_failed", str(path), exc)
-            return False
-        self.stamp = RegistryStamp(
-            applied_registry.version_of(text),
-            generation,
-            round(self.wall(), 3),
-            str(self.fleet.registry.path),
-        )
-        self.publisher.dirty = True
-        return True
-
-    def reload(self, source: str) -> commands.Reply:
-        """Read, validate and apply the registry file again (``source``: ``command``,
-        ``signal`` or ``file``): refused whole, naming every problem, or applied as the
-        difference from the running one (see :mod:`.reload.prepare`), published before the reply.
-        Reloads are serialised: each runs whole on the loop."""
-        started = self.clock()
-        path = self.fleet.registry.path
-        self.events.emit("config_reload_requested", source=source, config=str(path))
-        if self.stopping.is_set():
-            return self.refuse(source, Refusal("stopping", ()))
-        try:
-            prepared = prepare(
-                path,
-                self.fleet.keys,
-                self.tools,
-                self.settings.log_dir,
-                budget_mb=self.settings.memory.budget_mb,
-                slot_dir=self.slot_dir,
-            )
-            found = [] if isinstance(prepared, Refusal) else self.conflicts(prepared)
-        except Exception as exc:  # a bug must not take supervision down with it
-            log.exception("reload of %s failed", path)
-            return self.refuse(source, Refusal("invalid", (f"{path}: cannot be read: {exc!r}",)))
-        if isinstance(prepared, Refusal):
-            return self.refuse(source, prepared)
-        if found:
-            return self.refuse(source, Refusal("conflict", tuple(found)))
-        generation = self.stamp.generation + 1 if self.stamp is not None else 1
-        if not self.publish_registry(prepared.text, generation):
-            why = f"{applied_registry.snapshot_path(self.settings.log_dir)} cannot be written"
-            return self.refuse(source, Refusal("conflict", (why,)))
-        self.apply_registry(prepared)
-        assert self.stamp is not None
-        diff = prepared.diff
-        self.events.emit(
-            "config_reloaded",
-            source=source,
-            config=str(path),
-            version=self.stamp.version,
-            generation=self.stamp.generation,
-            **diff.to_fields(),
-            seconds=round(self.clock() - started, 3),
-        )
-        log.info(
-            "reloaded %s (version %s): %d added, %d removed, %d replaced, %d unchanged",
-            path,
-            self.stamp.version,
-            len(diff.added),
-            len(diff.removed),
-            len(diff.replaced),
-            len(diff.unchanged),
-        )
-        self.tasks.wake_loop()
-        return commands.Reply(
-            True,
-            version=self.stamp.version,
-            generation=self.stamp.generation,
-            added=diff.added,
-            removed=diff.removed,
-            replaced=diff.replaced,
-            unchanged=diff.unchanged,
-        )
-
-    def refuse(self, source: str, refusal: Refusal) -> commands.Reply:
-        self.events.emit(
-            "config_reload_refused",
-            source=source,
-            config=str(self.fleet.registry.path),
-            refused=refusal.kind,
-            problems=list(refusal.problems),
-        )
-        log.error("reload refused: %s", refusal.message)
-        return commands.Reply(
-            False, error=refusal.message, problems=refusal.problems, refused=refusal.kind
-        )
-
-    def conflicts(self, prepared: Prepared) -> list[str]:
-        """Why a valid registry cannot be applied now (see :func:`.reload.prepare.conflicts`);
-        also one that enables no model (the supervisor would have nothing left)."""
-        found = conflicts(
-            prepared, self.settings.memory.budget_mb, self.fleet.footprint_of, self.port_taken
-        )
-        if not prepared.registry.enabled:
-            found.append(
-                f"{prepared.registry.path}: no entry is enabled; the gateway would serve "
-                "nothing (stop it instead)"
-            )
-        return found
-
-    def port_taken(self, spec: ModelSpec, plan: LaunchPlan) -> str | None:
-        """Who holds ``plan``'s port when it is not a process of ours. A port one of
-        our backends (or retiring processes) listens on counts as ours whoever the
-        system says holds it: just after a ``kill -9`` the dying process's socket is
-        seen without a pid; its launch frees the port or waits, as a restart does."""
-        ours = [*self.fleet.backends.values(), *self.fleet.retirements.backends()]
-        if any(b.spec.entry.port == plan.port for b in ours):
-            return None
-        holder = self.control.port_holder(plan.host, plan.port)
-        if holder is None or self.fleet.is_ours(holder, plan):
-            return None
-        return str(holder)
-
-    def apply_registry(self, prepared: Prepared) -> None:
-        """Apply a prepared reload: unchanged backends keep their process (with their
-        new entry); removed and replaced ones retire (drained, then stopped); added and
-        replacing ones begin, a replacing one held until the process it replaces is
-        gone. Reloads spend no restart budget; a replacing backend's starts fresh."""
-        # What running tasks reported is decided first, so a process spawned for a
-        # backend about to retire is known to be alive, and no report of the old
-        # backend reaches the new one of its role.
-        while self.tasks.inbox:
-            self.apply(self.tasks.inbox.pop(0))
-        diff = prepared.diff
-        registry = prepared.registry
-        old = self.fleet.backends
-        disabled = {s.role for s in registry.models if not s.entry.enabled}
-        for role in (*diff.removed, *diff.replaced):
-            backend = old.get(role)
-            if backend is None:
-                continue
-            gone = role in diff.removed or role in disabled
-            reason: RetireReason = "removed" if gone else "replaced"
-            record = self.fleet.retirements.add(backend, reason)
-            if record is not None:
-                self.events.emit(
-                    "backend_retiring",
-                    **backend.life.ids(),
-                    pid=record.pid,
-                    reason=reason,
-                    deadline_seconds=round(record.deadline - record.since, 3),
-                )
-        fresh = set(diff.added) | set(diff.replaced)
-        backends: dict[str, Backend] = {}
-        for spec in registry.models:
-            if spec.entry.enabled and spec.entry.remote:
-                continue
-            kept = old.get(spec.role)
-            plan = prepared.plans.get(spec.role)
-            if kept is not None and spec.role not in fresh:
-                kept.spec = spec
-                if kept.plan is not None and plan is not None:
-                    kept.plan = plan  # same command line; the request defaults may differ
-                backends[spec.role] = kept
-                continue
-            held_by = self.fleet.retirements.holder(spec.role, spec.entry.port)
-            backends[spec.role] = self.fleet.new_backend(spec, plan, reloaded=True, held_by=held_by)
-        self.fleet.backends = backends
-        remotes = [s for s in registry.enabled if s.entry.remote]
-        self.remotes.replace(remotes, set(diff.unchanged))
-        self.fleet.registry = registry
-        self.fleet.keys = dict(prepared.keys)
-        self.registry_text = prepared.text
-        self.publisher.dirty = True
-        self.apply(Begin())
-        self.release_held()  # held by a process that was already gone
-        self.publish()
-
-    async def retire(self, retiree: Retiree, why: str) -> None:
-        """Stop a retiring backend (``why``: drained, deadline, exited) and release the
-        backend that waited for its port."""
-        await self.actor.retire(retiree, why)
-        self.release_held()
-
-    def release_held(self) -> None:
-        """Release every held backend that no retiring process blocks any more (by its
-        role or its port: a swap of ports holds each on the other's process)."""
-        for backend in list(self.fleet.backends.values()):
-            if not isinstance(backend.life.phase, Held):
-                continue
-            if self.fleet.retirements.holder(backend.role, backend.spec.entry.port) is None:
-                self.apply(Released(backend.role))
 
     async def main(self) -> int:
         status = 1
