@@ -1,4 +1,5 @@
 """The supervisor process (``python -m slm_server backends``): the pure decisions
-(``decide``, ``phases``, ``restart_budget``, ``confirm``, ``eject``, ``strays``) and
-the shell that carries them out (``supervisor``, ``control``, ``remotes``, probes).
+(``core/``), reloading the registry (``reload/``), and the shell that carries them out
+(the loop ``supervisor`` over ``fleet`` and ``act``; ``control``, ``remotes``, probes
+and the chores).
 It shares only ``slm_server.contracts`` and the shared utilities with the router."""

@@ -1,15 +1,21 @@
 """One registry entry under supervision: its lifecycle (decided by
-:mod:`~slm_server.supervise.decide`) beside what the shell acts on (its plan, its
-process, its expected footprint)."""
+:mod:`~slm_server.supervise.core.decide`) beside what the shell acts on (its plan, its
+process, its expected footprint), and its process's end as the loop observes it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan
 from slm_server.memory import measure
 from slm_server.memory.store import FootprintKey
 from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.control import Child
-from slm_server.supervise.decide import Lifecycle
+from slm_server.supervise.core.decide import Lifecycle
+from slm_server.supervise.core.observations import Exited
+from slm_server.supervise.core.phases import Confirming, Ready, Starting
 
 
 def admitted_mb(
@@ -57,3 +63,24 @@ class Backend:
     @property
     def role(self) -> str:
         return self.spec.role
+
+    def exited(self, tail: Callable[[Path, int], list[str]]) -> Exited | None:
+        """Its process's end, when it is starting or serving and ended by itself
+        (polled, never blocking); ``tail`` reads the last lines of its log."""
+        life, child = self.life, self.child
+        if child is None or not life.alive:
+            return None
+        if not isinstance(life.phase, Starting | Ready | Confirming):
+            return None
+        status = child.poll()
+        if status is None:
+            return None
+        path = self.plan.log_path if self.plan is not None else None
+        return Exited(
+            role=self.role,
+            pid=child.pid,
+            status=status,
+            description=process.describe_exit(status),
+            tail=tuple(tail(path, 8)) if path is not None else (),
+            log_path=str(path) if path is not None else "",
+        )

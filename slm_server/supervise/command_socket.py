@@ -1,7 +1,7 @@
 """The router's commands to the supervisor (``load``, ``unload``) over a Unix socket in
 the log directory: each becomes an observation for
-:func:`~slm_server.supervise.decide.decide`, and its
-:class:`~slm_server.supervise.decide.Answer` becomes the reply."""
+:func:`~slm_server.supervise.core.decide.decide`, and its
+:class:`~slm_server.supervise.core.decide.Answer` becomes the reply."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slm_server.contracts import commands
-from slm_server.supervise.decide import Action, Answer, LoadRequested, UnloadRequested
+from slm_server.supervise.core.actions import Action, Answer
+from slm_server.supervise.core.observations import LoadRequested, UnloadRequested
 
 log = logging.getLogger("slm_server.supervisor")
 

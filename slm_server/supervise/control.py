@@ -19,8 +19,8 @@ from slm_server.launch.plan import LaunchPlan
 from slm_server.memory import measure
 from slm_server.registry import remote
 from slm_server.registry.schema import ModelEntry
-from slm_server.supervise.confirm import Evidence
-from slm_server.supervise.confirm import Probe as ConfirmProbe
+from slm_server.supervise.core.confirm import Evidence
+from slm_server.supervise.core.confirm import Probe as ConfirmProbe
 from slm_server.supervise.evidence import (
     MonotonicClock,
     ProbeError,

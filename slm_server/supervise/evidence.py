@@ -1,4 +1,4 @@
-"""Gathering a backend's :class:`~slm_server.supervise.confirm.Evidence`, within a
+"""Gathering a backend's :class:`~slm_server.supervise.core.confirm.Evidence`, within a
 time budget. All I/O goes through two injected objects, an :class:`HttpProbe` and a
 :class:`ProcessProbe` (real ones in ``probes.py``), and time through a :class:`Clock`.
 
@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
-from slm_server.supervise.confirm import (
+from slm_server.supervise.core.confirm import (
     NOT_RUN_DECIDED,
     Evidence,
     NotRun,
@@ -38,7 +38,7 @@ from slm_server.supervise.confirm import (
     ProcessStatus,
     Reply,
 )
-from slm_server.supervise.slots import SlotSample, parse_slots, summarize
+from slm_server.supervise.core.slots_evidence import SlotSample, parse_slots, summarize
 
 HEALTH_TIMEOUT: Final = 2.0
 SLOTS_TIMEOUT: Final = 2.0
@@ -270,7 +270,7 @@ async def gather_remote(
 ) -> tuple[Probe, Probe]:
     """A remote's model list (``GET {prefix}/v1/models``) and, when it answers, a
     one-token canary naming ``model``, within ``budget_seconds``: the evidence
-    :func:`slm_server.supervise.eject.judge` decides on. ``http`` carries the key."""
+    :func:`slm_server.supervise.core.eject.judge` decides on. ``http`` carries the key."""
     budget = _Budget(clock, budget_seconds)
     answer = await _call(http, f"{prefix}/v1/models", min(HEALTH_TIMEOUT, budget.left()))
     models = _probe(answer, not isinstance(answer, ProbeError) and 200 <= answer[0] < 300)

@@ -1,6 +1,6 @@
 """What each backend weighs: the estimate from its files and settings, the size its
 prompt cache is given, the resident memory measured when it became ready or grew while
-serving (decided by :mod:`~slm_server.supervise.decide`: :class:`Measured`,
+serving (decided by :mod:`~slm_server.supervise.core.decide`: :class:`Measured`,
 :class:`Remember`), and the store that remembers a measurement across runs."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from slm_server.memory.store import FootprintKey, FootprintStore
 from slm_server.registry.schema import ModelSpec
 from slm_server.supervise.backend import Backend
 from slm_server.supervise.control import ProcessControl
-from slm_server.supervise.decide import Measured
+from slm_server.supervise.core.observations import Measured
 from slm_server.supervise.housekeeping import ChoreErrors
 
 log = logging.getLogger("slm_server.supervisor")

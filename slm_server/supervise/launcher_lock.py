@@ -9,16 +9,22 @@ the log directory for its whole life, and a second one refuses to start while it
 held. The kernel releases the lock however the holder ends (``kill -9`` included), so
 a stale file never blocks a start; the descriptor is not inherited by the backends, so
 a backend that outlives its launcher does not hold it either. The file carries the
-holder's pid, for the message.
+holder's pid, for the message. :func:`acquire` is the launcher's way in: the lock, or
+the refusal reported.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from slm_server.contracts.events import EventSink
+
+log = logging.getLogger("slm_server.supervisor")
 
 LOCK_NAME = "launcher.lock"
 
@@ -67,6 +73,28 @@ def take(log_dir: Path) -> LauncherLock | Held:
     return LauncherLock(path, fd)
 
 
+def acquire(log_dir: Path, events: EventSink) -> LauncherLock | None:
+    """This log directory's launcher lock; None when another launcher holds it
+    (reported). A file that cannot be had at all (a read-only directory) is reported,
+    and supervision goes on without the lock."""
+    try:
+        taken = take(log_dir)
+    except OSError as exc:
+        log.warning("cannot take the launcher lock in %s: %s", log_dir, exc)
+        return LauncherLock(log_dir / LOCK_NAME, None)
+    if isinstance(taken, Held):
+        holder = f"pid {taken.holder}" if taken.holder is not None else "another process"
+        log.error(
+            "another launcher (%s) already supervises %s; stop it first, or give this "
+            "one its own SLM_BACKEND_LOG_DIR",
+            holder,
+            log_dir,
+        )
+        events.emit("supervisor_refused", pid=os.getpid(), holder_pid=taken.holder, path=taken.path)
+        return None
+    return taken
+
+
 def _pid_in(fd: int) -> int | None:
     with contextlib.suppress(OSError, ValueError):
         text = os.pread(fd, 32, 0).decode("ascii").strip()
@@ -75,4 +103,4 @@ def _pid_in(fd: int) -> int | None:
     return None
 
 
-__all__ = ["LOCK_NAME", "Held", "LauncherLock", "take"]
+__all__ = ["LOCK_NAME", "Held", "LauncherLock", "acquire", "take"]

@@ -1,5 +1,5 @@
 """The supervisor's remotes: entries with ``backend: remote``, for which nothing is
-started and nothing can be restarted. The shell of :mod:`slm_server.supervise.eject`.
+started and nothing can be restarted. The shell of :mod:`slm_server.supervise.core.eject`.
 
 The router trips on a remote as on any backend and writes its restart request; the
 supervisor hands a request naming a remote here instead of to :func:`decide`. Each
@@ -23,9 +23,9 @@ from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.registry import remote
 from slm_server.registry.schema import ModelSpec
 from slm_server.settings import WatchdogSettings
-from slm_server.supervise.confirm import Decision
 from slm_server.supervise.control import ProcessControl
-from slm_server.supervise.eject import Change, Ejection, EjectionPolicy, judge
+from slm_server.supervise.core.confirm import Decision
+from slm_server.supervise.core.eject import Change, Ejection, EjectionPolicy, judge
 
 log = logging.getLogger("slm_server.supervisor")
 

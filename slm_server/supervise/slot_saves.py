@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from slm_server.contracts.events import EventSink
 from slm_server.slotcache.store import Refused, SavedSet, SavedSlot, SlotStore, slot_file
@@ -86,6 +87,18 @@ class SlotSaves:
         if status != 200:
             return _Answer(False, data, f"{path} answered {status}: {body[:200]!r}")
         return _Answer(True, data, "")
+
+    def prepare_directory(self) -> Path | None:
+        """The directory slots are saved in, made private; None (nothing kept) when it
+        cannot be."""
+        try:
+            self.store.prepare()
+        except OSError as exc:
+            log.error(
+                "prompt caches are not kept across unloads: %s: %s", self.store.directory, exc
+            )
+            return None
+        return self.store.directory
 
     def slots(self, backend: Backend) -> int:
         return backend.spec.entry.max_concurrency

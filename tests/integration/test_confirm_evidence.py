@@ -10,7 +10,14 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from slm_server.supervise.confirm import Decision, Evidence, NotRun, ProcessStatus, Reply, judge
+from slm_server.supervise.core.confirm import (
+    Decision,
+    Evidence,
+    NotRun,
+    ProcessStatus,
+    Reply,
+    judge,
+)
 from slm_server.supervise.evidence import MonotonicClock, Target, gather
 from slm_server.supervise.probes import Http1Probe, PsutilProbe
 from tests.fakes.control import FakeBackend

@@ -129,7 +129,7 @@ def test_prepare_creates_missing_parents_and_a_private_directory(tmp_path: Path)
 
 
 def test_prepare_on_a_file_raises_oserror(tmp_path: Path) -> None:
-    """The supervisor turns this OSError into 'not kept' (prepare_slot_dir)."""
+    """The supervisor turns this OSError into 'not kept' (SlotSaves.prepare_directory)."""
     (tmp_path / "slots").write_text("not a directory")
     with pytest.raises(FileExistsError):
         SlotStore(tmp_path / "slots", 1).prepare()
@@ -389,7 +389,7 @@ def test_a_subdirectory_named_like_ours_does_not_fail_a_commit(store: SlotStore)
 
 def test_discard_leaves_a_subdirectory_named_like_its_files(store: SlotStore) -> None:
     """A save that fails discards its key: a directory in the way must not raise out
-    of it (stop_task would then never stop the process)."""
+    of it (Actor.stop would then never stop the process)."""
     keep(store, KEY, (10, 10))
     (store.directory / slot_file(KEY, 2)).mkdir()
     store.discard(KEY)

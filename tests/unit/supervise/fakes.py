@@ -23,8 +23,8 @@ from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
 from slm_server.registry.schema import ModelEntry, ModelSpec, RegistryFile
 from slm_server.settings import Settings
-from slm_server.supervise.confirm import Evidence, Probe, ProcessStatus
-from slm_server.supervise.confirm import Reply as ProbeReply
+from slm_server.supervise.core.confirm import Evidence, Probe, ProcessStatus
+from slm_server.supervise.core.confirm import Reply as ProbeReply
 from slm_server.supervise.evidence import ProbeError, Target
 from slm_server.supervise.supervisor import Supervisor
 
@@ -293,7 +293,7 @@ async def until(supervisor: Supervisor, condition: Callable[[], bool], what: str
     while not condition():
         assert time.monotonic() < deadline, f"never: {what}"
         await asyncio.sleep(0)  # let tasks spawned by the last turn start
-        pending = set(supervisor.tasks)
+        pending = set(supervisor.tasks.running)
         if pending:
             await asyncio.wait(pending, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
         supervisor.turn()

@@ -14,14 +14,8 @@ from slm_server.contracts import commands
 from slm_server.contracts.commands import Command, Reply
 from slm_server.supervise import command_socket
 from slm_server.supervise.command_socket import CommandSocket
-from slm_server.supervise.decide import (
-    Action,
-    Answer,
-    Emit,
-    Launch,
-    LoadRequested,
-    UnloadRequested,
-)
+from slm_server.supervise.core.actions import Action, Answer, Emit, Launch
+from slm_server.supervise.core.observations import LoadRequested, UnloadRequested
 from tests.unit.supervise.fakes import make, until
 
 

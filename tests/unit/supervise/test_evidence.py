@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from slm_server.supervise.confirm import Evidence, NotRun, ProcessStatus, Reply, Slots, judge
+from slm_server.supervise.core.confirm import Evidence, NotRun, ProcessStatus, Reply, Slots, judge
 from slm_server.supervise.evidence import (
     CANARY_SHARE,
     HEALTH_TIMEOUT,

@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from slm_server.contracts.states import State
-from slm_server.supervise.decide import Measured
+from slm_server.supervise.core.observations import Measured
 from slm_server.supervise.footprints import Expected
 from tests.unit.supervise.fakes import PROMPT_CACHE_MB, events, make, serving, until
 

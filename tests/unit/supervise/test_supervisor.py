@@ -21,8 +21,8 @@ from slm_server.contracts.states import State
 from slm_server.launch.process import PortHolder
 from slm_server.registry.schema import ModelEntry, ModelSpec, RegistryFile
 from slm_server.settings import Settings
-from slm_server.supervise.confirm import Probe
-from slm_server.supervise.confirm import Reply as ProbeReply
+from slm_server.supervise.core.confirm import Probe
+from slm_server.supervise.core.confirm import Reply as ProbeReply
 from slm_server.supervise.supervisor import Supervisor
 from tests.unit.supervise.fakes import (
     GENTLE,

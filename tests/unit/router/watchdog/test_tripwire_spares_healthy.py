@@ -18,19 +18,13 @@ from typing import Any, cast
 import pytest
 
 from slm_server.contracts.restart_requests import take_requests
-from slm_server.supervise.confirm import judge
-from slm_server.supervise.decide import (
-    Confirm,
-    Judged,
-    Lifecycle,
-    Policy,
-    Requested,
-    Stop,
-    decide,
-)
+from slm_server.supervise.core.actions import Confirm, Stop
+from slm_server.supervise.core.confirm import judge
+from slm_server.supervise.core.decide import Lifecycle, Policy, decide
+from slm_server.supervise.core.observations import Judged, Requested
+from slm_server.supervise.core.phases import Ready
+from slm_server.supervise.core.restart_budget import RestartBudget
 from slm_server.supervise.evidence import Target, gather
-from slm_server.supervise.phases import Ready
-from slm_server.supervise.restart_budget import RestartBudget
 from tests.unit.router.door_client import Unread, door_for
 from tests.unit.router.inprocess import (
     FakeResponse,

@@ -1,7 +1,7 @@
 """Backends a reload removed or replaced, kept alive while what is in flight on them
 ends (:class:`~slm_server.contracts.applied_registry.Retiring` in the state file).
 
-A retiring backend is out of the registry: :func:`~slm_server.supervise.decide.decide`
+A retiring backend is out of the registry: :func:`~slm_server.supervise.core.decide.decide`
 no longer sees it, nothing restarts it, and the router sends it no new request. It is
 stopped when the router says nothing is in flight on it any more (the ``retired``
 command), when its ``deadline`` (the drain timeout) passes, or at shutdown; a process

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from slm_server.supervise.confirm import Slots
-from slm_server.supervise.slots import SlotSample, parse_slots, summarize
+from slm_server.supervise.core.confirm import Slots
+from slm_server.supervise.core.slots_evidence import SlotSample, parse_slots, summarize
 
 # One busy and one idle slot, as the pinned llama-server answers (only_metrics view).
 PINNED = [

@@ -1,9 +1,9 @@
-""":func:`~slm_server.supervise.decide.decide` is the only writer of a backend's
+""":func:`~slm_server.supervise.core.decide.decide` is the only writer of a backend's
 lifecycle: no other module of ``slm_server/supervise/`` assigns a phase, or any field of
-a :class:`~slm_server.supervise.decide.Lifecycle`, or spends its restart budget. The
+a :class:`~slm_server.supervise.core.decide.Lifecycle`, or spends its restart budget. The
 shell observes, calls ``decide`` and carries out the actions; a chore that needs a
 lifecycle to change asks for it with an observation. The shell builds each lifecycle
-from the registry, but without a phase: :class:`~slm_server.supervise.decide.Begin`
+from the registry, but without a phase: :class:`~slm_server.supervise.core.decide.Begin`
 chooses the first one.
 
 Read from the source (its syntax tree), so that a new module is covered as soon as it
@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from slm_server.supervise import decide
-from slm_server.supervise.decide import Lifecycle
+from slm_server import supervise
+from slm_server.supervise.core import decide
+from slm_server.supervise.core.decide import Lifecycle
 
-PACKAGE = Path(decide.__file__).parent
-WRITER = Path(decide.__file__).name
+PACKAGE = Path(supervise.__file__).parent
+DECIDE = Path(decide.__file__)
+WRITER = DECIDE.name
 FIELDS = frozenset(f.name for f in dataclasses.fields(Lifecycle))
 LIFE_NAMES = frozenset({"life", "lifecycle"})
 BUDGET_WRITES = frozenset({"spend"})
@@ -88,10 +90,10 @@ def writes(source: str) -> list[str]:
     return found
 
 
-SHELL = sorted(p for p in PACKAGE.glob("*.py") if p.name != WRITER)
+SHELL = sorted(p for p in PACKAGE.rglob("*.py") if p != DECIDE)
 
 
-@pytest.mark.parametrize("path", SHELL, ids=[p.name for p in SHELL])
+@pytest.mark.parametrize("path", SHELL, ids=[str(p.relative_to(PACKAGE)) for p in SHELL])
 def test_no_module_but_decide_writes_a_lifecycle(path: Path) -> None:
     found = writes(path.read_text(encoding="utf-8"))
     assert found == [], f"{path.name} writes a lifecycle outside decide(): {found}"
@@ -106,7 +108,7 @@ def test_the_shell_is_scanned() -> None:
 
 def test_decide_is_the_writer() -> None:
     """The scanner sees decide's own writes: it would see them anywhere else."""
-    assert len(writes((PACKAGE / WRITER).read_text(encoding="utf-8"))) > 10
+    assert len(writes(DECIDE.read_text(encoding="utf-8"))) > 10
 
 
 @pytest.mark.parametrize(

@@ -17,38 +17,38 @@ import pytest
 
 from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.contracts.states import State, check_transition
-from slm_server.supervise.decide import (
+from slm_server.supervise.core.actions import (
     Action,
     Answer,
-    Begin,
     Confirm,
     Emit,
+    Launch,
+    Log,
+    Probe,
+    Remember,
+    Stop,
+)
+from slm_server.supervise.core.decide import Lifecycle, Policy, decide
+from slm_server.supervise.core.observations import (
+    Begin,
     Exited,
     HealthProbed,
     Judged,
-    Launch,
     Launched,
-    Lifecycle,
     Load,
     LoadRequested,
-    Log,
     Measured,
     Observation,
-    Policy,
-    Probe,
     ProbeLost,
     Released,
-    Remember,
     Requested,
     Shutdown,
-    Stop,
     Stopped,
     Tick,
     Unload,
     UnloadRequested,
-    decide,
 )
-from slm_server.supervise.phases import (
+from slm_server.supervise.core.phases import (
     Attempt,
     Confirming,
     Done,
@@ -60,7 +60,7 @@ from slm_server.supervise.phases import (
     Starting,
     Unloaded,
 )
-from slm_server.supervise.restart_budget import RestartBudget
+from slm_server.supervise.core.restart_budget import RestartBudget
 
 ROLE, MODEL, PORT = "chat", "m1", 8501
 IDS: dict[str, Any] = {"role": ROLE, "model_id": MODEL, "port": PORT}

@@ -7,9 +7,9 @@ from typing import Any
 
 from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.backend import Backend
-from slm_server.supervise.decide import Lifecycle
-from slm_server.supervise.restart_budget import RestartBudget
-from slm_server.supervise.retire import Retirements
+from slm_server.supervise.core.decide import Lifecycle
+from slm_server.supervise.core.restart_budget import RestartBudget
+from slm_server.supervise.reload.retire import Retirements
 
 
 class Child:

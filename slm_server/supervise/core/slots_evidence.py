@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from slm_server.supervise.confirm import Slots
+from slm_server.supervise.core.confirm import Slots
 
 
 @dataclass(frozen=True)

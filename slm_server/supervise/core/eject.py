@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from slm_server.supervise.confirm import Decision, Probe, Reply
+from slm_server.supervise.core.confirm import Decision, Probe, Reply
 
 
 class Standing(enum.Enum):

@@ -6,7 +6,7 @@ as ``check`` names them, and every entry that cannot be planned). One that is va
 but does not fit is refused too (``conflict``): its ``load: always`` models would need
 more than the memory budget together, or an entry it adds or changes would listen on a
 port that a process this supervisor did not start holds. Only then is the difference
-(:mod:`.registry_diff`) applied, by the supervisor.
+(:mod:`~slm_server.supervise.core.registry_diff`) applied (:mod:`.apply`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ from slm_server.registry.schema import (
     inspect_registry,
     read_registry_text,
 )
-from slm_server.supervise.registry_diff import LaunchKey, RegistryDiff, diff_registries, launch_key
+from slm_server.supervise.core.registry_diff import (
+    LaunchKey,
+    RegistryDiff,
+    diff_registries,
+    launch_key,
+)
 
 RefusalKind = Literal["invalid", "conflict", "stopping"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from slm_server.supervise.confirm import NOT_RUN_DECIDED, NotRun, Probe, Reply
-from slm_server.supervise.eject import Ejection, EjectionPolicy, Standing, judge
+from slm_server.supervise.core.confirm import NOT_RUN_DECIDED, NotRun, Probe, Reply
+from slm_server.supervise.core.eject import Ejection, EjectionPolicy, Standing, judge
 
 POLICY = EjectionPolicy(base_seconds=10.0, max_seconds=35.0, after=1)
 OK = Probe(Reply.OK, status=200)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from slm_server.supervise.confirm import (
+from slm_server.supervise.core.confirm import (
     NOT_RUN_DECIDED,
     TABLE,
     Evidence,
@@ -23,7 +23,7 @@ from slm_server.supervise.confirm import (
     table_markdown,
 )
 
-WATCHDOG_PAGE = Path(__file__).resolve().parents[3] / "docs" / "watchdog.md"
+WATCHDOG_PAGE = Path(__file__).resolve().parents[4] / "docs" / "watchdog.md"
 
 HEALTHY = Probe(Reply.OK, status=200)
 IDLE_CPU: dict[str, Any] = {"cpu_seconds_delta": 0.0, "window_seconds": 1.0}

@@ -2,9 +2,10 @@
 
 The shell (:mod:`slm_server.supervise.supervisor`) observes — launch results, process
 exits, health probes, the router's restart requests, confirmation verdicts, finished
-stops, the clock — and hands each observation to :func:`decide`, which moves the
-backend's :class:`Lifecycle` to its next phase and returns the actions to carry out,
-in order: events, log lines, launches, stops, probes and confirmations.
+stops, the clock — and hands each observation (:mod:`.observations`) to :func:`decide`,
+which moves the backend's :class:`Lifecycle` to its next phase and returns the actions
+(:mod:`.actions`) to carry out, in order: events, log lines, launches, stops, probes
+and confirmations.
 
 One backend's restart flow (phases from :mod:`slm_server.contracts.states`)::
 
@@ -50,7 +51,37 @@ from typing import Any
 from slm_server.contracts.restart_requests import RestartRequest, is_stale
 from slm_server.contracts.states import RUNNING, SUPERVISED, State, check_transition
 from slm_server.contracts.verdicts import FailureClass
-from slm_server.supervise.phases import (
+from slm_server.supervise.core.actions import (
+    Action,
+    Answer,
+    Confirm,
+    Emit,
+    Launch,
+    Log,
+    Probe,
+    Remember,
+    Stop,
+)
+from slm_server.supervise.core.observations import (
+    Begin,
+    Exited,
+    HealthProbed,
+    Judged,
+    Launched,
+    Load,
+    LoadRequested,
+    Measured,
+    Observation,
+    ProbeLost,
+    Released,
+    Requested,
+    Shutdown,
+    Stopped,
+    Tick,
+    Unload,
+    UnloadRequested,
+)
+from slm_server.supervise.core.phases import (
     Attempt,
     Confirming,
     Done,
@@ -63,7 +94,7 @@ from slm_server.supervise.phases import (
     Unloaded,
     Unloading,
 )
-from slm_server.supervise.restart_budget import RestartBudget
+from slm_server.supervise.core.restart_budget import RestartBudget
 
 # Restart reasons as bounded metric labels; a failed launch's message is not one.
 RESTART_REASONS = frozenset({"exited", "exited while starting"} | {f.value for f in FailureClass})
@@ -133,228 +164,6 @@ class Lifecycle:
     def ids(self) -> dict[str, object]:
         """The fields that name this backend in every watchdog event."""
         return {"role": self.role, "model_id": self.model_id, "port": self.port}
-
-
-# -- observations ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Launched:
-    """A launch ended: ``pid`` spawned, or ``failure`` (``retryable`` when time can fix
-    it: a missing model file, a taken port)."""
-
-    role: str
-    pid: int | None
-    failure: str | None = None
-    retryable: bool = True
-
-
-@dataclass(frozen=True)
-class Exited:
-    """The backend's process ended by itself; ``tail`` holds its log's last lines."""
-
-    role: str
-    pid: int
-    status: int | None
-    description: str
-    tail: tuple[str, ...] = ()
-    log_path: str = ""
-
-
-@dataclass(frozen=True)
-class HealthProbed:
-    """A health probe's answer; ``resident_mb``: the process tree's resident memory,
-    measured when the probe succeeded."""
-
-    role: str
-    ok: bool
-    resident_mb: int | None = None
-
-
-@dataclass(frozen=True)
-class ProbeLost:
-    """A health probe ended with no answer at all (its task failed): another may go out."""
-
-    role: str
-
-
-@dataclass(frozen=True)
-class Measured:
-    """A ready backend's process tree was measured again: ``resident_mb``, against the
-    footprint it is admitted by (``admitted_mb``) of which ``prompt_cache_mb`` is what
-    its prompt cache may fill (``None``: unbounded)."""
-
-    role: str
-    resident_mb: int
-    admitted_mb: int | None = None
-    prompt_cache_mb: int | None = 0
-
-
-@dataclass(frozen=True)
-class Begin:
-    """The supervisor starts: each backend not yet begun takes its first phase."""
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    """The supervisor stopped every process it had, to exit: none is alive any more."""
-
-
-@dataclass(frozen=True)
-class Load:
-    """The router asks for an on-demand model to be loaded."""
-
-    role: str
-
-
-@dataclass(frozen=True)
-class Unload:
-    """The router asks for an on-demand model's process to go: ``reason`` is
-    ``idle_ttl``, ``evicted`` (to make room for ``for_model``), ``api`` or
-    ``no_waiter`` (a load every request for it left)."""
-
-    role: str
-    reason: str
-    for_model: str | None = None
-
-
-@dataclass(frozen=True)
-class LoadRequested:
-    """The router's ``load`` command, to be answered (:class:`Answer`)."""
-
-    role: str
-
-
-@dataclass(frozen=True)
-class UnloadRequested:
-    """The router's ``unload`` command (see :class:`Unload`), to be answered."""
-
-    role: str
-    reason: str
-    for_model: str | None = None
-
-
-@dataclass(frozen=True)
-class Released:
-    """The process a Held backend waited for is gone."""
-
-    role: str
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passed: retry waiting restarts, probe starting backends."""
-
-
-@dataclass(frozen=True)
-class Requested:
-    """A restart request file from the router (its name when it was unreadable)."""
-
-    request: RestartRequest | str
-
-
-@dataclass(frozen=True)
-class Judged:
-    """Confirmation of a trip ended: ``restart`` or not, by ``rule``, with the evidence."""
-
-    role: str
-    restart: bool
-    rule: str
-    reason: str
-    evidence: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Stopped:
-    """A stop the shell carried out ended; ``survived`` when SIGKILL did not end it
-    within its bound."""
-
-    role: str
-    pid: int
-    status: int | None
-    survived: bool = False
-
-
-Observation = (
-    Launched
-    | Exited
-    | HealthProbed
-    | ProbeLost
-    | Measured
-    | Tick
-    | Requested
-    | Judged
-    | Stopped
-    | Load
-    | Unload
-    | LoadRequested
-    | UnloadRequested
-    | Begin
-    | Shutdown
-    | Released
-)
-
-
-# -- actions ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Emit:
-    event: str
-    fields: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Log:
-    level: int
-    message: str
-
-
-@dataclass(frozen=True)
-class Launch:
-    role: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Stop ``pid``: SIGTERM then SIGKILL, or (``kill``) SIGKILL at once; ``save``:
-    first save its slots (an unload of a ready backend, see ``slot_saves``)."""
-
-    role: str
-    pid: int
-    kill: bool = False
-    save: bool = False
-
-
-@dataclass(frozen=True)
-class Probe:
-    role: str
-
-
-@dataclass(frozen=True)
-class Confirm:
-    role: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Remember:
-    """Keep ``resident_mb`` as the backend's footprint (across runs)."""
-
-    role: str
-    resident_mb: int
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The reply to a router's command: taken or not, the state right after, why not."""
-
-    accepted: bool
-    state: str | None = None
-    error: str | None = None
-
-
-Action = Emit | Log | Launch | Stop | Probe | Confirm | Remember | Answer
 
 
 # -- the decision -------------------------------------------------------------------------

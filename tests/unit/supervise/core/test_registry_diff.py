@@ -1,5 +1,4 @@
-"""The pure parts of a reload: the launch key and the difference, the file watch's
-settling, and the retiring backends' bookkeeping (fake clocks, fake children)."""
+"""The pure parts of a reload: the launch key and the difference."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ from typing import Any
 
 from slm_server.launch.plan import LaunchPlan
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.supervise.config_watch import ConfigWatch, Stamp
-from slm_server.supervise.registry_diff import diff_registries, launch_key
+from slm_server.supervise.core.registry_diff import diff_registries, launch_key
 
 
 def spec(role: str = "a", **fields: Any) -> ModelSpec:
@@ -85,29 +83,3 @@ def test_the_difference_sorts_every_role_once() -> None:
     assert diff.unchanged == ("keep",)
     assert diff.changes
     assert not diff_registries(old, old).changes
-
-
-class Files:
-    """A fake ``stat``: the stamp the watch sees."""
-
-    def __init__(self) -> None:
-        self.current: Stamp = (1, 10, 100)
-
-    def __call__(self, _path: Path) -> Stamp:
-        return self.current
-
-
-def test_the_file_watch_waits_for_a_change_to_settle_and_says_so_once() -> None:
-    files = Files()
-    watch = ConfigWatch(Path("/r.yaml"), 1.0, files)
-    assert not watch.due(0.0)  # nothing changed
-    files.current = (1, 11, 200)
-    assert not watch.due(0.1)  # changed: the timer starts
-    files.current = (2, 12, 300)
-    assert not watch.due(0.6)  # changed again: it starts over
-    assert not watch.due(1.5)
-    assert watch.due(1.7)  # settled for 1.1 s
-    assert not watch.due(5.0)  # once per change
-    files.current = None  # the file vanished: a change too
-    assert not watch.due(6.0)
-    assert watch.due(7.1)

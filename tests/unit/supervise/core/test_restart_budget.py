@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slm_server.supervise.restart_budget import RestartBudget
+from slm_server.supervise.core.restart_budget import RestartBudget
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slm_server.supervise.strays import verifiably_ours
+from slm_server.supervise.core.strays import verifiably_ours
 
 LAUNCH = ["/opt/llama-server", "--model", "/m.gguf", "--port", "8501", "--alias", "m"]
 
