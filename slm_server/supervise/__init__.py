@@ -1,5 +1,6 @@
-"""The supervisor process (``python -m slm_server backends``): the pure decisions
-(``core/``), reloading the registry (``reload/``), and the shell that carries them out
-(the loop ``supervisor`` over ``fleet`` and ``act``; ``control``, ``remotes``, probes
-and the chores).
-It shares only ``slm_server.contracts`` and the shared utilities with the router."""
+"""The supervisor process (``python -m slm_server backends``), in layers: the loop
+(``supervisor``) over reloading the registry (``reload/``), which stands on the shell
+that carries the decisions out (``shell/``: the backends, the one seam to the OS, the
+chores), which stands on the pure decisions (``core/``). It shares only
+``slm_server.contracts``, the registry's schema and the shared utilities with the
+router."""

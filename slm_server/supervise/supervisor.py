@@ -5,7 +5,7 @@ SIGINT/SIGTERM. Every decision goes to the watchdog log.
 The shell of :mod:`slm_server.supervise.core.decide`, on one asyncio loop: each turn it
 *observes* (process exits, finished launches, probes, stops and confirmations, the
 router's restart requests each sweep, the clock), lets :func:`decide` *decide*, and
-*acts* (:mod:`.act`) through one :class:`~slm_server.supervise.control.ProcessControl`.
+*acts* (:mod:`.act`) through one :class:`~slm_server.supervise.shell.control.ProcessControl`.
 Anything slow (a launch that must free a port, a stop, a probe, a confirmation) runs
 as a task of its own with a bound, so no backend's trouble delays another's exit
 detection: every process is polled each ``TICK_SECONDS``. A backend is ready when its
@@ -41,24 +41,24 @@ from slm_server.launch.plan import Toolchain
 from slm_server.registry.schema import RegistryFile
 from slm_server.settings import Settings
 from slm_server.slotcache.store import SlotStore
-from slm_server.supervise import command_socket, launcher_lock
-from slm_server.supervise.act import Actor, Shell, Tasks
-from slm_server.supervise.backend import Backend
-from slm_server.supervise.command_socket import CommandSocket
-from slm_server.supervise.control import ProcessControl, RealControl
 from slm_server.supervise.core.actions import Action
 from slm_server.supervise.core.decide import Policy, decide
 from slm_server.supervise.core.observations import Begin, Observation, Requested, Shutdown, Tick
 from slm_server.supervise.core.phases import Starting
-from slm_server.supervise.fleet import Fleet
-from slm_server.supervise.footprints import Footprints
-from slm_server.supervise.housekeeping import ChoreErrors, Housekeeping
-from slm_server.supervise.publish import Publisher
 from slm_server.supervise.reload.apply import Reloads
-from slm_server.supervise.reload.retire import Retirements
-from slm_server.supervise.remotes import Remotes
-from slm_server.supervise.signal_flag import SignalFlag
-from slm_server.supervise.slot_saves import SlotSaves
+from slm_server.supervise.shell import command_socket, launcher_lock
+from slm_server.supervise.shell.act import Actor, Shell, Tasks
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.command_socket import CommandSocket
+from slm_server.supervise.shell.control import ProcessControl, RealControl
+from slm_server.supervise.shell.fleet import Fleet
+from slm_server.supervise.shell.footprints import Footprints
+from slm_server.supervise.shell.housekeeping import ChoreErrors, Housekeeping
+from slm_server.supervise.shell.publish import Publisher
+from slm_server.supervise.shell.remotes import Remotes
+from slm_server.supervise.shell.retiring import Retirements
+from slm_server.supervise.shell.signal_flag import SignalFlag
+from slm_server.supervise.shell.slot_saves import SlotSaves
 
 log = logging.getLogger("slm_server.supervisor")
 

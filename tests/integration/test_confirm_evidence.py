@@ -18,8 +18,8 @@ from slm_server.supervise.core.confirm import (
     Reply,
     judge,
 )
-from slm_server.supervise.evidence import MonotonicClock, Target, gather
-from slm_server.supervise.probes import Http1Probe, PsutilProbe
+from slm_server.supervise.shell.evidence import MonotonicClock, Target, gather
+from slm_server.supervise.shell.probes import Http1Probe, PsutilProbe
 from tests.fakes.control import FakeBackend
 from tests.processes import poll
 

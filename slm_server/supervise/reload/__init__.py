@@ -1,4 +1,4 @@
-"""The registry reloaded while the supervisor runs: preparing the new one
-(``prepare``), applying it (``apply``, which also puts the first one in force), the
-backends it retires while they drain (``retire``) and the watch on the registry file
-(``watch``)."""
+"""The registry reloaded while the supervisor runs: preparing the new one (``prepare``),
+applying it (``apply``: the difference, the backends it retires while they drain, which
+the shell keeps in ``shell/retiring``; it also puts the first registry in force) and the
+watch on the registry file (``watch``)."""

@@ -21,16 +21,16 @@ from slm_server.contracts import applied_registry, commands
 from slm_server.contracts.applied_registry import RegistryStamp, RetireReason
 from slm_server.launch.plan import LaunchPlan
 from slm_server.registry.schema import ModelSpec
-from slm_server.supervise.act import Actor, Shell, Tasks
-from slm_server.supervise.backend import Backend
 from slm_server.supervise.core.actions import Action
 from slm_server.supervise.core.observations import Begin, Observation, Released
 from slm_server.supervise.core.phases import Held
-from slm_server.supervise.fleet import Fleet
 from slm_server.supervise.reload.prepare import Prepared, Refusal, conflicts, plan_all, prepare
-from slm_server.supervise.reload.retire import Retiree
 from slm_server.supervise.reload.watch import ConfigWatch
-from slm_server.supervise.remotes import Remotes
+from slm_server.supervise.shell.act import Actor, Shell, Tasks
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.fleet import Fleet
+from slm_server.supervise.shell.remotes import Remotes
+from slm_server.supervise.shell.retiring import Retiree
 
 log = logging.getLogger("slm_server.supervisor")
 

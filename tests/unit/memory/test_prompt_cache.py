@@ -16,7 +16,7 @@ from slm_server.memory import measure
 from slm_server.memory.estimate import estimate_gguf
 from slm_server.memory.prompt_cache import SERVER_DEFAULT_MB, default_size_mb, size_mb
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.supervise.backend import admitted_mb
+from slm_server.supervise.shell.backend import admitted_mb
 from tests.registry_entries import model_entry
 from tests.unit.memory.gguf_files import llama_like, write_gguf
 

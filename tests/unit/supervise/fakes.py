@@ -25,7 +25,7 @@ from slm_server.registry.schema import ModelEntry, ModelSpec, RegistryFile
 from slm_server.settings import Settings
 from slm_server.supervise.core.confirm import Evidence, Probe, ProcessStatus
 from slm_server.supervise.core.confirm import Reply as ProbeReply
-from slm_server.supervise.evidence import ProbeError, Target
+from slm_server.supervise.shell.evidence import ProbeError, Target
 from slm_server.supervise.supervisor import Supervisor
 
 LLAMA = "/opt/llama/llama-server"

@@ -24,7 +24,7 @@ from slm_server.supervise.core.decide import Lifecycle, Policy, decide
 from slm_server.supervise.core.observations import Judged, Requested
 from slm_server.supervise.core.phases import Ready
 from slm_server.supervise.core.restart_budget import RestartBudget
-from slm_server.supervise.evidence import Target, gather
+from slm_server.supervise.shell.evidence import Target, gather
 from tests.unit.router.door_client import Unread, door_for
 from tests.unit.router.inprocess import (
     FakeResponse,
@@ -37,7 +37,7 @@ from tests.unit.router.inprocess import (
     whole,
 )
 from tests.unit.router.test_proxy import ANSWER, CHAT, MODEL, chat, delta, serving
-from tests.unit.supervise.test_evidence import FakeClock, FakeHttp, FakeProcs
+from tests.unit.supervise.shell.test_evidence import FakeClock, FakeHttp, FakeProcs
 
 EMBED_MODEL = "org/embed-model"
 EMBEDDINGS = entry_text("embed", 18003, id=EMBED_MODEL, model_type="embeddings")

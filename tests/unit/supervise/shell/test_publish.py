@@ -1,4 +1,4 @@
-"""Publishing the state file and the pidfile (:mod:`slm_server.supervise.publish`) in
+"""Publishing the state file and the pidfile (:mod:`slm_server.supervise.shell.publish`) in
 process, on the fake process layer: written only when something changed, the pidfile
 holding only live processes, a failed write reported and retried."""
 
@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from slm_server.contracts.records import read_pidfile, read_state
-from slm_server.supervise.publish import snapshot
+from slm_server.supervise.shell.publish import snapshot
 from tests.unit.supervise.fakes import WALL, events, make, serving, until
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slm_server.supervise import launcher_lock
-from slm_server.supervise.launcher_lock import Held, LauncherLock
+from slm_server.supervise.shell import launcher_lock
+from slm_server.supervise.shell.launcher_lock import Held, LauncherLock
 
 
 def test_the_second_taker_is_told_who_holds_it_until_it_is_released(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The router's commands (:mod:`slm_server.supervise.command_socket`) in process: the
+"""The router's commands (:mod:`slm_server.supervise.shell.command_socket`) in process: the
 observation each becomes, the reply its answer becomes, and the socket itself, served
 by a supervisor on the fake process layer."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from slm_server.contracts import commands
 from slm_server.contracts.commands import Command, Reply
-from slm_server.supervise import command_socket
-from slm_server.supervise.command_socket import CommandSocket
 from slm_server.supervise.core.actions import Action, Answer, Emit, Launch
 from slm_server.supervise.core.observations import LoadRequested, UnloadRequested
+from slm_server.supervise.shell import command_socket
+from slm_server.supervise.shell.command_socket import CommandSocket
 from tests.unit.supervise.fakes import make, until
 
 

@@ -1,4 +1,4 @@
-"""The supervisor's file chores (:mod:`slm_server.supervise.housekeeping`) in process, on
+"""The supervisor's file chores (:mod:`slm_server.supervise.shell.housekeeping`) in process, on
 the fake process layer: leftovers of an earlier launcher, the router's request files,
 log trimming, and a failed chore reported once per distinct error."""
 
@@ -12,7 +12,7 @@ from typing import Any
 from slm_server.contracts.events import EventLog
 from slm_server.contracts.records import PidRecord, write_pidfile
 from slm_server.contracts.restart_requests import RestartRequest, write_request
-from slm_server.supervise.housekeeping import ChoreErrors, Housekeeping
+from slm_server.supervise.shell.housekeeping import ChoreErrors, Housekeeping
 from tests.unit.supervise.fakes import WALL, FakeControl, events, make, port, serving
 
 

@@ -14,10 +14,10 @@ from slm_server.contracts.states import State
 from slm_server.launch.footprint import NoEstimate, estimate_entry, footprint_key, prompt_cache_mb
 from slm_server.memory.store import FootprintKey, FootprintStore
 from slm_server.registry.schema import ModelSpec
-from slm_server.supervise.backend import Backend
-from slm_server.supervise.control import ProcessControl
 from slm_server.supervise.core.observations import Measured
-from slm_server.supervise.housekeeping import ChoreErrors
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.control import ProcessControl
+from slm_server.supervise.shell.housekeeping import ChoreErrors
 
 log = logging.getLogger("slm_server.supervisor")
 

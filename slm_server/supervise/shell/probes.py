@@ -24,7 +24,7 @@ import psutil
 from slm_server import http1
 from slm_server.contracts.records import CREATE_TIME_TOLERANCE
 from slm_server.supervise.core.confirm import ProcessStatus, Reply
-from slm_server.supervise.evidence import ProbeError
+from slm_server.supervise.shell.evidence import ProbeError
 
 MAX_BODY: Final = 1024 * 1024
 

@@ -14,8 +14,8 @@ from slm_server.contracts.events import EventLog
 from slm_server.contracts.records import PidRecord, read_pidfile
 from slm_server.contracts.restart_requests import RestartRequest, take_requests
 from slm_server.settings import Settings
-from slm_server.supervise.backend import Backend
-from slm_server.supervise.control import ProcessControl
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.control import ProcessControl
 
 log = logging.getLogger("slm_server.supervisor")
 

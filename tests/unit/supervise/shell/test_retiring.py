@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.supervise.backend import Backend
 from slm_server.supervise.core.decide import Lifecycle
 from slm_server.supervise.core.restart_budget import RestartBudget
-from slm_server.supervise.reload.retire import Retirements
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.retiring import Retirements
 
 
 class Child:

@@ -1,5 +1,5 @@
 """Carrying out what :func:`~slm_server.supervise.core.decide.decide` calls for, on one
-:class:`~slm_server.supervise.control.ProcessControl`: events and log lines at once; a
+:class:`~slm_server.supervise.shell.control.ProcessControl`: events and log lines at once; a
 launch (plan, free the port, spawn), a stop (SIGTERM, then SIGKILL), a health probe
 and a trip's confirmation each as a task of its own with a bound, reporting back
 through the inbox (:class:`Tasks`), which the loop decides on at its next turn. So no
@@ -22,8 +22,6 @@ from slm_server.contracts.events import EventLog
 from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan, PlanError, Toolchain, plan_launch
 from slm_server.settings import Settings
-from slm_server.supervise.backend import Backend
-from slm_server.supervise.control import Child, ProcessControl
 from slm_server.supervise.core.actions import (
     Action,
     Confirm,
@@ -44,13 +42,15 @@ from slm_server.supervise.core.observations import (
     Stopped,
 )
 from slm_server.supervise.core.phases import Ready
-from slm_server.supervise.evidence import Target
-from slm_server.supervise.fleet import Fleet
-from slm_server.supervise.footprints import Footprints
-from slm_server.supervise.publish import Publisher
-from slm_server.supervise.reload.retire import Retiree
-from slm_server.supervise.signal_flag import SignalFlag
-from slm_server.supervise.slot_saves import SlotSaves
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.control import Child, ProcessControl
+from slm_server.supervise.shell.evidence import Target
+from slm_server.supervise.shell.fleet import Fleet
+from slm_server.supervise.shell.footprints import Footprints
+from slm_server.supervise.shell.publish import Publisher
+from slm_server.supervise.shell.retiring import Retiree
+from slm_server.supervise.shell.signal_flag import SignalFlag
+from slm_server.supervise.shell.slot_saves import SlotSaves
 
 log = logging.getLogger("slm_server.supervisor")
 

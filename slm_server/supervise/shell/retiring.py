@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slm_server.contracts.applied_registry import RetireReason, Retiring
-from slm_server.supervise.backend import Backend
-from slm_server.supervise.control import Child
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.control import Child
 
 
 @dataclass

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from slm_server.contracts.events import EventSink
 from slm_server.slotcache.store import Refused, SavedSet, SavedSlot, SlotStore, slot_file
-from slm_server.supervise.backend import Backend
-from slm_server.supervise.control import ProcessControl
-from slm_server.supervise.evidence import ProbeError
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.control import ProcessControl
+from slm_server.supervise.shell.evidence import ProbeError
 
 log = logging.getLogger("slm_server.supervisor")
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slm_server.supervise.core.confirm import Evidence, NotRun, ProcessStatus, Reply, Slots, judge
-from slm_server.supervise.evidence import (
+from slm_server.supervise.shell.evidence import (
     CANARY_SHARE,
     HEALTH_TIMEOUT,
     MIN_WINDOW,

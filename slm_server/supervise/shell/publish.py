@@ -18,9 +18,9 @@ from slm_server.contracts.records import (
 )
 from slm_server.contracts.states import State
 from slm_server.settings import Settings
-from slm_server.supervise.backend import Backend
-from slm_server.supervise.housekeeping import ChoreErrors
-from slm_server.supervise.remotes import Remotes
+from slm_server.supervise.shell.backend import Backend
+from slm_server.supervise.shell.housekeeping import ChoreErrors
+from slm_server.supervise.shell.remotes import Remotes
 
 
 def snapshot(backend: Backend, log_dir_path: str, now: float, wall: float) -> BackendState:

@@ -21,14 +21,14 @@ from slm_server.registry import remote
 from slm_server.registry.schema import ModelEntry
 from slm_server.supervise.core.confirm import Evidence
 from slm_server.supervise.core.confirm import Probe as ConfirmProbe
-from slm_server.supervise.evidence import (
+from slm_server.supervise.shell.evidence import (
     MonotonicClock,
     ProbeError,
     Target,
     gather,
     gather_remote,
 )
-from slm_server.supervise.probes import Http1Probe, PsutilProbe
+from slm_server.supervise.shell.probes import Http1Probe, PsutilProbe
 
 
 class Child(Protocol):

@@ -16,14 +16,14 @@ from slm_server.launch import process
 from slm_server.launch.plan import LaunchPlan
 from slm_server.registry.schema import ModelSpec, RegistryFile
 from slm_server.settings import WatchdogSettings
-from slm_server.supervise.backend import Backend, admitted_mb
 from slm_server.supervise.core.decide import Lifecycle
 from slm_server.supervise.core.registry_diff import LaunchKey
 from slm_server.supervise.core.restart_budget import RestartBudget
 from slm_server.supervise.core.strays import verifiably_ours
-from slm_server.supervise.footprints import Expected, Footprints
-from slm_server.supervise.reload.retire import Retirements
-from slm_server.supervise.slot_saves import SlotSaves
+from slm_server.supervise.shell.backend import Backend, admitted_mb
+from slm_server.supervise.shell.footprints import Expected, Footprints
+from slm_server.supervise.shell.retiring import Retirements
+from slm_server.supervise.shell.slot_saves import SlotSaves
 
 
 class Fleet:

@@ -23,9 +23,9 @@ from slm_server.contracts.restart_requests import RestartRequest
 from slm_server.registry import remote
 from slm_server.registry.schema import ModelSpec
 from slm_server.settings import WatchdogSettings
-from slm_server.supervise.control import ProcessControl
 from slm_server.supervise.core.confirm import Decision
 from slm_server.supervise.core.eject import Change, Ejection, EjectionPolicy, judge
+from slm_server.supervise.shell.control import ProcessControl
 
 log = logging.getLogger("slm_server.supervisor")
 

@@ -1,4 +1,4 @@
-"""Footprints (:mod:`slm_server.supervise.footprints`) in process, on the fake process
+"""Footprints (:mod:`slm_server.supervise.shell.footprints`) in process, on the fake process
 layer: what is expected of an entry, which backends are measured again, and what is
 remembered across runs (a failed write reported once)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from slm_server.contracts.states import State
 from slm_server.supervise.core.observations import Measured
-from slm_server.supervise.footprints import Expected
+from slm_server.supervise.shell.footprints import Expected
 from tests.unit.supervise.fakes import PROMPT_CACHE_MB, events, make, serving, until
 
 

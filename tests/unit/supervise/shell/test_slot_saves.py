@@ -19,7 +19,7 @@ from slm_server.contracts.commands import Command
 from slm_server.contracts.restart_requests import RestartRequest, write_request
 from slm_server.contracts.states import State
 from slm_server.supervise.core.confirm import Evidence
-from slm_server.supervise.evidence import Target
+from slm_server.supervise.shell.evidence import Target
 from slm_server.supervise.supervisor import Supervisor
 from tests.unit.supervise.fakes import (
     STOP_TIMEOUT,

@@ -12,10 +12,10 @@ from slm_server.launch.plan import LaunchPlan
 from slm_server.memory import measure
 from slm_server.memory.store import FootprintKey
 from slm_server.registry.schema import ModelEntry, ModelSpec
-from slm_server.supervise.control import Child
 from slm_server.supervise.core.decide import Lifecycle
 from slm_server.supervise.core.observations import Exited
 from slm_server.supervise.core.phases import Confirming, Ready, Starting
+from slm_server.supervise.shell.control import Child
 
 
 def admitted_mb(
