@@ -196,6 +196,9 @@ def test_a_mixed_model_serves_from_its_local_replica_while_the_remote_is_ejected
             20,
             "the remote replica to be ejected",
         )
+        # The router reads the state file at most every 20 ms: a request sent before it
+        # sees the ejection still goes to the remote.
+        stack.wait_state("far", "ejected")
         before = len(chats(far))
         answers = [chat(stack, "fake-chat").status_code for _ in range(6)]
         assert answers == [200] * 6

@@ -21,12 +21,13 @@ from slm_server.contracts.states import State
 from slm_server.launch.plan import LaunchPlan, Toolchain
 from slm_server.launch.process import PortHolder
 from slm_server.launch.runtime import LlamaRuntime
-from slm_server.registry.schema import ModelEntry, ModelSpec, RegistryFile
+from slm_server.registry.schema import ModelEntry, RegistryFile
 from slm_server.settings import Settings
 from slm_server.supervise.core.confirm import Evidence, Probe, ProcessStatus
 from slm_server.supervise.core.confirm import Reply as ProbeReply
 from slm_server.supervise.shell.evidence import ProbeError, Target
 from slm_server.supervise.supervisor import Supervisor
+from tests.registry_entries import model_spec
 
 LLAMA = "/opt/llama/llama-server"
 TOOLS = Toolchain(llama=LlamaRuntime("native", LLAMA, "test"), llama_error=None, mlx_server=None)
@@ -242,20 +243,8 @@ def make(
         **env,
     }
     specs = tuple(
-        ModelSpec(
-            role=role,
-            index=index,
-            entry=ModelEntry.model_validate(
-                {
-                    "id": f"m-{role}",
-                    "backend": "llamacpp",
-                    "port": port(index),
-                    "model_path": str(model),
-                    "default_timeout": 60,
-                    "quantization": "Q4_1",
-                    **(fields or {}),
-                }
-            ),
+        model_spec(
+            role, f"m-{role}", port(index), index=index, model_path=str(model), **(fields or {})
         )
         for index, role in enumerate(roles)
     )

@@ -9,19 +9,12 @@ from typing import Any
 from slm_server.launch.plan import LaunchPlan
 from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.core.registry_diff import diff_registries, launch_key
+from tests.registry_entries import model_spec
 
 
 def spec(role: str = "a", **fields: Any) -> ModelSpec:
-    values: dict[str, Any] = {
-        "id": role,
-        "backend": "llamacpp",
-        "port": 8501,
-        "model_path": "/m.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-        **fields,
-    }
-    return ModelSpec(role=role, index=0, entry=ModelEntry.model_validate(values))
+    values: dict[str, Any] = {"default_timeout": 10, "quantization": "Q4_0", **fields}
+    return model_spec(role, role, 8501, **values)
 
 
 def plan(argv: tuple[str, ...] = ("llama-server", "-m", "/m.gguf"), port: int = 8501) -> LaunchPlan:

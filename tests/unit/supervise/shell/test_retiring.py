@@ -3,13 +3,11 @@ deadline, or at once when their process already ended; never for a wrong role or
 
 from __future__ import annotations
 
-from typing import Any
-
-from slm_server.registry.schema import ModelEntry, ModelSpec
 from slm_server.supervise.core.decide import Lifecycle
 from slm_server.supervise.core.restart_budget import RestartBudget
 from slm_server.supervise.shell.backend import Backend
 from slm_server.supervise.shell.retiring import Retirements
+from tests.registry_entries import model_spec
 
 
 class Child:
@@ -23,15 +21,7 @@ class Child:
 
 
 def backend(role: str, pid: int | None, port: int = 8501) -> Backend:
-    entry: dict[str, Any] = {
-        "id": role,
-        "backend": "llamacpp",
-        "port": port,
-        "model_path": "/m.gguf",
-        "default_timeout": 10,
-        "quantization": "Q4_0",
-    }
-    spec = ModelSpec(role=role, index=0, entry=ModelEntry.model_validate(entry))
+    spec = model_spec(role, role, port, default_timeout=10, quantization="Q4_0")
     life = Lifecycle(role, role, port, RestartBudget(3, 60, 0), alive=pid is not None, pid=pid)
     found = Backend(spec, life)
     if pid is not None:
