@@ -37,12 +37,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from slm_server.contracts import engine_paths
 from slm_server.mlx_rerank.api import RequestError, error_body, parse_rerank, response_body
 from slm_server.mlx_rerank.scoring import Limits, ModelLoadError, Reranker, Scores
 
 log = logging.getLogger("slm_server.mlx_rerank")
 T = TypeVar("T")
-RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
+RERANK_PATHS = (engine_paths.RERANK, "/rerank", "/v1/reranking", "/reranking")
 LOADING_MESSAGE = "Loading model"
 
 

@@ -1,4 +1,6 @@
-"""The table of API shapes: every shape the router proxies, declared once, with its path,
+"""The table of API shapes: every shape the router proxies, declared once, with its path
+(those every model server also serves under the same name are
+:mod:`~slm_server.contracts.engine_paths`', which the supervisor's canary asks too),
 the model types that serve it, whether it streams, its span and metric names, the checks
 its body takes, and the endpoint object that serves it. ``app.py`` builds the routes from
 it; the orchestrator (:mod:`~slm_server.router.proxy`) hands each request to its row's
@@ -17,6 +19,7 @@ from typing import Protocol
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
+from slm_server.contracts import engine_paths
 from slm_server.router.answer.relay import Relay
 from slm_server.router.apis.messages.endpoint import CountTokensApi, MessagesApi
 from slm_server.router.apis.passthrough.endpoint import PassThrough
@@ -32,7 +35,7 @@ TEXT = frozenset({"lm", "multimodal"})
 
 CHAT = Shape(
     "chat",
-    "/v1/chat/completions",
+    engine_paths.CHAT,
     "chat",
     TEXT,
     streams=True,
@@ -42,7 +45,7 @@ CHAT = Shape(
 )
 COMPLETIONS = Shape(
     "completions",
-    "/v1/completions",
+    engine_paths.COMPLETIONS,
     "text_completion",
     TEXT,
     streams=True,
@@ -70,8 +73,10 @@ COUNT_TOKENS = Shape(
     anthropic=True,
     translated_to=CHAT,
 )
-EMBEDDINGS = Shape("embeddings", "/v1/embeddings", "embeddings", frozenset({"embeddings"}))
-RERANK = Shape("rerank", "/v1/rerank", "rerank", frozenset({"rerank"}), checks=(check_top_n,))
+EMBEDDINGS = Shape("embeddings", engine_paths.EMBEDDINGS, "embeddings", frozenset({"embeddings"}))
+RERANK = Shape(
+    "rerank", engine_paths.RERANK, "rerank", frozenset({"rerank"}), checks=(check_top_n,)
+)
 IMAGE_GENERATIONS = Shape(
     "image_generations",
     "/v1/images/generations",

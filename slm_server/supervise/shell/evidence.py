@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
+from slm_server.contracts import engine_paths
 from slm_server.supervise.core.confirm import (
     NOT_RUN_DECIDED,
     Evidence,
@@ -121,14 +122,14 @@ def canary_request(model_type: str, model_id: str) -> tuple[str, dict[str, objec
     if model_type in ("lm", "multimodal"):
         message = {"role": "user", "content": CANARY_TEXT}
         payload = {"model": model_id, "messages": [message], "max_tokens": 1, "stream": False}
-        return "/v1/chat/completions", payload
+        return engine_paths.CHAT, payload
     if model_type == "completion":  # not a registry type today; kept for raw LMs
-        return "/v1/completions", {"model": model_id, "prompt": CANARY_TEXT, "max_tokens": 1}
+        return engine_paths.COMPLETIONS, {"model": model_id, "prompt": CANARY_TEXT, "max_tokens": 1}
     if model_type == "embeddings":
-        return "/v1/embeddings", {"model": model_id, "input": CANARY_TEXT}
+        return engine_paths.EMBEDDINGS, {"model": model_id, "input": CANARY_TEXT}
     if model_type == "rerank":
         payload = {"model": model_id, "query": CANARY_TEXT, "documents": [CANARY_TEXT]}
-        return "/v1/rerank", payload
+        return engine_paths.RERANK, payload
     return None
 
 
