@@ -15,7 +15,7 @@ from slm_server.errors import BackendUnavailable
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.relay import Relay
 from slm_server.router.answer.reply import Replies
-from slm_server.router.apis.table import TABLE, Endpoint, Table
+from slm_server.router.apis.table import TABLE, Endpoint
 from slm_server.router.call.admission import Gate
 from slm_server.router.call.admitted_call import Call, Deadline
 from slm_server.router.call.backend_state import StateSource
@@ -43,7 +43,7 @@ UNREACHABLE = "backend_unreachable"
 
 
 class Proxy:
-    """The handlers of the API shapes of ``table``, bound to one registry, one upstream
+    """The handlers of the API shapes of the table, bound to one registry, one upstream
     transport and the router's half of the watchdog."""
 
     def __init__(
@@ -56,7 +56,6 @@ class Proxy:
         drain: Drain,
         gates: Mapping[str, Gate],
         in_force: InForce,
-        table: Table = TABLE,
     ) -> None:
         serving = settings.serving
         self.gates = gates
@@ -70,7 +69,7 @@ class Proxy:
         relay = Relay(self.sender, replies, self.reception.sampling_defaults, self.server_kind)
         # Each row's endpoint, built once, by its shape.
         self.endpoints: dict[Shape, Endpoint] = {
-            row.shape: row.endpoint(row.shape, relay) for row in table
+            row.shape: row.endpoint(row.shape, relay) for row in TABLE
         }
         self.loader: Loader | None = None  # loading on demand, set by the app
         # Requests for backends a reload started wait for them, once routed by its registry.

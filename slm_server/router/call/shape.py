@@ -32,8 +32,9 @@ class Shape:
     ``form``: its body is a multipart form, forwarded byte for byte; ``anthropic``: its
     errors (and those of every path under it) take the Messages API's shape;
     ``checks``: what its body is checked for before it is admitted, in order;
-    ``translated_to``: the shape its requests are sent to a backend as (the Messages
-    API's: chat completions), None when sent as they are."""
+    ``translated_to``: the shape its requests are translated to for a backend without
+    its own (the Messages API's, the Responses API's: chat completions), None when
+    always sent as they are."""
 
     name: str
     path: str

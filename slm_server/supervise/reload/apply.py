@@ -1,9 +1,10 @@
 """Applying a reload: the registry file read, validated and planned again
 (:mod:`.prepare`), then refused whole, naming every problem, or applied as the
 difference from the registry in force. Unchanged backends keep their process (with
-their new entry); removed and replaced ones retire (:mod:`.retire`: drained, then
-stopped); added and replacing ones begin, a replacing one held until the process it
-replaces is gone. Reloads spend no restart budget.
+their new entry); removed and replaced ones retire
+(:mod:`~slm_server.supervise.shell.retiring`: drained, then stopped); added and
+replacing ones begin, a replacing one held until the process it replaces is gone.
+Reloads spend no restart budget.
 
 The registry the supervisor starts with is put in force here too (every entry
 planned once, a backend made for each local one), and so is the record of the registry

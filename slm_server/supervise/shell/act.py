@@ -4,7 +4,7 @@ launch (plan, free the port, spawn), a stop (SIGTERM, then SIGKILL), a health pr
 and a trip's confirmation each as a task of its own with a bound, reporting back
 through the inbox (:class:`Tasks`), which the loop decides on at its next turn. So no
 backend's trouble delays another's exit detection. Also the stops outside decide's
-rows: a retiring backend's (:mod:`.reload.retire`) and every process at shutdown.
+rows: a retiring backend's (:mod:`.retiring`) and every process at shutdown.
 """
 
 from __future__ import annotations

@@ -103,6 +103,13 @@ def _translated_to(shape: Shape) -> Shape:
     return shape.translated_to
 
 
+def translated(intake: Intake) -> dict[str, Any]:
+    """The chat completions request :func:`prepare` made of ``intake``."""
+    if intake.translated is None:
+        raise ValueError("a Messages request is sent only once prepared")
+    return intake.translated
+
+
 def prepare(intake: Intake, counting: bool) -> Intake:
     """``intake`` with its chat completions request (to ``count_tokens`` when
     ``counting``), checked before it is admitted (400 naming the field for what cannot
@@ -130,7 +137,7 @@ class MessagesApi:
         translated back. The Messages request is as the backend is sent it (its
         ``model`` the backend's name for it)."""
         request = intake.payload
-        chat = {**(intake.translated or {}), "model": request.get("model")}
+        chat = {**translated(intake), "model": request.get("model")}
         apply_defaults(chat, self.chat, self.relay.sampling_defaults(call.spec))
         translation = MessagesTranslation(request, capped=call.capped)
         return await self.relay.relay(call, self.chat.path, dumps_body(chat), translation)
@@ -150,7 +157,7 @@ class CountTokensApi:
         :meth:`counts_natively`)."""
         intake = prepare(intake, counting=True)
         if not self.counts_natively(intake.spec):
-            return self.estimate(intake.translated or {})
+            return self.estimate(translated(intake))
         return intake
 
     def counts_natively(self, spec: ModelSpec) -> bool:
@@ -184,7 +191,7 @@ class CountTokensApi:
             await upstream.aclose()
         finally:
             call.slot.release()
-        return self.estimate(intake.translated or {})
+        return self.estimate(translated(intake))
 
 
 __all__ = ["CountTokensApi", "MessagesApi", "MessagesTranslation"]
