@@ -89,6 +89,13 @@ def test_an_unload_saves_the_slots_and_the_next_load_restores_them_before_ready(
         api(stack, "load", model_id)
         restored = stack.wait_event("cache_restored", role="lazy")
         assert (restored["slots"], restored["tokens"]) == (1, saved["tokens"])
+        # The load is published ready at the supervisor's next turn after the restore:
+        # wait for that second backend_loaded before reading the order.
+        poll(
+            lambda: len(stack.events("backend_loaded")) >= 2,
+            15,
+            "the second load to be published ready",
+        )
         order = [e["event"] for e in stack.events() if e.get("role") == "lazy"]
         assert order.index("cache_restored") < len(order) - 1 - order[::-1].index(
             "backend_loaded"
