@@ -21,6 +21,9 @@ agent's turns do. Each round starts the fakes (and the router) afresh, targets
 alternating (direct, slm_server, direct, slm_server, ...), and measures every cell
 after an unrecorded warm-up: the latency the client sees (p50, p90), the time to first
 token, the router's CPU per request; the comparisons are taken within each round.
+
+With ``benchmarks.run --against REV`` the router of that commit (``slm_server@<rev>``)
+runs in every round too, after this tree's, and a table sets the two side by side.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import httpx
 import uvloop
 
 from benchmarks.loadgen import SERIAL, Workload
-from benchmarks.overhead import Rounds, measure_load
+from benchmarks.machine import ROOT
+from benchmarks.overhead import AGAINST, Rounds, measure_load
 from benchmarks.report import DASH, DIVIDE, TIMES, Check, show, spread, table
 from benchmarks.servers import BENCH_MODEL, Server, fast_fake, slm_router
 from tests.agent_request import (
@@ -242,12 +246,20 @@ def _workload(cell: Cell, server: Server, direct: bool, bodies: Bodies) -> Workl
     )
 
 
+def targets() -> tuple[str, ...]:
+    """The targets of each round: direct, this tree's router, and the router of each
+    commit it is compared with (``--against``)."""
+    return (*TARGETS, *(f"{ROUTER}@{revision}" for revision in AGAINST))
+
+
 def run_target(
     name: str, round_index: int, plan: Plan, bodies: Bodies, workdir: Path, say: Say
 ) -> dict[str, Any]:
     """Fresh servers for one target, every cell, servers stopped."""
     workdir.mkdir(parents=True, exist_ok=True)
     direct = name == "direct"
+    _, _, revision = name.partition("@")
+    tree = AGAINST[revision] if revision else ROOT
     with contextlib.ExitStack() as stack:
         fakes = {
             model: stack.enter_context(fast_fake(workdir, plan.chunks, 0.0, model))
@@ -256,7 +268,9 @@ def run_target(
         router = (
             None
             if direct
-            else stack.enter_context(slm_router(workdir, [*fakes.values()], entries=ENTRIES))
+            else stack.enter_context(
+                slm_router(workdir, [*fakes.values()], entries=ENTRIES, tree=tree)
+            )
         )
 
         async def all_cells() -> list[dict[str, Any]]:
@@ -303,7 +317,7 @@ def run_rounds(plan: Plan, workdir: Path, say: Say) -> tuple[Bodies, list[dict[s
     runs = [
         run_target(name, r, plan, bodies, workdir / f"r{r}-{name}", say)
         for r in range(1, plan.rounds + 1)
-        for name in TARGETS
+        for name in targets()
     ]
     return bodies, runs
 
@@ -318,8 +332,8 @@ def _ms(stat: dict[str, Any], digits: int = 2) -> str:
     return show(stat, digits)
 
 
-def _cpu_ms(rounds: Rounds, cell: str) -> dict[str, Any]:
-    stat = rounds.stat(ROUTER, cell, CPU)
+def _cpu_ms(rounds: Rounds, cell: str, target: str = ROUTER) -> dict[str, Any]:
+    stat = rounds.stat(target, cell, CPU)
     return {k: v / 1000 if k != "n" and v is not None else v for k, v in stat.items()}
 
 
@@ -391,6 +405,12 @@ def tables(rounds: Rounds, plan: Plan, bodies: Bodies) -> str:
                 preset_rows,
             ),
         ]
+    for revision in AGAINST:
+        parts += [
+            f"This tree's router beside the router of `{revision}`, in the same rounds "
+            f"(its added p50 and CPU per request; {DIVIDE} taken within each round):",
+            against_table(rounds, plan, f"{ROUTER}@{revision}"),
+        ]
     size_rows = [
         [key, f"{size['sent']:,}", f"{size['upstream']:,}", f"{size['answer']:,}"]
         for key, size in bodies.sizes().items()
@@ -404,6 +424,29 @@ def tables(rounds: Rounds, plan: Plan, bodies: Bodies) -> str:
         headroom_table(rounds, plan),
     ]
     return "\n\n".join(parts)
+
+
+def against_table(rounds: Rounds, plan: Plan, other: str) -> str:
+    """This tree's router beside ``other`` (the router of another commit), per cell."""
+    header = ["request", "answer", "clients", "added p50 (ms)", "added p50, other (ms)"]
+    header += ["router CPU (ms)", "router CPU, other (ms)", f"CPU {DIVIDE} other"]
+    rows = []
+    for cell in plan.shown():
+        key = cell.key
+        ratio = rounds.ratio(ROUTER, other, key, CPU)
+        rows.append(
+            [
+                cell.variant.label,
+                cell.kind,
+                str(cell.concurrency),
+                _ms(rounds.added(ROUTER, key, "latency_ms.p50")),
+                _ms(rounds.added(other, key, "latency_ms.p50")),
+                _ms(_cpu_ms(rounds, key)),
+                _ms(_cpu_ms(rounds, key, other)),
+                show(ratio, 3) + f" {TIMES}",
+            ]
+        )
+    return table(header, rows)
 
 
 def _between(
@@ -431,7 +474,7 @@ def headroom_table(rounds: Rounds, plan: Plan) -> str:
     header = ["target", "cell", "client CPU share", "fake CPU share", "router CPU share"]
     header += ["fake CPU per request (µs)"]
     rows = []
-    for target in TARGETS:
+    for target in targets():
         for cell in plan.shown():
             key = cell.key
             router = (

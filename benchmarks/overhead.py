@@ -125,6 +125,11 @@ COMPARABLE = {
     "slm_server_otel": {"telemetry": True},
     "slm_server_default": {"telemetry": True, "collector": True},
 }
+# Targets whose own starter runs another commit's router when given its tree.
+COMPARABLE_STARTERS = {
+    "slm_server_pinned": slm_router_pinned,
+    "slm_server_ui": slm_router_watched,
+}
 
 
 def starter(name: str) -> Starter:
@@ -133,7 +138,11 @@ def starter(name: str) -> Starter:
     base, _, revision = name.partition("@")
     if not revision:
         return STARTERS[name]
-    options, tree = COMPARABLE[base], AGAINST[revision]
+    tree = AGAINST[revision]
+    own = COMPARABLE_STARTERS.get(base)
+    if own is not None:
+        return lambda workdir, backends: own(workdir, backends, tree=tree)
+    options = COMPARABLE[base]
     telemetry, collector = options["telemetry"], options.get("collector", False)
     return lambda workdir, backends: slm_router(
         workdir, backends, telemetry=telemetry, collector=collector, tree=tree
@@ -146,7 +155,7 @@ def with_against(targets: tuple[str, ...]) -> tuple[str, ...]:
     out: list[str] = []
     for target in targets:
         out.append(target)
-        if target in COMPARABLE:
+        if target in COMPARABLE or target in COMPARABLE_STARTERS:
             out += [f"{target}@{revision}" for revision in AGAINST]
     return tuple(out)
 
@@ -456,8 +465,10 @@ def overhead_tables(rounds: Rounds, targets: tuple[str, ...]) -> str:
 def headroom_table(rounds: Rounds, targets: tuple[str, ...]) -> str:
     """Who used how much CPU: the client and the backend must not be the bottleneck."""
     header = ["target", "level", "client CPU share", "backend CPU share", "gateway CPU share"]
-    companions = [t for t in targets if t in COMPANIONS]
-    header += [f"{COMPANIONS[t]} CPU share" for t in companions]
+    companions = [t for t in targets if t.partition("@")[0] in COMPANIONS]
+    for t in companions:
+        base, _, revision = t.partition("@")
+        header.append(f"{COMPANIONS[base]} CPU share" + (f" at {revision}" if revision else ""))
     rows = []
     for target in targets:
         for cell in WHOLE + STREAM + BURST:

@@ -230,7 +230,9 @@ def slm_router(
 
 
 @contextlib.contextmanager
-def slm_router_watched(workdir: Path, backends: Sequence[Server]) -> Iterator[Server]:
+def slm_router_watched(
+    workdir: Path, backends: Sequence[Server], tree: Path = ROOT
+) -> Iterator[Server]:
     """:func:`slm_router` with the dashboard open in a headless chromium the whole time
     (its polling and its event stream), the page shown once before anything is
     measured."""
@@ -239,7 +241,7 @@ def slm_router_watched(workdir: Path, backends: Sequence[Server]) -> Iterator[Se
 
     from tests.integration.browser import headless_chromium
 
-    with slm_router(workdir, backends) as router, headless_chromium() as driver:
+    with slm_router(workdir, backends, tree=tree) as router, headless_chromium() as driver:
         driver.get(f"{router.url}/ui")
         WebDriverWait(driver, 30, poll_frequency=0.1).until(
             lambda d: len(d.find_elements(By.CSS_SELECTOR, "#models tbody tr")) == len(backends)
@@ -250,9 +252,11 @@ def slm_router_watched(workdir: Path, backends: Sequence[Server]) -> Iterator[Se
 
 
 @contextlib.contextmanager
-def slm_router_pinned(workdir: Path, backends: Sequence[Server]) -> Iterator[Server]:
+def slm_router_pinned(
+    workdir: Path, backends: Sequence[Server], tree: Path = ROOT
+) -> Iterator[Server]:
     """:func:`slm_router`, :func:`pinned` as beside the dashboard."""
-    with slm_router(workdir, backends) as router, pinned(router, backends):
+    with slm_router(workdir, backends, tree=tree) as router, pinned(router, backends):
         yield router
 
 
