@@ -175,6 +175,8 @@ class Proxy:
                 slot=slot,
                 hidden_usage=intake.hidden_usage,
                 capped=intake.capped,
+                watch_progress=intake.watch_progress,
+                hidden_progress=intake.hidden_progress,
             )
             return await endpoint.send(call, intake)
         except BaseException:
