@@ -105,13 +105,13 @@ def test_a_long_prompt_read_on_one_thread_is_answered_and_never_tripped(tmp_path
     registry = example_registry(
         {"standard": 0, "gemma": free_port(), "embeddings": 0}, roles=("gemma",)
     )
-    env = {"LLAMA_ARG_THREADS": "1", "LLAMA_ARG_THREADS_BATCH": "1"}
     with watched(
         tmp_path,
         registry["models"],
         llama_server=llama_server_bin(),
         SLM_WATCHDOG_SILENCE_SECONDS=str(SILENCE),
-        **env,
+        LLAMA_ARG_THREADS="1",
+        LLAMA_ARG_THREADS_BATCH="1",
     ) as stack:
         body = request(LONG_PROMPT, max_tokens=4)
         body["model"] = "gemma-3-270m"

@@ -23,10 +23,12 @@ from slm_server.errors import BackendProtocolError
 from tests.unit.router.inprocess import (
     FakeResponse,
     Router,
+    Script,
     Sent,
     backend_state,
     call,
     make_router,
+    until,
     whole,
 )
 from tests.unit.router.test_proxy import ANSWER, CHAT, chat, serving
@@ -51,14 +53,6 @@ def publish(router: Router, state: str, pid: int | None = None, **fields: Any) -
         spec, state, **({"pid": pid} if pid is not None else {}), **fields
     )
     router.states.alive = True
-
-
-async def until(condition: Any, what: str, seconds: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + seconds
-    while not condition():
-        assert loop.time() < give_up, f"never: {what}"
-        await asyncio.sleep(0.005)
 
 
 async def answering(_sent: Sent) -> FakeResponse:
@@ -122,7 +116,7 @@ def test_a_backend_given_up_while_a_request_waits_is_refused_with_why(tmp_path: 
     run(scenario())
 
 
-def stranding_once(router_box: list[Router], new_pid: int) -> Any:
+def stranding_once(router_box: list[Router], new_pid: int) -> Script:
     """A backend whose process dies under the first request (the connection breaks
     with nothing of the answer): the supervisor publishes it restarting, then ready with
     a new process, which answers."""

@@ -27,6 +27,7 @@ from tests.unit.router.inprocess import (
     backend_state,
     call,
     make_router,
+    until,
 )
 from tests.unit.router.test_proxy import CHAT, MODEL, USAGE_CHUNK, chat, delta, serving
 
@@ -155,15 +156,16 @@ def test_a_client_that_asked_for_progress_gets_the_reports(tmp_path: Path) -> No
 
 
 def test_a_completions_stream_loses_its_progress_reports_too(tmp_path: Path) -> None:
+    choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": None}
     report = {
-        "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": None}],
+        "choices": [choice],
         "created": 1,
         "model": MODEL,
         "object": "text_completion",
         "id": "cmpl-1",
         "prompt_progress": {"total": 9, "cache": 0, "processed": 9, "time_ms": 2.0},
     }
-    token = {**report, "choices": [{**report["choices"][0], "text": "Hi"}]}
+    token = {**report, "choices": [{**choice, "text": "Hi"}]}
     del token["prompt_progress"]
     router = llama_router(tmp_path, playing([event(report), event(token), event(b"[DONE]")]))
 
@@ -253,7 +255,7 @@ def test_silence_between_tokens_trips_within_the_silence_limit(tmp_path: Path) -
     resume = asyncio.Event()
 
     async def script(_sent: Sent) -> FakeResponse:
-        steps = [event(progress_chunk(0)), event(first_token("Hel")), resume]
+        steps: list[Step] = [event(progress_chunk(0)), event(first_token("Hel")), resume]
         steps += [event(delta("lo", "stop")), event(USAGE_CHUNK), event(b"[DONE]")]
         return FakeResponse(200, STREAM, steps)
 
@@ -264,9 +266,7 @@ def test_silence_between_tokens_trips_within_the_silence_limit(tmp_path: Path) -
             loop = asyncio.get_running_loop()
             started = loop.time()
             task = asyncio.ensure_future(call(router.app, CHAT, chat(stream=True)))
-            while not stalls(router):
-                assert loop.time() - started < 5, "no stall recorded"
-                await asyncio.sleep(0.01)
+            await until(lambda: stalls(router), "a stall recorded")
             took = loop.time() - started
             assert SILENCE <= took < SILENCE + 1.0
             [stall] = stalls(router)
@@ -298,9 +298,7 @@ def test_silence_before_anything_trips_within_the_silence_limit(tmp_path: Path) 
             loop = asyncio.get_running_loop()
             started = loop.time()
             task = asyncio.ensure_future(call(router.app, CHAT, chat(stream=True)))
-            while not stalls(router):
-                assert loop.time() - started < 5, "no stall recorded"
-                await asyncio.sleep(0.01)
+            await until(lambda: stalls(router), "a stall recorded")
             assert loop.time() - started < SILENCE + 1.0
             thaw.set()
             got = await task
@@ -315,7 +313,8 @@ def test_an_engine_without_progress_keeps_the_first_byte_rule(tmp_path: Path) ->
     resume = asyncio.Event()
 
     async def script(_sent: Sent) -> FakeResponse:
-        steps = [event(first_token("Hel")), resume, event(delta("lo", "stop")), event(b"[DONE]")]
+        steps: list[Step] = [event(first_token("Hel")), resume]
+        steps += [event(delta("lo", "stop")), event(b"[DONE]")]
         return FakeResponse(200, STREAM, steps)
 
     router = llama_router(tmp_path, script, kind="llama_cpp.server")
