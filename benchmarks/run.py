@@ -4,6 +4,7 @@
     uv run python -m benchmarks.run defaults             # lean and default configuration
     uv run python -m benchmarks.run dashboard            # with and without the dashboard open
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
+    uv run python -m benchmarks.run frozen --against HEAD~1 --rounds 2  # SIGSTOP, defaults
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run reload               # reloading the registry under load
     uv run python -m benchmarks.run resume               # a 6k-token prefix after a swap
@@ -38,6 +39,7 @@ from benchmarks import (
     affinity,
     agent_request,
     body_burst,
+    frozen,
     overhead,
     real,
     recovery,
@@ -191,6 +193,19 @@ def run_recovery(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_frozen(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = frozen.Plan(rounds=1 if quick else rounds)
+    trials = frozen.run_trials(plan, workdir, say)
+    return Outcome(
+        "A frozen llama-server (SIGSTOP, SmolLM2 135M) under the shipped watchdog settings",
+        asdict(plan) | {"grace_seconds": frozen.GRACE_SECONDS, "clients": frozen.CLIENTS},
+        trials,
+        [],
+        frozen.tables(trials),
+        [{k: v for k, v in t.items() if k not in ("outcomes", "failures")} for t in trials],
+    )
+
+
 def run_swap(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = swap.Plan(trials=1 if quick else max(rounds, 5))
     trials = swap.run_trials(plan, workdir, say)
@@ -285,6 +300,7 @@ SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "peer": run_peer,
     "real": run_real,
     "recovery": run_recovery,
+    "frozen": run_frozen,
     "swap": run_swap,
     "reload": run_reload,
     "resume": run_resume,

@@ -397,10 +397,11 @@ class Launched:
 
 @contextlib.contextmanager
 def launcher(
-    workdir: Path, models: dict[str, dict[str, Any]], env: Mapping[str, str]
+    workdir: Path, models: dict[str, dict[str, Any]], env: Mapping[str, str], tree: Path = ROOT
 ) -> Iterator[Launched]:
-    """``python -m slm_server backends`` on ``models``; yields once every backend is
-    ready, stops it afterwards and waits until no backend it started is left."""
+    """``python -m slm_server backends`` on ``models``, run from ``tree`` (another
+    commit's checkout, to compare); yields once every backend is ready, stops it
+    afterwards and waits until no backend it started is left."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "models.yaml").write_text(yaml.safe_dump({"models": models}, sort_keys=False))
     full_env = {
@@ -410,7 +411,7 @@ def launcher(
         "SLM_OTEL_ENABLED": "false",
         **env,
     }
-    command = start_command("backends", full_env, workdir / "backends.out")
+    command = start_command("backends", full_env, workdir / "backends.out", cwd=tree)
     launched = Launched(workdir, full_env, command)
     pids: set[int] = set()
     try:
@@ -444,9 +445,9 @@ def launcher(
 
 
 @contextlib.contextmanager
-def router_for(workdir: Path, env: Mapping[str, str]) -> Iterator[Server]:
-    """The router on the launcher's registry and environment."""
-    with running_router(env, workdir) as (router, url):
+def router_for(workdir: Path, env: Mapping[str, str], tree: Path = ROOT) -> Iterator[Server]:
+    """The router on the launcher's registry and environment, run from ``tree``."""
+    with running_router(env, workdir, cwd=tree) as (router, url):
         yield Server("slm_server", router.pid, url, "")
 
 

@@ -134,6 +134,9 @@ class WatchdogSettings:
     log_path: Path
     backend_log_max_mb: float
     confirm_seconds: float = 10.0
+    # The silence that trips a stream of an engine that reports its prompt progress
+    # (native llama-server): no byte, no progress report and no token for this long.
+    silence_seconds: float = 30.0
     # Remotes (``backend: remote``) are ejected, not restarted: the first ejection's
     # length, the longest (each repeated one doubles), and the confirmed trips in a
     # row that eject.
@@ -156,6 +159,7 @@ class WatchdogSettings:
             log_path=_path(env, "SLM_WATCHDOG_LOG_PATH", log_dir / "watchdog.jsonl"),
             backend_log_max_mb=_float(env, "SLM_BACKEND_LOG_MAX_MB", 100.0),
             confirm_seconds=_float(env, "SLM_WATCHDOG_CONFIRM_SECONDS", 10.0, minimum=0.001),
+            silence_seconds=_float(env, "SLM_WATCHDOG_SILENCE_SECONDS", 30.0, minimum=0.001),
             remote_eject_base_seconds=_float(
                 env, "SLM_REMOTE_EJECT_BASE_SECONDS", 30.0, minimum=0.001
             ),
@@ -180,6 +184,7 @@ class WatchdogSettings:
             "log_path": str(self.log_path),
             "backend_log_max_mb": self.backend_log_max_mb,
             "confirm_seconds": self.confirm_seconds,
+            "silence_seconds": self.silence_seconds,
             "remote_eject_base_seconds": self.remote_eject_base_seconds,
             "remote_eject_max_seconds": self.remote_eject_max_seconds,
             "remote_eject_after": self.remote_eject_after,

@@ -37,7 +37,10 @@ _EVENT_COLOURS = {
     **dict.fromkeys(
         (*_FAILURES.split(), "stray_kill_refused", "remote_ejected", "supervisor_refused"), RED
     ),
-    **dict.fromkeys(("restart_succeeded", "supervisor_started", "remote_readmitted"), GREEN),
+    **dict.fromkeys(
+        ("restart_succeeded", "supervisor_started", "remote_readmitted", "request_retried"),
+        GREEN,
+    ),
     **dict.fromkeys(("supervisor_stopped", "backend_log_trimmed"), DIM),
 }
 # How the backend an event concerns is named: ``reasoning (unsloth/qwen3) :8502``.

@@ -27,6 +27,7 @@ EVENTS = frozenset(
         "unclassified_status",
         "deadline_not_counted",
         "restart_requested",
+        "request_retried",
         "stale_request_discarded",
         "backend_exited",
         "backend_not_running",

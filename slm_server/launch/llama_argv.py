@@ -57,10 +57,20 @@ def _num(value: float) -> str:
     return str(value) if isinstance(value, int) else format(value, ".10g")
 
 
+# The logical batch of a native llama-server serving a language model (see native_argv).
+PROGRESS_BATCH = 512
+
+
 def native_argv(program: str, entry: ModelEntry, files: ModelFiles) -> list[str]:
     """The ``llama-server`` command line for ``entry``."""
     argv = [program, "--model", files.model, "--host", entry.host, "--port", str(entry.port)]
     argv += ["--alias", entry.id, "--parallel", str(entry.max_concurrency), "--metrics"]
+    if entry.model_type == "lm":
+        # A prompt progress report comes after each logical batch: a smaller one than
+        # llama-server's 2048 reports four times as often, so the watchdog's silence
+        # limit hears a healthy backend reading a long prompt every few seconds; the
+        # same speed on all cores (benchmarks/results/progress-gaps-*.md).
+        argv += ["--batch-size", str(max(PROGRESS_BATCH, entry.ubatch_size or 0))]
     if entry.context_length is not None:
         argv += ["--ctx-size", str(entry.context_length)]
     if entry.model_type == "embeddings":

@@ -5,6 +5,7 @@ deadline, waited for when it is loading, and handed to the endpoint to send."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.requests import Request
@@ -25,6 +26,7 @@ from slm_server.router.call.shape import Shape
 from slm_server.router.call.waits import client_of, running_loop
 from slm_server.router.dispatch.choice import Choice
 from slm_server.router.dispatch.lookup import Registry
+from slm_server.router.dispatch.recovery import Recovery
 from slm_server.router.intake.body_budget import BodyBudget
 from slm_server.router.intake.memory_return import MemoryReturn
 from slm_server.router.intake.payload import header_value, request_timeout
@@ -66,7 +68,10 @@ class Proxy:
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
         replies = Replies(self.sender, drain, serving.max_sse_event_bytes)
-        relay = Relay(self.sender, replies, self.reception.sampling_defaults, self.server_kind)
+        recovery = Recovery(states, self.sender.waits)
+        relay = Relay(
+            self.sender, replies, self.reception.sampling_defaults, self.server_kind, recovery
+        )
         # Each row's endpoint, built once, by its shape.
         self.endpoints: dict[Shape, Endpoint] = {
             row.shape: row.endpoint(row.shape, relay) for row in TABLE
@@ -156,7 +161,10 @@ class Proxy:
                 # old gate instead, and is served by the old process, still alive until
                 # retired: were it to wait, the old gate would not drain before its
                 # deadline, nor the old process be retired, nor the new one start.
+                waited_from = time.perf_counter()
                 await self.readiness.until_ready(spec, client, deadline.at)
+                exchange.recovery = "waited"
+                exchange.recovery_seconds = time.perf_counter() - waited_from
                 self.choice.refuse_if_down(spec)  # failed meanwhile, or restarting
             loader = self.loader
             if loader is not None and loader.on_demand(spec):
@@ -175,6 +183,8 @@ class Proxy:
                 slot=slot,
                 hidden_usage=intake.hidden_usage,
                 capped=intake.capped,
+                watch_progress=intake.watch_progress,
+                hidden_progress=intake.hidden_progress,
             )
             return await endpoint.send(call, intake)
         except BaseException:

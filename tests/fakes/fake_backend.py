@@ -115,6 +115,10 @@ class Script:
     tool_calls: list[JSON] | None = None
     # A chat answer that thinks this first (as ``reasoning_content``).
     reasoning: str | None = None
+    # A stream that asks for ``return_progress`` gets llama-server's prompt progress
+    # reports: one as it starts, one this often while ``delay_seconds`` runs (the
+    # prompt being read), one when the prompt is read.
+    progress_interval_seconds: float = 0.5
 
     @classmethod
     def parse(cls, data: Any) -> Script:
@@ -280,8 +284,10 @@ class ScriptedResponse(Response):
         headers: dict[str, str] | None = None,
         content: bytes | None = None,
         media_type: str = "application/json",
+        progress: Callable[[int], bytes] | None = None,
     ) -> None:
         self.state, self.record, self.script, self.status_code = state, record, script, status
+        self.progress = progress  # the report of a per-mille of the prompt read
         self.events, self.stall, self.final_sent = events, stall, False
         self.body = json.dumps(payload).encode() if events is None else b""
         if content is not None:
@@ -322,17 +328,21 @@ class ScriptedResponse(Response):
         # Otherwise the client went away: return quietly, nothing more can be sent.
 
     async def _run(self, send: Send, stop: asyncio.Event) -> None:
+        raw_headers = [(k.encode(), v.encode()) for k, v in self.extra_headers.items()]
+        start = {"type": "http.response.start", "status": self.status_code, "headers": raw_headers}
         if self.stall:
             await stop.wait()
+        elif self.progress is not None:  # as llama-server: the head, then the reports
+            await send(start)
+            if not await self._read_prompt(send, stop, self.progress):
+                return
         elif self.script.delay_seconds > 0:
             await wait_event(stop, self.script.delay_seconds)
         if stop.is_set():
             self._stopped()
             return
-        raw_headers = [(k.encode(), v.encode()) for k, v in self.extra_headers.items()]
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": raw_headers}
-        )
+        if self.progress is None:
+            await send(start)
         if self.events is not None:
             prefix, content, suffix = self.events
             for event in prefix:
@@ -349,6 +359,24 @@ class ScriptedResponse(Response):
         await send({"type": "http.response.body", "body": self.body, "more_body": False})
         if self.record is not None:
             self.record.completed = True
+
+    async def _read_prompt(
+        self, send: Send, stop: asyncio.Event, report: Callable[[int], bytes]
+    ) -> bool:
+        """The prompt progress reports over ``delay_seconds``; False if stopped."""
+        loop = asyncio.get_running_loop()
+        delay, interval = self.script.delay_seconds, self.script.progress_interval_seconds
+        begun = loop.time()
+        await send({"type": "http.response.body", "body": report(0), "more_body": True})
+        while (left := begun + delay - loop.time()) > 0:
+            await wait_event(stop, min(left, interval))
+            if stop.is_set():
+                self._stopped()
+                return False
+            share = min(999, int(1000 * (loop.time() - begun) / delay))
+            await send({"type": "http.response.body", "body": report(share), "more_body": True})
+        await send({"type": "http.response.body", "body": report(1000), "more_body": True})
+        return True
 
     async def _send_content(self, send: Send, stop: asyncio.Event, content: list[bytes]) -> bool:
         """Send the content chunks; False if stopped by a disconnect. Honours fail_after."""
@@ -716,6 +744,7 @@ async def proxied(request: Request) -> Response:
         events: Events | None = None,
         content: bytes | None = None,
         media_type: str = "application/json",
+        progress: Callable[[int], bytes] | None = None,
     ) -> Response:
         return ScriptedResponse(
             state,
@@ -727,6 +756,7 @@ async def proxied(request: Request) -> Response:
             headers=out_headers,
             content=content,
             media_type=media_type,
+            progress=progress,
         )
 
     if refused is not None:  # llama-server's answer to a body its parser refuses
@@ -770,7 +800,42 @@ async def proxied(request: Request) -> Response:
             return answer(404, error_body(404, f"Not Found: {path}", "not_found_error"))
         return answer(payload=responses_answer(body, model, record.seq, script))
     payload, events = generate(path, body, model, record.seq, script)
-    return answer(payload=payload, events=events)
+    progress = None
+    if events is not None and body.get("return_progress") is True:
+        progress = progress_reports(path, body, model, record.seq)
+    return answer(payload=payload, events=events, progress=progress)
+
+
+def progress_reports(path: str, body: JSON, model: str, seq: int) -> Callable[[int], bytes]:
+    """llama-server's prompt progress report of a stream, by per-mille read: a chunk of
+    the stream's own kind with no content, and ``prompt_progress``."""
+    chat = path == "/v1/chat/completions"
+    total = max(1, count_words(prompt_text(path, body)))
+
+    def report(per_mille: int) -> bytes:
+        choice: JSON = {"finish_reason": None, "index": 0}
+        if chat:
+            choice["delta"] = {"role": "assistant", "content": None}
+        else:
+            choice |= {"text": "", "logprobs": None}
+        processed = total * per_mille // 1000
+        return sse(
+            {
+                "choices": [choice],
+                "created": int(time.time()),
+                "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{seq}",
+                "model": model,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "prompt_progress": {
+                    "total": total,
+                    "cache": 0,
+                    "processed": processed,
+                    "time_ms": 1.0,
+                },
+            }
+        )
+
+    return report
 
 
 def form_answer(

@@ -41,7 +41,8 @@ SECONDS = float(os.environ.get("SLM_TEST_MIXED_LOAD_SECONDS", "45"))
 CLIENTS = 3  # the chat model has 2 slots: the router queues the third
 DEADLINE = 8  # the chat model's default_timeout, seconds
 # Tight, but above what the real llama-server needs for a first token on a busy
-# two-core machine (about 1.5 s was seen): a stall here would be a real one.
+# two-core machine (about 1.5 s was seen), and above its longest silence between
+# progress reports and tokens: a stall here would be a real one.
 STALL_SECONDS = "3"
 CHAT = "smollm2-135m-instruct"
 EMBED = "gemma-3-270m-embed"
@@ -233,7 +234,11 @@ def test_mixed_valid_load_restarts_nothing_and_leaks_nothing(tmp_path: Path) -> 
     chosen = models()
     llama = llama_server_bin()
     with watched(
-        tmp_path, chosen, llama_server=llama, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS
+        tmp_path,
+        chosen,
+        llama_server=llama,
+        SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS,
+        SLM_WATCHDOG_SILENCE_SECONDS=STALL_SECONDS,
     ) as stack:
         pids = {role: stack.pid(role) for role in chosen}
         router = psutil.Process(stack.router_pid)

@@ -330,6 +330,7 @@ def test_an_oversized_backend_log_is_trimmed(tmp_path: Path) -> None:
 # --- progress is not failure: which deadlines are backend timeouts ------------------------
 
 STALL_SECONDS = "1.5"  # above the 0.4 s token interval, below the 2 s deadline
+# (the stall and the silence limit both: the fake is asked as llama-server is)
 
 
 def cut_stream(stack: Watched, role: str, path: str = "/v1/chat/completions") -> list[str]:
@@ -364,7 +365,12 @@ def test_streams_cut_by_the_deadline_while_tokens_flow_never_count(tmp_path: Pat
     models = {
         "standard": fake_entry(tmp_path, "standard", tokens, default_timeout=2, max_concurrency=4)
     }
-    with watched(tmp_path, models, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS) as stack:
+    with watched(
+        tmp_path,
+        models,
+        SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS,
+        SLM_WATCHDOG_SILENCE_SECONDS=STALL_SECONDS,
+    ) as stack:
         wait_past_grace(stack, "standard")
         pid = stack.pid("standard")
         for round_ in range(2):  # overlapping streams, twice the failure threshold each round
@@ -402,7 +408,12 @@ def test_streams_silent_past_the_stall_threshold_at_the_deadline_count(tmp_path:
     models = {
         "standard": fake_entry(tmp_path, "standard", silent, default_timeout=2, max_concurrency=4)
     }
-    with watched(tmp_path, models, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS) as stack:
+    with watched(
+        tmp_path,
+        models,
+        SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS,
+        SLM_WATCHDOG_SILENCE_SECONDS=STALL_SECONDS,
+    ) as stack:
         wait_past_grace(stack, "standard")
         old_pid = stack.pid("standard")
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -428,7 +439,12 @@ def test_a_non_streaming_request_cut_by_the_deadline_counts(tmp_path: Path) -> N
     models = {
         "standard": fake_entry(tmp_path, "standard", {"script": {"stall": True}}, default_timeout=2)
     }
-    with watched(tmp_path, models, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS) as stack:
+    with watched(
+        tmp_path,
+        models,
+        SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS,
+        SLM_WATCHDOG_SILENCE_SECONDS=STALL_SECONDS,
+    ) as stack:
         wait_past_grace(stack, "standard")
         old_pid = stack.pid("standard")
         for _ in range(2):
@@ -456,7 +472,12 @@ def test_a_deadline_the_queue_used_up_never_counts(tmp_path: Path) -> None:
     models = {
         "standard": fake_entry(tmp_path, "standard", tokens, default_timeout=3, max_concurrency=1)
     }
-    with watched(tmp_path, models, SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS) as stack:
+    with watched(
+        tmp_path,
+        models,
+        SLM_WATCHDOG_STALL_SECONDS=STALL_SECONDS,
+        SLM_WATCHDOG_SILENCE_SECONDS=STALL_SECONDS,
+    ) as stack:
         wait_past_grace(stack, "standard")
         pid = stack.pid("standard")
         for _ in range(2):

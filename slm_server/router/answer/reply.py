@@ -100,7 +100,9 @@ class Replies:
         spec, exchange = call.spec, call.exchange
         content_type = upstream.headers.get("content-type", "application/json")
         streams = upstream.status_code == 200 and "event-stream" in content_type
-        noted = progress if progress is not None else Progress(time.perf_counter())
+        noted = progress if progress is not None else timer.watch
+        if noted is None:
+            noted = Progress(time.perf_counter())
         answer = _Answer(self.sender, call, upstream, timer, progress, noted)
         encoding = content_encoding(upstream)
         if encoding is not None and translation is not None:
@@ -153,7 +155,12 @@ class Replies:
         chunks = self.sender.watched(call, iter_raw(spec, upstream), timer, noted)
         if encoding is not None:  # the bytes as they came: the client decodes them
             return relay(chunks, media_type=content_type, headers={"content-encoding": encoding})
-        tap = SseTap(exchange, drop_usage_chunk=call.hidden_usage, max_event_bytes=self.max_event)
+        tap = SseTap(
+            exchange,
+            drop_usage_chunk=call.hidden_usage,
+            max_event_bytes=self.max_event,
+            drop_progress=call.hidden_progress,
+        )
         spliced = None
         source = upstream.spliceable()
         if source is not None:

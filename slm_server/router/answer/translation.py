@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from slm_server.errors import GatewayError
 from slm_server.router.call.exchange import Exchange
+from slm_server.router.upstream.sse import PROGRESS_FIELD
 
 
 class Translation(Protocol):
@@ -115,11 +116,14 @@ class ChatTranslation(ABC, Generic[S]):
         self, chunks: AsyncIterator[dict[str, Any]], exchange: Exchange
     ) -> AsyncIterator[bytes]:
         """The parsed chat chunks as the API's events; a backend's in-band error ends
-        them."""
+        them. The engine's prompt progress reports are dropped (the router asked for
+        them, as signs of life)."""
         translator = self.translator
         for event in translator.start():
             yield event
         async for chunk in chunks:
+            if PROGRESS_FIELD in chunk:  # the engine's prompt progress: the router's alone
+                continue
             exchange.note_response(chunk)
             error = chunk.get("error")
             if error is not None:

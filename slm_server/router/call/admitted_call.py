@@ -46,6 +46,9 @@ class Call:
     usage for its own record, whose usage-only chunk the client never sees. ``capped``
     says that the preset's cap, not the client's own bound, limits the output: a
     translated answer cut there ends its turn (see :mod:`slm_server.router.answer.translation`).
+    ``watch_progress`` marks a stream whose engine the router asked for its prompt
+    progress (each report a sign of life, silence timed throughout); ``hidden_progress``
+    that those reports are the router's alone, kept from a client that never asked.
     """
 
     request: Request
@@ -57,6 +60,8 @@ class Call:
     slot: Slot
     hidden_usage: bool = False
     capped: bool = False
+    watch_progress: bool = False
+    hidden_progress: bool = False
 
     @property
     def client(self) -> ClientWatch:

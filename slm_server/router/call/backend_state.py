@@ -52,6 +52,18 @@ def awaits_reload(state: BackendState) -> bool:
     return state.reloaded and state.state == "starting"
 
 
+def comes_back(state: BackendState) -> bool:
+    """Whether the supervisor is (re)starting this backend and will publish it ready,
+    or give it up: requests for it wait rather than being refused (see
+    :mod:`~slm_server.router.reload.readiness`)."""
+    return state.state in COMING_BACK
+
+
+# The states a backend comes back from: its process is starting, or is to be started
+# again after an exit or a confirmed trip (the restart budget allowing).
+COMING_BACK = frozenset({"starting", "restarting"})
+
+
 class StateSource(Protocol):
     """The supervisor's published states as the router reads them: :class:`StateView`
     over the state file in production."""

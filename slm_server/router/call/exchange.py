@@ -82,6 +82,12 @@ class Exchange:
     # The hosted tools a Responses request offered that were left out of what the model
     # sees (their types, each once), named in the answer's header and the access line.
     dropped_tools: tuple[str, ...] = ()
+    # How the request got through its backend's restart: "waited" (it came while the
+    # backend was starting or restarting, and waited for it to be ready) or "retried"
+    # (the backend stranded it: sent again, once, to the new process); the seconds that
+    # took.
+    recovery: str | None = None
+    recovery_seconds: float | None = None
 
     @property
     def emit_path(self) -> str:

@@ -21,6 +21,9 @@ from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
 
 BalancerShape = tuple[int, Routing, int]  # replicas, routing, affinity threshold
+# Refusals of a backend that is (re)starting: a request for it waits instead, once
+# admitted, when no other replica serves.
+WAITED_FOR = frozenset({"backend_starting", "backend_restarting"})
 
 
 class Choice:
@@ -62,22 +65,27 @@ class Choice:
     ) -> ModelSpec:
         """The replica of ``spec``'s entry that serves this request: among those the
         supervisor says can serve (and that did not just refuse the connection), as
-        the entry's routing says. With none, the refusal of one that may come back
-        soonest (a 503 with ``Retry-After`` when one is starting or restarting).
+        the entry's routing says. With none, one that is (re)starting, which the
+        request then waits for (:mod:`~slm_server.router.reload.readiness`); else the
+        refusal of one that may come back soonest.
         Whether a replica can serve is :meth:`down`'s one decision: a replica
         with no process of its own would be judged there by whatever ejects it."""
         balancer = self.balancers.get(spec.index)
         # A spec routed before a reload is alone: its position may name another entry.
         group = self.registry.replicas(spec) if balancer is not None else (spec,)
         if balancer is None or len(group) == 1:
-            self.refuse_if_down(spec)
+            refusal = self.down(spec)
+            if refusal is not None and refusal.code not in WAITED_FOR:
+                raise refusal
             return spec
         serving: list[int] = []
         refusals: list[BackendUnavailable] = []
+        downs: list[int] = []  # the position of each refusal's replica
         for position, replica in enumerate(group):
             refusal = self.down(replica)
             if refusal is not None:
                 refusals.append(refusal)
+                downs.append(position)
                 balancer.forget(position)
             elif replica.role not in tried:
                 serving.append(position)
@@ -85,6 +93,11 @@ class Choice:
             settled = [p for p in serving if not self.awaited(group[p])]
             serving = settled or serving
         if not serving:
+            back = next((r for r, why in enumerate(refusals) if why.code in WAITED_FOR), None)
+            if back is not None:  # none serves, one is coming back: wait for it
+                chosen = group[downs[back]]
+                exchange.spec = chosen
+                return chosen
             if not refusals:
                 raise BackendUnavailable(
                     f"No replica of '{spec.entry.id}' can be reached; retry shortly",

@@ -140,6 +140,23 @@ def ask_for_usage(payload: dict[str, Any], shape: Shape) -> bool:
     return True
 
 
+def ask_for_progress(payload: dict[str, Any], shape: Shape, reports: bool) -> tuple[bool, bool]:
+    """Ask a stream of an engine that ``reports`` its prompt progress (llama-server's
+    ``return_progress``) for it: (whether the router watches it, whether the reports are
+    kept from the client, who did not ask). A translated shape's stream is asked by its
+    endpoint, on the chat request it sends; its reports never reach the client."""
+    if not reports or not shape.streams or not is_stream(payload):
+        return False, False
+    if shape.translated_to is not None:
+        return True, True
+    if not shape.token_stream:
+        return False, False
+    if payload.get("return_progress") is True:
+        return True, False
+    payload["return_progress"] = True
+    return True, True
+
+
 def request_timeout(entry_timeout: float, header: str | None) -> tuple[float, bool]:
     """The request's deadline in seconds and whether the caller shortened it: the
     entry's ``default_timeout``, or less when ``X-Request-Timeout`` asks for less."""

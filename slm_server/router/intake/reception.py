@@ -22,6 +22,7 @@ from slm_server.router.intake.forms import read_form_fields
 from slm_server.router.intake.parsed_cost import parsed_cost
 from slm_server.router.intake.payload import (
     apply_defaults,
+    ask_for_progress,
     ask_for_usage,
     check_fields,
     check_json_type,
@@ -32,6 +33,9 @@ from slm_server.router.intake.payload import (
 from slm_server.router.intake.presets import SHAPES, Rules, apply_preset, cap_binds, resolve
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
+
+# The engines that report their prompt progress on a stream when asked.
+PROGRESS_KINDS = frozenset({"llama-server"})
 
 # Bodies larger than this are parsed and re-serialised in a thread: 30 MiB of JSON
 # takes the better part of a second, which would stall every other request.
@@ -46,7 +50,8 @@ class Intake:
     limits the output, whether the router changed the fields (an alias, a preset,
     defaults, usage), so that :meth:`body` serialises them anew, and the request
     translated to the shape it is sent as (a Messages request's chat completions, set
-    by its endpoint before admission)."""
+    by its endpoint before admission); whether the router asked the engine for its
+    prompt progress, and whether those reports are kept from the client."""
 
     spec: ModelSpec
     payload: dict[str, Any]
@@ -56,6 +61,8 @@ class Intake:
     capped: bool = False
     rewritten: bool = False
     translated: dict[str, Any] | None = None
+    watch_progress: bool = False
+    hidden_progress: bool = False
 
     async def body(self) -> bytes:
         """The request in its own shape as the backend is sent it: the bytes as they
@@ -173,7 +180,25 @@ class Reception:
         check_fields(payload, shape, model_type=spec.entry.model_type)
         changed = apply_defaults(payload, shape, self.sampling_defaults(spec)) or changed
         hidden_usage = ask_for_usage(payload, shape)
-        return Intake(spec, payload, raw, hidden_usage, alias, capped, changed or hidden_usage)
+        watched, hidden = ask_for_progress(payload, shape, self.reports_progress(spec))
+        changed = changed or hidden_usage or (hidden and not shape.translated_to)
+        return Intake(
+            spec,
+            payload,
+            raw,
+            hidden_usage,
+            alias,
+            capped,
+            changed,
+            watch_progress=watched,
+            hidden_progress=hidden,
+        )
+
+    def reports_progress(self, spec: ModelSpec) -> bool:
+        """Whether ``spec``'s engine reports its prompt progress on a stream (native
+        llama-server, once the launcher has said so)."""
+        planned = self.states.planned(spec.role, spec.entry.port)
+        return planned is not None and planned.kind in PROGRESS_KINDS
 
     async def for_backend(self, intake: Intake, spec: ModelSpec, shape: Shape) -> Intake:
         """The request as ``spec``'s backend is sent it: a remote that knows the model

@@ -244,6 +244,11 @@ class RequestObserver:
             if matched is not None:
                 fields["prefix_match_chars"] = matched
                 message += f" match={matched:d}"
+        recovery = exchange.recovery
+        if recovery is not None:  # it waited for its backend's restart, or was sent again
+            seconds = round(exchange.recovery_seconds or 0.0, 3)
+            fields.update(recovery=recovery, recovery_seconds=seconds)
+            message += f" recovery={recovery} recovery_seconds={seconds:g}"
         if exchange.dropped_tools:
             fields["dropped_tools"] = list(exchange.dropped_tools)
             message += f" dropped_tools={','.join(exchange.dropped_tools)}"

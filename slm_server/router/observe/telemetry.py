@@ -137,6 +137,8 @@ CLIENT_TRACE_ID: Final = "slm.client.trace_id"
 REPLICA: Final = "slm.replica"
 ROUTING_RULE: Final = "slm.routing.rule"
 PREFIX_MATCH: Final = "slm.routing.prefix_match_chars"
+RECOVERY: Final = "slm.recovery"
+RECOVERY_SECONDS: Final = "slm.recovery.seconds"
 
 
 def _package_version() -> str:
@@ -524,6 +526,8 @@ def span_attributes(exchange: Exchange) -> dict[str, Any]:
         (OUTPUT_TOKENS, exchange.output_tokens),
         (FIRST_CHUNK, exchange.time_to_first_chunk),
         (HTTP_STATUS, exchange.status),
+        (RECOVERY, exchange.recovery),
+        (RECOVERY_SECONDS, exchange.recovery_seconds),
     )
     for key, value in optional:
         if value is not None:

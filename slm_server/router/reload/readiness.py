@@ -1,4 +1,12 @@
-"""Requests for a backend a reload started: they wait for it, as for a load.
+"""Requests for a backend that is (re)starting wait for it, as for a load: one a reload
+started, one the watchdog restarts after an exit or a confirmed trip, one starting with
+the gateway.
+
+A backend the supervisor publishes ``starting`` or ``restarting`` comes back ready (or
+is given up: abandoned, failed). A request for it waits, holding its admission slot so
+the line behind it keeps its order, within its deadline; at the deadline it gets 503
+``backend_starting`` or ``backend_restarting`` with ``Retry-After``. The client sees a
+delay, not an error.
 
 A backend a reload added or replaced is published ``starting`` with ``reloaded``
 until it has been ready once (a replaced one starts only when the old process is
@@ -25,7 +33,7 @@ import contextlib
 
 from slm_server.errors import BackendUnavailable
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.call.backend_state import StateSource, awaits_reload
+from slm_server.router.call.backend_state import StateSource, awaits_reload, comes_back
 from slm_server.router.call.waits import ClientWatch, Waits, cancel_and_wait, running_loop
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.upstream.client import RETRY_AFTER_SECONDS
@@ -45,18 +53,24 @@ class Readiness:
 
     def awaited(self, spec: ModelSpec) -> bool:
         """Whether requests for ``spec``'s backend wait for it to be ready: a running
-        supervisor published it ``starting`` since a reload added or replaced it, and
-        the router routes by that reload's registry already."""
+        supervisor published it ``starting`` or ``restarting``; one a reload added or
+        replaced only once the router routes by that reload's registry."""
         state = self.states.get(spec.role, spec.entry.port)
-        if state is None or not awaits_reload(state) or not self.states.launcher_alive():
+        if state is not None and comes_back(state):
+            # Decided again on the file as it is now: the view may be 20 ms old.
+            state = self.states.current(spec.role, spec.entry.port)
+        if state is None or not comes_back(state) or not self.states.launcher_alive():
             return False
+        if not awaits_reload(state):
+            return True
         stamp = self.states.stamp()
         return stamp is None or stamp.version == self.in_force.version
 
     async def until_ready(self, spec: ModelSpec, client: ClientWatch, until: float) -> None:
         """Return at once unless the backend is awaited; else when it no longer is
         (ready, or given up on: the caller asks again whether it can serve). 503
-        ``model_loading`` when ``until`` (loop time) passes first."""
+        ``model_loading`` (a backend a reload started), ``backend_starting`` or
+        ``backend_restarting`` when ``until`` (loop time) passes first."""
         if not self.awaited(spec):
             return
         key = (spec.role, spec.entry.port)
@@ -67,12 +81,7 @@ class Readiness:
         try:
             await self.waits.run(client, future, until)
         except TimeoutError:
-            raise BackendUnavailable(
-                f"The backend for '{spec.entry.id}' was started by a registry reload and "
-                "was not ready within the request's deadline; retry shortly",
-                code="model_loading",
-                retry_after=RETRY_AFTER_SECONDS,
-            ) from None
+            raise self._not_ready(spec) from None
         finally:
             waiting = self._waiting.get(key)
             if waiting is not None:
@@ -80,6 +89,24 @@ class Readiness:
                     waiting[1].remove(future)
                 if not waiting[1]:
                     del self._waiting[key]
+
+    def _not_ready(self, spec: ModelSpec) -> BackendUnavailable:
+        """The refusal of a request whose deadline passed while it waited."""
+        state = self.states.get(spec.role, spec.entry.port)
+        if state is not None and awaits_reload(state):
+            return BackendUnavailable(
+                f"The backend for '{spec.entry.id}' was started by a registry reload and "
+                "was not ready within the request's deadline; retry shortly",
+                code="model_loading",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        what = state.state if state is not None and comes_back(state) else "restarting"
+        return BackendUnavailable(
+            f"The backend for '{spec.entry.id}' was {what} and was not ready within the "
+            "request's deadline; retry shortly",
+            code=f"backend_{what}",
+            retry_after=RETRY_AFTER_SECONDS,
+        )
 
     async def _watch(self) -> None:
         """Look at the awaited backends every ``POLL_SECONDS`` while anything waits;

@@ -70,21 +70,27 @@ class Sender:
     def progress(self, call: Call) -> Progress | None:
         """A record of what the backend delivers, made as a request is sent: None when
         the deadline is not the backend's to answer for."""
-        return Progress(time.perf_counter()) if call.judged else None
+        return Progress(time.perf_counter(), call.watch_progress) if call.judged else None
 
     def open(
         self, call: Call, path: str, body: bytes, progress: Progress | None
     ) -> Coroutine[Any, Any, tuple[UpstreamResponse, StallTimer]]:
-        """Send ``body`` to ``path`` under the deadline; a stream gets a first-byte stall
-        timer armed before sending. (A plain function returning the guarded work, to be
-        awaited: one coroutine fewer per request.)"""
-        return self.guard(call, self._open(call, path, body), progress)
+        """Send ``body`` to ``path`` under the deadline; a stream gets its stall timer
+        armed before sending, watching ``progress`` (or a record of its own, the timer's
+        ``watch``, when the deadline is not judged). (A plain function returning the
+        guarded work, to be awaited: one coroutine fewer per request.)"""
+        return self.guard(call, self._open(call, path, body, progress), progress)
 
     async def _open(
-        self, call: Call, path: str, body: bytes
+        self, call: Call, path: str, body: bytes, progress: Progress | None
     ) -> tuple[UpstreamResponse, StallTimer]:
         spec, exchange = call.spec, call.exchange
-        timer = self.tripwire.stall_timer(spec) if exchange.stream else StallTimer(None)
+        if exchange.stream:
+            if progress is None:
+                progress = Progress(time.perf_counter(), call.watch_progress)
+            timer = self.tripwire.stall_timer(spec, progress)
+        else:
+            timer = StallTimer()
         started = time.perf_counter()
         try:
             return await self.upstream.open(spec, path, body, call.headers), timer

@@ -10,8 +10,10 @@ Events come back as the bytes that arrived, line ends untouched.
 can carry usage, an error or a finish reason into the request's
 :class:`~slm_server.router.call.exchange.Exchange`; when the router itself asked the backend
 for ``stream_options.include_usage``, the usage-only chunk it gets back is kept from a
-client that never asked for it. :func:`event_data` is an event's ``data`` field and
-:func:`data_object` the JSON object in it, for the router's own reading of a stream.
+client that never asked for it, and so are the engine's prompt progress reports
+(:data:`PROGRESS_FIELD`), which come before the answer's first token. :func:`event_data`
+is an event's ``data`` field and :func:`data_object` the JSON object in it, for the
+router's own reading of a stream.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from typing import Any, Final
 
 from slm_server.errors import AnswerTooLarge, BackendProtocolError
 from slm_server.router.call.exchange import Exchange
+
+# The field of a chunk that only reports how much of the prompt the engine has read
+# (llama-server's ``return_progress``): a sign of life for the watchdog, no part of the
+# answer. Such chunks come only before the answer's first token.
+PROGRESS_FIELD: Final = "prompt_progress"
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _FINISH_REASON: Final = b'"finish_reason"'
@@ -251,9 +258,16 @@ def _worth_parsing(event: bytes) -> bool:
 class SseTap:
     """Feeds a stream's events to an exchange; ``feed`` returns the bytes to forward."""
 
-    def __init__(self, exchange: Exchange, drop_usage_chunk: bool, max_event_bytes: int) -> None:
+    def __init__(
+        self,
+        exchange: Exchange,
+        drop_usage_chunk: bool,
+        max_event_bytes: int,
+        drop_progress: bool = False,
+    ) -> None:
         self.exchange = exchange
         self.drop_usage_chunk = drop_usage_chunk
+        self.drop_progress = drop_progress
         self._splitter = SseSplitter(max_event_bytes)
         self._first = True
         self.error: str | None = None
@@ -291,6 +305,9 @@ class SseTap:
                 body = None
         if not isinstance(body, dict):
             return True
+        if first and self.drop_progress and PROGRESS_FIELD in body:
+            self._first = True  # still before the answer: the next event is looked at too
+            return False
         error = body.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else error

@@ -1,5 +1,6 @@
 """The router's half of the watchdog: judge every proxied outcome, keep failure
-streaks, arm first-byte stall timers on streams, judge the deadlines that cut requests
+streaks, time the silence of every stream (from its first byte, or throughout where the
+engine reports its prompt progress), judge the deadlines that cut requests
 by what the backend had delivered, and on a trip write a restart request for the
 supervisor. Failure and ignore verdicts are logged; health is not (it would be every
 successful request).
@@ -22,6 +23,7 @@ from slm_server.contracts.verdicts import (
     nothing_yet_seconds,
 )
 from slm_server.registry.schema import ModelSpec
+from slm_server.router.call.waits import running_loop
 from slm_server.router.watchdog.streaks import Streaks, Trip
 from slm_server.settings import WatchdogSettings
 
@@ -29,19 +31,53 @@ log = logging.getLogger("slm_server.watchdog")
 
 
 class StallTimer:
-    """Trips the watchdog unless ``first_byte()`` or ``cancel()`` comes in time: armed
-    with ``arm`` at once (no timer without one); ``pause()`` stops it while the router,
-    not the backend, holds the answer up, and ``resume()`` arms it afresh."""
+    """Trips the watchdog when a stream's backend stays silent too long.
 
-    __slots__ = ("_arm", "_handle", "_paused")
+    As a first-byte timer (no ``watch``) it trips unless ``first_byte()`` or
+    ``cancel()`` comes within ``seconds``. Given the call's :class:`Progress` to watch
+    (an engine asked for its prompt progress, whose every report is a sign of life), it
+    measures silence instead, from sending to the end of the stream: when it fires it
+    looks at how long the backend has been silent and, short of ``seconds``, sets
+    itself again for the rest (no timer per chunk). ``pause()`` stops it while the
+    router, not the backend, holds the answer up, and ``resume()`` arms it afresh. It
+    trips at most once; without a loop it never runs (the watchdog is off)."""
 
-    def __init__(self, arm: Callable[[], asyncio.TimerHandle] | None) -> None:
-        self._arm = arm
-        self._handle = arm() if arm is not None else None
+    __slots__ = ("_handle", "_loop", "_on_stall", "_paused", "_seconds", "watch")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop | None = None,
+        seconds: float = 0.0,
+        on_stall: Callable[[], None] | None = None,
+        watch: Progress | None = None,
+    ) -> None:
+        self._loop = loop
+        self._seconds = seconds
+        self._on_stall = on_stall
+        self.watch = watch
+        self._handle: asyncio.TimerHandle | None = None
         self._paused = False
+        self._arm(seconds)
+
+    def _arm(self, delay: float) -> None:
+        if self._loop is not None:
+            self._handle = self._loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        watch = self.watch
+        if watch is not None:
+            left = self._seconds - watch.silence(time.perf_counter())
+            if left > 0:
+                self._arm(max(left, MIN_REARM_SECONDS))
+                return
+        if self._on_stall is not None:
+            self._on_stall()
 
     def first_byte(self) -> None:
-        self.cancel()
+        """The stream's first byte: a first-byte timer is done; silence is still timed."""
+        if self.watch is None:
+            self.cancel()
 
     def cancel(self) -> None:
         self._paused = False
@@ -58,20 +94,27 @@ class StallTimer:
     def resume(self) -> None:
         if self._paused:
             self._paused = False
-            if self._arm is not None:
-                self._handle = self._arm()
+            self._arm(self._seconds)
+
+
+# A silence timer that fires a hair early (two clocks) waits at least this long again.
+MIN_REARM_SECONDS = 0.001
 
 
 class Progress:
     """What the backend has delivered on one request so far, kept by whatever reads its
     answer: made as the request is sent, ``waiting(now)`` as the reader starts waiting
     for more bytes, ``arrived()`` when some came. Times are the reader's clock
-    (``time.perf_counter()`` in the router)."""
+    (``time.perf_counter()`` in the router); ``reports`` says the engine reports its
+    prompt progress."""
 
-    __slots__ = ("delivered", "held", "sent_at", "waiting_since")
+    __slots__ = ("delivered", "held", "reports", "sent_at", "waiting_since")
 
-    def __init__(self, sent_at: float) -> None:
+    def __init__(self, sent_at: float, reports: bool = False) -> None:
         self.sent_at = sent_at
+        # The engine was asked to report its prompt progress: a report is a sign of
+        # life like a token, and silence is judged by the silence limit throughout.
+        self.reports = reports
         self.delivered = False
         self.waiting_since: float | None = None
         self.held = False
@@ -160,7 +203,7 @@ class Tripwire:
         ``deadline_not_counted``."""
         silence = progress.silence(now)
         deadline = float(spec.entry.default_timeout)
-        stall = self.settings.stall_seconds
+        stall = self.stall_limit(progress)
         outcome = deadline_outcome(silence, progress.delivered, stall, deadline)
         if outcome.verdict is Verdict.FAILURE:
             if progress.delivered:
@@ -207,19 +250,34 @@ class Tripwire:
             detail=detail,
         )
 
-    def stall_timer(self, spec: ModelSpec) -> StallTimer:
-        """Arm a first-byte timer for a streaming request to ``spec`` (call from the
-        event loop); it records a stall when it fires."""
+    def stall_limit(self, progress: Progress | None) -> float:
+        """The silence that counts against the backend on a request: the silence limit
+        where the engine reports its progress, else the first-byte stall limit."""
+        settings = self.settings
+        reports = progress is not None and progress.reports
+        return settings.silence_seconds if reports else settings.stall_seconds
+
+    def stall_timer(self, spec: ModelSpec, watch: Progress | None = None) -> StallTimer:
+        """Arm a stall timer for a streaming request to ``spec`` (call from the event
+        loop): a silence timer over ``watch`` when the engine reports its progress, else
+        a first-byte timer; it records a stall when it fires."""
         if not self.settings.enabled:
-            return StallTimer(None)
-        seconds = self.settings.stall_seconds
-        detail = f"no first byte within {seconds:g}s on a streaming request"
-        loop = asyncio.get_running_loop()
+            return StallTimer(watch=watch)
+        seconds = self.stall_limit(watch)
+        if watch is not None and watch.reports:
+            detail = (
+                f"nothing from the backend for {seconds:g}s on a streaming request "
+                "(no prompt progress, no token)"
+            )
+        else:
+            detail = f"no first byte within {seconds:g}s on a streaming request"
 
-        def arm() -> asyncio.TimerHandle:
-            return loop.call_later(seconds, self.observe, spec, STALLED, detail)
+        def stalled() -> None:
+            self.observe(spec, STALLED, detail)
 
-        return StallTimer(arm)
+        if watch is not None and watch.reports:
+            return StallTimer(running_loop(), seconds, stalled, watch)
+        return StallTimer(running_loop(), seconds, stalled)
 
     def open_streak(self, role: str) -> int:
         return self.streaks.open(role)

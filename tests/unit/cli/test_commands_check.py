@@ -309,6 +309,8 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
         "--parallel",
         "2",
         "--metrics",
+        "--batch-size",
+        "512",
         "--ctx-size",
         "4096",
         "--jinja",

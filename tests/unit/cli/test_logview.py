@@ -61,6 +61,10 @@ SAMPLES: dict[str, tuple[dict[str, Any], str]] = {
         {**BACKEND, "reason": "stall", "streak": 2, "file": "8502-reasoning-17.json"},
         f"{NAMED}  reason=stall streak=2 file=8502-reasoning-17.json",
     ),
+    "request_retried": (
+        {**BACKEND, "request_id": "r1", "reason": "bad_backend_response", "waited_seconds": 1.25},
+        f"{NAMED}  request_id=r1 reason=bad_backend_response waited=1.25s",
+    ),
     "stale_request_discarded": (
         {
             **BACKEND,

@@ -50,6 +50,8 @@ NATIVE_BASE = [
     "--parallel",
     "1",
     "--metrics",
+    "--batch-size",
+    "512",
 ]
 
 
@@ -203,6 +205,29 @@ def test_native_jinja_once_with_template_and_kwargs() -> None:
     assert argv.count("--jinja") == 1
     assert has_run(argv, ["--chat-template-file", "/cfg/t.jinja"])
     assert json.loads(argv[argv.index("--chat-template-kwargs") + 1]) == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("fields", "batch"),
+    [({}, "512"), ({"ubatch_size": 256}, "512"), ({"ubatch_size": 1024}, "1024")],
+    ids=["default", "small ubatch", "large ubatch"],
+)
+def test_a_language_model_reads_in_batches_that_report_progress_often(
+    fields: dict[str, Any], batch: str
+) -> None:
+    """A progress report per 512 tokens (llama-server's 2048 by default), never a
+    logical batch below the physical one."""
+    argv = native_argv("llama-server", entry(**fields), FILES)
+    assert has_run(argv, ["--batch-size", batch])
+
+
+@pytest.mark.parametrize("model_type", ["embeddings", "rerank", "multimodal"])
+def test_other_models_keep_llama_servers_batch(model_type: str) -> None:
+    files = (
+        ModelFiles(model=MODEL, mmproj="/models/p.gguf") if model_type == "multimodal" else FILES
+    )
+    argv = native_argv("llama-server", entry(model_type=model_type), files)
+    assert "--batch-size" not in argv
 
 
 def test_native_embeddings_with_pooling() -> None:

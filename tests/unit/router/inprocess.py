@@ -27,6 +27,7 @@ from starlette.types import Message
 
 from slm_server.contracts.applied_registry import RegistryStamp, Retiring, version_of
 from slm_server.contracts.commands import Command, CommandError, Reply
+from slm_server.contracts.events import EVENTS
 from slm_server.contracts.records import BackendState
 from slm_server.http1 import Headers
 from slm_server.registry.schema import ModelSpec, RegistryFile, parse_registry
@@ -334,6 +335,8 @@ class FakeEvents:
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        if event not in EVENTS:  # as the real log refuses it
+            raise ValueError(f"unknown watchdog event {event!r}")
         record = {"event": event, **{k: v for k, v in fields.items() if v is not None}}
         self.events.append(record)
         return record
@@ -465,6 +468,16 @@ def make_router(
         follow_seconds=follow_seconds,
     )
     return Router(app, transport, states, events, supervisor, deps, settings, registry_file, memory)
+
+
+async def until(condition: Callable[[], object], what: str, seconds: float = 5.0) -> None:
+    """Wait, yielding to the loop, until ``condition()`` holds; fail naming ``what``
+    after ``seconds``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not condition():
+        assert loop.time() < deadline, f"never: {what}"
+        await asyncio.sleep(0.005)
 
 
 @dataclass

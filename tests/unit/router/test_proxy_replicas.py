@@ -123,17 +123,32 @@ def test_a_replica_that_is_not_ready_gets_no_traffic(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_with_no_replica_serving_the_client_gets_503(tmp_path: Path) -> None:
+def test_with_no_replica_serving_a_request_waits_for_one_coming_back(tmp_path: Path) -> None:
     router = replicas(tmp_path, count=2)
 
     async def scenario() -> None:
         async with router.app.router.lifespan_context(router.app):
             supervised(router, chat="abandoned", chat_2="restarting")
-            got = await call(router.app, CHAT, chat())
-            assert got.status == 503
-            assert got.json()["error"]["code"] == "backend_restarting"
-            assert got.headers["retry-after"] == "5"
-            assert "replica 2 of 2" in got.json()["error"]["message"]
+            waiting = asyncio.ensure_future(call(router.app, CHAT, chat()))
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + 5
+            while router.deps.gates["chat.2"].active == 0:
+                assert loop.time() < give_up, "the request was never admitted"
+                await asyncio.sleep(0.005)
+            assert router.transport.sent == []  # it waits for the replica coming back
+            supervised(router, chat="abandoned", chat_2="ready")
+            got = await waiting
+            assert got.status == 200
+            assert [s.spec.role for s in router.transport.sent] == ["chat.2"]
+
+    run(scenario())
+
+
+def test_with_no_replica_serving_nor_coming_back_the_client_gets_503(tmp_path: Path) -> None:
+    router = replicas(tmp_path, count=2)
+
+    async def scenario() -> None:
+        async with router.app.router.lifespan_context(router.app):
             supervised(router, chat="abandoned", chat_2="failed")
             got = await call(router.app, CHAT, chat())
             assert got.status == 503

@@ -138,6 +138,8 @@ class MessagesApi:
         ``model`` the backend's name for it)."""
         request = intake.payload
         chat = {**translated(intake), "model": request.get("model")}
+        if call.watch_progress:  # the reports are the router's: the translation drops them
+            chat["return_progress"] = True
         apply_defaults(chat, self.chat, self.relay.sampling_defaults(call.spec))
         translation = MessagesTranslation(request, capped=call.capped)
         return await self.relay.relay(call, self.chat.path, dumps_body(chat), translation)

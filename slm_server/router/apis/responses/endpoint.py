@@ -92,6 +92,8 @@ class ResponsesApi:
         chat = translated.chat
         check_tool_calls(chat)  # the translation's own checks name the Responses fields
         call.exchange.dropped_tools = translated.dropped
+        if call.watch_progress:  # the reports are the router's: the translation drops them
+            chat["return_progress"] = True
         apply_defaults(chat, self.chat, relay.sampling_defaults(spec))
         translation = ResponsesTranslation(payload, capped=call.capped)
         return await relay.relay(call, self.chat.path, dumps_body(chat), translation)

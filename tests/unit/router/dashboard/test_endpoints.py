@@ -15,7 +15,16 @@ import pytest
 
 from slm_server.router.dashboard import endpoints as dashboard
 from slm_server.router.observe import recent
-from tests.unit.router.inprocess import Answer, Router, Sent, call, make_router, serving, whole
+from tests.unit.router.inprocess import (
+    Answer,
+    Router,
+    Sent,
+    call,
+    make_router,
+    serving,
+    until,
+    whole,
+)
 
 CHAT = "/v1/chat/completions"
 MODEL = "org/chat-model"
@@ -40,14 +49,6 @@ def router_at(tmp_path: Path, **env: str) -> Router:
 
 def run(scenario: Awaitable[None]) -> None:
     asyncio.run(asyncio.wait_for(scenario, 20))
-
-
-async def until(condition: Any, what: str, seconds: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():
-        assert loop.time() < deadline, f"never: {what}"
-        await asyncio.sleep(0.01)
 
 
 def event_line(n: int, **fields: Any) -> bytes:

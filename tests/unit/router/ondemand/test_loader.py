@@ -26,6 +26,7 @@ from tests.unit.router.inprocess import (
     make_router,
     serving,
     sse,
+    until,
     whole,
 )
 
@@ -59,14 +60,6 @@ def run(scenario: Awaitable[None]) -> None:
         await asyncio.wait_for(scenario, 15)
 
     asyncio.run(bounded())
-
-
-async def until(condition: Any, what: str, seconds: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():
-        assert loop.time() < deadline, f"never: {what}"
-        await asyncio.sleep(0.005)
 
 
 def with_footprints(router: Router, **footprints: int) -> Router:

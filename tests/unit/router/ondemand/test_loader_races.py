@@ -18,6 +18,7 @@ from tests.unit.router.inprocess import (
     call,
     make_router,
     serving,
+    until,
 )
 from tests.unit.router.ondemand.test_loader import (
     ON_DEMAND,
@@ -27,7 +28,6 @@ from tests.unit.router.ondemand.test_loader import (
     drain_chat_for_an_aged_coder,
     loader_of,
     run,
-    until,
 )
 
 

@@ -19,6 +19,7 @@ from tests.unit.router.inprocess import (
     make_router,
     serving,
     sse,
+    until,
     whole,
 )
 from tests.unit.router.ondemand.test_loader import (
@@ -30,7 +31,6 @@ from tests.unit.router.ondemand.test_loader import (
     run,
     start_chat_stream,
     unloads,
-    until,
     with_footprints,
 )
 

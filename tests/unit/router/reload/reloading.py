@@ -3,8 +3,6 @@ supervisor would (snapshot, then stamp), and waiting on a condition."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from slm_server.contracts.applied_registry import (
@@ -55,12 +53,3 @@ def retiring(role: str, pid: int = 4242, reason: str = "removed") -> Retiring:
         APPLIED_AT,
         APPLIED_AT + 30,
     )
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
-    """Wait (yielding to the loop) until ``condition()`` holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():
-        assert loop.time() < deadline, f"never: {what}"
-        await asyncio.sleep(0.005)

@@ -30,6 +30,7 @@ from tests.unit.router.inprocess import (
     registry_text,
     run,
     serving,
+    until,
     whole,
 )
 from tests.unit.router.reload.reloading import (
@@ -41,7 +42,6 @@ from tests.unit.router.reload.reloading import (
     chat_body,
     publish,
     retiring,
-    until,
 )
 
 EXTRA = entry_text("extra", 18002)

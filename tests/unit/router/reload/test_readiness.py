@@ -20,9 +20,10 @@ from tests.unit.router.inprocess import (
     registry_text,
     run,
     serving,
+    until,
     whole,
 )
-from tests.unit.router.reload.reloading import ANSWER, CHAT, CHAT_ID, chat_body, until
+from tests.unit.router.reload.reloading import ANSWER, CHAT, CHAT_ID, chat_body
 
 
 async def answer_whole(_sent: Sent) -> FakeResponse:

@@ -49,6 +49,36 @@ def test_the_usage_chunk_the_router_asked_for_is_hidden_and_read() -> None:
     assert exchange.response_id == "c1"
 
 
+PROGRESS = [
+    event(
+        {
+            "id": "c1",
+            "model": "m",
+            "choices": [{"delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+            "prompt_progress": {"total": 9, "cache": 0, "processed": n, "time_ms": 1.0},
+        }
+    )
+    for n in (0, 4, 9)
+]
+
+
+@pytest.mark.parametrize("size", [1, 7, 10_000])
+def test_progress_reports_the_router_asked_for_are_dropped_however_they_arrive(size: int) -> None:
+    exchange = Exchange(request_id="r", method="POST", path=CHAT_PATH, shape=TABLE.at(CHAT_PATH))
+    sse = SseTap(exchange, drop_usage_chunk=True, max_event_bytes=1 << 20, drop_progress=True)
+    stream = b"".join(PROGRESS) + DELTA + LAST + USAGE + b"data: [DONE]\n\n"
+    forwarded = b"".join(sse.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+    assert forwarded + sse.flush() == DELTA + LAST + b"data: [DONE]\n\n"
+    assert exchange.response_id == "c1"
+    assert exchange.finish_reasons == ["length"]
+
+
+def test_progress_reports_a_client_asked_for_are_forwarded() -> None:
+    sse, _ = tap(drop=True)
+    stream = b"".join(PROGRESS) + DELTA
+    assert sse.feed(stream) == stream
+
+
 def test_events_split_across_reads_are_forwarded_whole() -> None:
     sse, exchange = tap(drop=False)
     assert sse.feed(USAGE[:10]) == b""

@@ -1,0 +1,161 @@
+"""Progress is life, on the real llama-server with the default SmolLM2 entry: the
+router asks every stream for its prompt progress and keeps the reports from clients
+that did not ask (the answer is the one llama-server gives without them); a long prompt
+read on one thread, for longer than the silence limit, is answered and never tripped;
+a backend stopped mid-stream is caught by the silence rule and its stream ends with the
+in-band error, not a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import one_shot
+from tests.integration.real_stack import example_registry, llama_server_bin
+from tests.integration.watched import watched
+from tests.processes import free_port, pid_alive, poll
+
+# Timing under a busy CPU decides these (a prompt read on one thread, a silence limit
+# of seconds): they run alone, after the parallel part of the suite (scripts/test.sh).
+pytestmark = [pytest.mark.real_model, pytest.mark.serial]
+
+MODEL = "smollm2-135m-instruct"
+
+
+def smollm(timeout: int = 120) -> dict[str, dict[str, Any]]:
+    registry = example_registry(
+        {"standard": free_port(), "gemma": 0, "embeddings": 0}, roles=("standard",)
+    )
+    models: dict[str, dict[str, Any]] = registry["models"]
+    models["standard"]["default_timeout"] = timeout
+    return models
+
+
+def stream(url: str, body: dict[str, Any]) -> list[tuple[float, Any]]:
+    """The events of a streamed chat completion, each with the seconds since sending."""
+    started = time.monotonic()
+    events: list[tuple[float, Any]] = []
+    with one_shot.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+                events.append(
+                    (time.monotonic() - started, data if data == "[DONE]" else json.loads(data))
+                )
+    return events
+
+
+def request(content: str, max_tokens: int = 12, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        **extra,
+    }
+
+
+def shape(event: Any) -> Any:
+    """An event without what differs between two runs (id, time, fingerprint)."""
+    if not isinstance(event, dict):
+        return event
+    return {
+        k: v
+        for k, v in event.items()
+        if k not in ("id", "created", "system_fingerprint", "timings")
+    }
+
+
+def test_reports_are_the_routers_alone_and_the_answer_is_llama_servers(tmp_path: Path) -> None:
+    with watched(tmp_path, smollm(), llama_server=llama_server_bin()) as stack:
+        body = request("Name three colours.")
+        direct = [shape(e) for _, e in stream(f"http://127.0.0.1:{stack.port('standard')}", body)]
+        routed = [shape(e) for _, e in stream(stack.url, body)]
+        assert all("prompt_progress" not in e for e in direct if isinstance(e, dict))
+        assert routed == direct
+        asked = [
+            e for _, e in stream(stack.url, request("Name three colours.", return_progress=True))
+        ]
+        reports = [e for e in asked if isinstance(e, dict) and "prompt_progress" in e]
+        assert reports, "a client that asks gets llama-server's reports"
+        assert (
+            reports[-1]["prompt_progress"]["processed"] == reports[-1]["prompt_progress"]["total"]
+        )
+        assert [shape(e) for e in asked if e not in reports] == direct
+        assert not stack.events("backend_failure")
+
+
+# About 5,000 tokens: Gemma 3 270M (one slot of 32,768) reads them in about 20 s on
+# one thread of this machine; its reports come every 2.5 s (benchmarks/progress_gaps.py).
+LONG_PROMPT = "Summarise this. " + "The keeper climbed the stairs to light the lamp again. " * 380
+SILENCE = 8.0
+
+
+def test_a_long_prompt_read_on_one_thread_is_answered_and_never_tripped(tmp_path: Path) -> None:
+    """Read for longer than the silence limit: its reports keep it alive, and its
+    client hears them only as the stream's head and, at last, the answer."""
+    registry = example_registry(
+        {"standard": 0, "gemma": free_port(), "embeddings": 0}, roles=("gemma",)
+    )
+    with watched(
+        tmp_path,
+        registry["models"],
+        llama_server=llama_server_bin(),
+        SLM_WATCHDOG_SILENCE_SECONDS=str(SILENCE),
+        LLAMA_ARG_THREADS="1",
+        LLAMA_ARG_THREADS_BATCH="1",
+    ) as stack:
+        body = request(LONG_PROMPT, max_tokens=4)
+        body["model"] = "gemma-3-270m"
+        events = stream(stack.url, body)
+        first = next(t for t, e in events if isinstance(e, dict) and e["choices"])
+        assert events[-1][1] == "[DONE]"
+        assert all("prompt_progress" not in e for _, e in events if isinstance(e, dict))
+        assert not stack.events("backend_failure"), stack.events("backend_failure")
+        assert not stack.events("restart_requested")
+        print(f"first token after {first:.1f}s with a silence limit of {SILENCE:g}s")
+
+
+def test_a_backend_stopped_mid_stream_is_caught_by_the_silence_rule(tmp_path: Path) -> None:
+    with watched(
+        tmp_path, smollm(), llama_server=llama_server_bin(), SLM_WATCHDOG_SILENCE_SECONDS="2"
+    ) as stack:
+        poll(lambda: time.time() > stack.state("standard")["started_at"] + 0.6, 5, "the grace")
+        old_pid = stack.pid("standard")
+        body = request("Count from one to one thousand.", max_tokens=2000)
+        body["ignore_eos"] = True
+        started = time.monotonic()
+        lines: list[str] = []
+        try:
+            with one_shot.stream(
+                "POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60
+            ) as answer:
+                for line in answer.iter_lines():
+                    lines.append(line)
+                    if len(lines) == 10:  # tokens flow: freeze the backend mid-answer
+                        os.kill(old_pid, signal.SIGSTOP)
+                        stopped = time.monotonic()
+            took = time.monotonic() - stopped
+        finally:
+            if pid_alive(old_pid):
+                os.kill(old_pid, signal.SIGCONT)
+        [stall] = [e for e in stack.events("backend_failure") if e["reason"] == "stall"]
+        assert "no prompt progress, no token" in stall["detail"]
+        errors = [json.loads(x[6:]) for x in lines if x.startswith("data: {") and '"error"' in x]
+        assert errors and errors[-1]["error"]["message"], lines[-3:]
+        assert took < 30, f"the stream ended {took:.1f}s after the stop"
+        done = stack.wait_event("restart_succeeded", old_pid=old_pid, timeout=60)
+        assert done["reason"] == "stall"
+        assert time.monotonic() - started < 60
+        answer = one_shot.post(
+            f"{stack.url}/v1/chat/completions", json={**request("Hi"), "stream": False}, timeout=60
+        )
+        assert answer.status_code == 200
