@@ -373,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--against",
         metavar="REV",
         help="also run the router of this commit beside this tree's, in the same rounds "
-        "(overhead, defaults, dashboard, body_burst and agent_request)",
+        "(overhead, defaults, dashboard, body_burst, agent_request and frozen)",
     )
     args = parser.parse_args(argv)
 

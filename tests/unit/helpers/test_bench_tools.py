@@ -34,9 +34,14 @@ def test_each_router_target_is_followed_by_itself_at_the_other_commit() -> None:
         "slm_server",
         "slm_server@abc1234",
         "slm_server_ui",
+        "slm_server_ui@abc1234",
     )
     assert overhead.label_of("slm_server@abc1234") == "slm_server at abc1234"
+    assert overhead.label_of("slm_server_ui@abc1234") == (
+        "slm_server, pinned, dashboard open at abc1234"
+    )
     assert overhead.starter("slm_server@abc1234") is not overhead.STARTERS["slm_server"]
+    assert overhead.starter("slm_server_ui@abc1234") is not overhead.STARTERS["slm_server_ui"]
     assert overhead.starter("direct") is overhead.STARTERS["direct"]
 
 
