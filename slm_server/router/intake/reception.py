@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from slm_server.contracts.records import BackendState
 from slm_server.errors import BackendUnavailable, PayloadTooLarge
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.backend_state import StateSource
@@ -105,8 +106,7 @@ class Reception:
     def sampling_defaults(self, spec: ModelSpec) -> dict[str, Any]:
         """The request fields the launcher published for this backend (the Python
         fallback's sampling defaults); none without a running launcher."""
-        planned = self.states.planned(spec.role, spec.entry.port)
-        return dict(planned.request_defaults) if planned is not None else {}
+        return _defaults(self.states.planned(spec.role, spec.entry.port))
 
     async def body(self, request: Request, held: Held) -> bytes:
         """The request body, refused with 413 past ``SLM_MAX_BODY_MB`` and with 503 past
@@ -178,9 +178,13 @@ class Reception:
                     exchange.note_sampling(payload)
         # Checked as it will be sent: a preset may add what the backend would fail on.
         check_fields(payload, shape, model_type=spec.entry.model_type)
-        changed = apply_defaults(payload, shape, self.sampling_defaults(spec)) or changed
+        # What the launcher planned for the backend, read once: its request defaults and
+        # whether its engine reports prompt progress.
+        planned = self.states.planned(spec.role, spec.entry.port)
+        changed = apply_defaults(payload, shape, _defaults(planned)) or changed
         hidden_usage = ask_for_usage(payload, shape)
-        watched, hidden = ask_for_progress(payload, shape, self.reports_progress(spec))
+        reports = planned is not None and planned.kind in PROGRESS_KINDS
+        watched, hidden = ask_for_progress(payload, shape, reports)
         changed = changed or hidden_usage or (hidden and not shape.translated_to)
         return Intake(
             spec,
@@ -194,12 +198,6 @@ class Reception:
             hidden_progress=hidden,
         )
 
-    def reports_progress(self, spec: ModelSpec) -> bool:
-        """Whether ``spec``'s engine reports its prompt progress on a stream (native
-        llama-server, once the launcher has said so)."""
-        planned = self.states.planned(spec.role, spec.entry.port)
-        return planned is not None and planned.kind in PROGRESS_KINDS
-
     async def for_backend(self, intake: Intake, spec: ModelSpec, shape: Shape) -> Intake:
         """The request as ``spec``'s backend is sent it: a remote that knows the model
         by another name (``remote_model``) gets its name in ``model``. A multipart form
@@ -211,6 +209,12 @@ class Reception:
             return intake
         payload = {**intake.payload, "model": entry.upstream_model}
         return replace(intake, payload=payload, rewritten=True)
+
+
+def _defaults(planned: BackendState | None) -> dict[str, Any]:
+    """The request fields a launcher's plan gives a backend's requests (the Python
+    fallback's sampling defaults); none without a plan."""
+    return dict(planned.request_defaults) if planned is not None else {}
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
