@@ -264,6 +264,9 @@ class ServingSettings:
     max_sse_event_bytes: int = 4 * 1024 * 1024
     # Whether GET /v1/models lists each alias as a model of its own.
     list_aliases: bool = True
+    # A streamed answer's client waiting this long with nothing sent is sent a
+    # keep-alive (0: never).
+    keepalive_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServingSettings:
@@ -304,6 +307,7 @@ class ServingSettings:
             max_answer_bytes=_mib(env, "SLM_MAX_ANSWER_MB", 128.0),
             max_sse_event_bytes=_mib(env, "SLM_MAX_SSE_EVENT_MB", 4.0),
             list_aliases=_bool(env, "SLM_LIST_ALIASES", True),
+            keepalive_seconds=_float(env, "SLM_KEEPALIVE_SECONDS", 10.0),
         )
 
 

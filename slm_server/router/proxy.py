@@ -10,10 +10,11 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from slm_server.errors import BackendUnavailable
+from slm_server.errors import BackendUnavailable, GatewayError
 from slm_server.registry.schema import ModelSpec
+from slm_server.router.answer.in_band import InBand, going_on
 from slm_server.router.answer.relay import Relay
 from slm_server.router.answer.reply import Replies
 from slm_server.router.apis.table import TABLE, Endpoint
@@ -21,7 +22,8 @@ from slm_server.router.call.admission import Gate
 from slm_server.router.call.admitted_call import Call, Deadline
 from slm_server.router.call.backend_state import StateSource
 from slm_server.router.call.drain import Drain
-from slm_server.router.call.exchange import exchange_of
+from slm_server.router.call.exchange import LOADING, RESTARTING, SENT, Exchange, exchange_of
+from slm_server.router.call.keepalive import PROGRESS_HEADER, Heartbeat, KeepAlive, asks_progress
 from slm_server.router.call.shape import Shape
 from slm_server.router.call.waits import client_of, running_loop
 from slm_server.router.dispatch.choice import Choice
@@ -64,6 +66,7 @@ class Proxy:
         self.registry = registry
         self.choice = Choice(registry, states, gates)
         self.bodies = BodyBudget(serving.max_bodies_in_flight_bytes)
+        self.keepalive_seconds = serving.keepalive_seconds
         self.memory_return = MemoryReturn()
         self.reception = Reception(registry, states, drain, serving.max_body_bytes)
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
@@ -96,16 +99,17 @@ class Proxy:
         endpoint = self.endpoints[shape]
 
         async def serve(request: Request) -> Response | ASGIApp:
-            return await self._serve(request, shape, endpoint)
+            return _Serving(self, request, shape, endpoint)
 
         serve.__doc__ = f"``POST {shape.path}``"
         return serve
 
     async def _serve(
-        self, request: Request, shape: Shape, endpoint: Endpoint
+        self, request: Request, shape: Shape, endpoint: Endpoint, send: Send
     ) -> Response | ASGIApp:
         """Take in, admit and proxy one request in ``shape``; its body counts against
-        the budget for bodies in flight until the answer is handed back."""
+        the budget for bodies in flight until the answer is handed back. A streamed
+        request that waits is sent keep-alives meanwhile (through ``send``)."""
         held = self.bodies.hold()
         try:
             exchange = exchange_of(request.scope)
@@ -114,30 +118,72 @@ class Proxy:
             if isinstance(checked, Response):  # answered without a backend
                 return checked
             intake = checked
-            entry = intake.spec.entry
-            size = self.registry.size(intake.spec)
-            seconds, shortened = request_timeout(
-                entry.default_timeout, header_value(request.scope["headers"], b"x-request-timeout")
-            )
-            tried: list[str] = []  # replicas that refused the connection
-            while True:
-                spec = self.choice.choose(intake.spec, intake.payload, exchange, tried)
-                if not tried:  # one deadline, however many replicas are tried
-                    deadline = Deadline(seconds, running_loop().time)
-                try:
-                    return await self._send(
-                        request, shape, endpoint, intake, spec, deadline, shortened
-                    )
-                except BackendUnavailable as error:
-                    if error.code != UNREACHABLE or size == 1:
-                        raise
-                    tried.append(spec.role)
-                    if len(tried) == size:
-                        raise
+            keepalive = self._keepalive(request, shape, exchange)
+            if keepalive is None:
+                return await self._route(request, shape, endpoint, intake, None)
+            beat = Heartbeat(send, keepalive, running_loop())
+            beat.arm()
+            try:
+                answer = await self._route(request, shape, endpoint, intake, keepalive)
+            except GatewayError as error:
+                if not await beat.stop():
+                    raise
+                exchange.error_type = error.code
+                return InBand(endpoint.stream_error(intake, error))
+            except BaseException:
+                beat.cancel()
+                raise
+            if not await beat.stop():
+                return answer
+            going = going_on(answer)
+            if isinstance(going, GatewayError):
+                exchange.error_type = going.code
+                return InBand(endpoint.stream_error(intake, going))
+            return going
         finally:
             size = held.size
             held.release()
             self.memory_return.released(size)
+
+    def _keepalive(self, request: Request, shape: Shape, exchange: Exchange) -> KeepAlive | None:
+        """What a streamed request's client is sent while it waits; None for a
+        request that does not stream, or with keep-alives off."""
+        if not (exchange.stream and shape.streams) or self.keepalive_seconds <= 0:
+            return None
+        report = asks_progress(header_value(request.scope["headers"], PROGRESS_HEADER))
+        return KeepAlive(self.keepalive_seconds, shape.keepalive, exchange, report)
+
+    async def _route(
+        self,
+        request: Request,
+        shape: Shape,
+        endpoint: Endpoint,
+        intake: Intake,
+        keepalive: KeepAlive | None,
+    ) -> Response | ASGIApp:
+        """Choose the backend (another replica when one refuses the connection) and
+        send the request to it, under one deadline."""
+        exchange = exchange_of(request.scope)
+        entry = intake.spec.entry
+        size = self.registry.size(intake.spec)
+        seconds, shortened = request_timeout(
+            entry.default_timeout, header_value(request.scope["headers"], b"x-request-timeout")
+        )
+        tried: list[str] = []  # replicas that refused the connection
+        while True:
+            spec = self.choice.choose(intake.spec, intake.payload, exchange, tried)
+            if not tried:  # one deadline, however many replicas are tried
+                deadline = Deadline(seconds, running_loop().time)
+            try:
+                return await self._send(
+                    request, shape, endpoint, intake, spec, deadline, shortened, keepalive
+                )
+            except BackendUnavailable as error:
+                if error.code != UNREACHABLE or size == 1:
+                    raise
+                tried.append(spec.role)
+                if len(tried) == size:
+                    raise
 
     async def _send(
         self,
@@ -148,6 +194,7 @@ class Proxy:
         spec: ModelSpec,
         deadline: Deadline,
         shortened: bool,
+        keepalive: KeepAlive | None,
     ) -> Response | ASGIApp:
         """Admit the request to ``spec``'s backend and hand it to its endpoint."""
         exchange = exchange_of(request.scope)
@@ -162,6 +209,7 @@ class Proxy:
                 # retired: were it to wait, the old gate would not drain before its
                 # deadline, nor the old process be retired, nor the new one start.
                 waited_from = time.perf_counter()
+                exchange.enter(RESTARTING)
                 await self.readiness.until_ready(spec, client, deadline.at)
                 exchange.recovery = "waited"
                 exchange.recovery_seconds = time.perf_counter() - waited_from
@@ -169,6 +217,7 @@ class Proxy:
             loader = self.loader
             if loader is not None and loader.on_demand(spec):
                 # Holding the slot: the line behind it waits in order, within its limits.
+                exchange.enter(LOADING)
                 await loader.until_ready(spec, client, deadline.at)
             headers = forward_headers(request.scope["headers"])
             headers.update(exchange.upstream_headers)
@@ -185,11 +234,30 @@ class Proxy:
                 capped=intake.capped,
                 watch_progress=intake.watch_progress,
                 hidden_progress=intake.hidden_progress,
+                keepalive=keepalive,
             )
+            exchange.enter(SENT)
             return await endpoint.send(call, intake)
         except BaseException:
             slot.release()
             raise
+
+
+class _Serving:
+    """The answer to one request in one API shape: the proxy serves it given the ASGI
+    ``send`` (which its keep-alives need), then the answer it made is sent."""
+
+    __slots__ = ("endpoint", "proxy", "request", "shape")
+
+    def __init__(self, proxy: Proxy, request: Request, shape: Shape, endpoint: Endpoint) -> None:
+        self.proxy = proxy
+        self.request = request
+        self.shape = shape
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = await self.proxy._serve(self.request, self.shape, self.endpoint, send)
+        await answer(scope, receive, send)
 
 
 __all__ = ["Proxy"]

@@ -143,6 +143,7 @@ class Replies:
                 drain=self.drain,
                 on_cut=answer.on_cut,
                 on_head=answer.on_head,
+                keepalive=call.keepalive,
                 **fields,
             )
 

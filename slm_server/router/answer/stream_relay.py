@@ -28,6 +28,7 @@ from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
 from slm_server.router.call.drain import Drain
 from slm_server.router.call.exchange import exchange_of
 from slm_server.router.call.fast_path import fast_path_of
+from slm_server.router.call.keepalive import KeepAlive, first_beating
 from slm_server.router.call.waits import client_of, running_loop
 
 if TYPE_CHECKING:
@@ -68,8 +69,13 @@ class StreamRelay:
         on_cut: Callable[[GatewayError], None] | None = None,
         splice: Splice | None = None,
         on_head: Callable[[bool], None] | None = None,
+        keepalive: KeepAlive | None = None,
     ) -> None:
         self.chunks = chunks
+        self.keepalive = keepalive
+        # The head went out already, with keep-alives, while the request waited: this
+        # relay goes on with the body of that stream.
+        self.started = False
         self.on_head = on_head
         self.splice = splice
         self.close = close
@@ -107,7 +113,8 @@ class StreamRelay:
         client = client_of(scope, receive)
         if not client.arm(lambda: stop(None)):
             # The client left already: the status is recorded, nothing is relayed.
-            await send(self._start())
+            if not self.started:
+                await send(self._start())
             await self.close()
             return
         timer = loop.call_at(self.deadline, stop, _DEADLINE) if self.deadline < math.inf else None
@@ -155,18 +162,26 @@ class StreamRelay:
         return {"type": "http.response.start", "status": self.status_code, "headers": headers}
 
     async def _relay(self, scope: Scope, send: Send) -> None:
-        on_head = self.on_head
-        if on_head is not None:
-            on_head(False)
-        await send(self._start())
-        if on_head is not None:
-            on_head(True)
+        if not self.started:
+            on_head = self.on_head
+            if on_head is not None:
+                on_head(False)
+            await send(self._start())
+            if on_head is not None:
+                on_head(True)
         door = fast_path_of(scope)
+
+        async def send_body(body: bytes) -> None:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
         try:
             if self.splice is not None and door is not None and door.writable:
-                await self.splice.run(door)
+                await self.splice.run(door, self.keepalive)
                 return
-            async for chunk in self.chunks:
+            chunks = self.chunks
+            if self.keepalive is not None:
+                chunks = first_beating(chunks, send_body, self.keepalive)
+            async for chunk in chunks:
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except GatewayError as error:

@@ -20,14 +20,17 @@ HTTP client's does); otherwise the relay reads the stream piece by piece as befo
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from slm_server.contracts.verdicts import HEALTHY, outcome_of
 from slm_server.errors import GatewayError
 from slm_server.http1 import HttpError
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.exchange import ANSWERING, Exchange
 from slm_server.router.call.fast_path import PieceWriter, SpliceSource
+from slm_server.router.call.keepalive import KeepAlive
+from slm_server.router.call.waits import running_loop
 from slm_server.router.upstream.client import translate
 from slm_server.router.upstream.sse import SseTap
 from slm_server.router.watchdog.tripwire import Progress, StallTimer, Tripwire
@@ -37,6 +40,7 @@ class Splice:
     """One stream's splice; :meth:`run` relays it to the client's writer until it ends."""
 
     __slots__ = (
+        "_beats",
         "_failure",
         "_mark",
         "_writer",
@@ -69,14 +73,18 @@ class Splice:
         self._writer: PieceWriter | None = None
         self._failure: BaseException | None = None
         self._mark = 0.0
+        self._beats: asyncio.TimerHandle | None = None
 
-    async def run(self, writer: PieceWriter) -> None:
+    async def run(self, writer: PieceWriter, keepalive: KeepAlive | None = None) -> None:
         """Relay until the stream ends; a failure raises the :class:`GatewayError` the
-        relay reports in band (the response's head is sent already)."""
+        relay reports in band (the response's head is sent already). Until the answer
+        begins, ``keepalive`` beats go to the client between the backend's pieces."""
         upstream, exchange = self.upstream, self.exchange
         self._writer = writer
         self._mark = started = time.perf_counter()
         self.progress.waiting(started)
+        if keepalive is not None and exchange.stage != ANSWERING:
+            self._beat_after(keepalive)
         try:
             upstream.splice(self._piece)
             while True:
@@ -103,11 +111,29 @@ class Splice:
         finally:
             upstream.unsplice()
             self.timer.cancel()
+            if self._beats is not None:
+                self._beats.cancel()
+                self._beats = None
         rest = self.tap.flush()
         if rest:
             writer.write(rest)
         if self.tap.error is not None:
             exchange.error_type = "backend_stream_error"
+
+    def _beat_after(self, keepalive: KeepAlive) -> None:
+        """A beat in ``interval`` seconds unless the answer has begun by then. Written
+        between two of the backend's pieces, each a whole number of events (the tap
+        forwards whole events only)."""
+
+        def due() -> None:
+            self._beats = None
+            writer = self._writer
+            if self.exchange.stage == ANSWERING or writer is None or self._failure is not None:
+                return
+            writer.write(keepalive.beat())
+            self._beat_after(keepalive)
+
+        self._beats = running_loop().call_later(keepalive.interval, due)
 
     def _account(self) -> None:
         now = time.perf_counter()

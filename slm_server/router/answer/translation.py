@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from slm_server.errors import GatewayError
-from slm_server.router.call.exchange import Exchange
-from slm_server.router.upstream.sse import PROGRESS_FIELD
+from slm_server.router.call.exchange import ANSWERING, Exchange
+from slm_server.router.upstream.sse import PROGRESS_FIELD, note_progress
 
 
 class Translation(Protocol):
@@ -123,7 +123,10 @@ class ChatTranslation(ABC, Generic[S]):
             yield event
         async for chunk in chunks:
             if PROGRESS_FIELD in chunk:  # the engine's prompt progress: the router's alone
+                note_progress(exchange, chunk[PROGRESS_FIELD])
                 continue
+            if exchange.stage != ANSWERING:
+                exchange.enter(ANSWERING)
             exchange.note_response(chunk)
             error = chunk.get("error")
             if error is not None:

@@ -20,11 +20,13 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from slm_server.contracts import engine_paths
+from slm_server.errors import GatewayError
 from slm_server.router.answer.relay import Relay
 from slm_server.router.apis.messages.endpoint import CountTokensApi, MessagesApi
 from slm_server.router.apis.passthrough.endpoint import PassThrough
 from slm_server.router.apis.responses.endpoint import ResponsesApi
 from slm_server.router.call.admitted_call import Call
+from slm_server.router.call.keepalive import PING
 from slm_server.router.call.shape import Shape
 from slm_server.router.intake.media_parts import check_chat_media, check_responses_media
 from slm_server.router.intake.payload import check_grammar, check_top_n
@@ -63,7 +65,14 @@ RESPONSES = Shape(
     translated_to=CHAT,
 )
 MESSAGES = Shape(
-    "messages", "/v1/messages", "chat", TEXT, streams=True, anthropic=True, translated_to=CHAT
+    "messages",
+    "/v1/messages",
+    "chat",
+    TEXT,
+    streams=True,
+    anthropic=True,
+    translated_to=CHAT,
+    keepalive=PING,
 )
 COUNT_TOKENS = Shape(
     "count_tokens",
@@ -107,6 +116,10 @@ class Endpoint(Protocol):
 
     async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
         """The admitted call sent to its backend, and the answer."""
+
+    def stream_error(self, intake: Intake, error: GatewayError) -> bytes:
+        """``error`` as the in-band end of a stream of this shape that began (its head
+        and keep-alives went out) before its answer did."""
 
 
 # An endpoint is built from its row's shape and the router's relay.

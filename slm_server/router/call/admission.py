@@ -85,8 +85,11 @@ class Gate:
                 return True
         return False
 
-    async def acquire(self, timeout: float) -> None:
-        """Take a slot, waiting up to ``timeout`` seconds in line; raises
+    async def acquire(
+        self, timeout: float, placed: Callable[[Callable[[], int]], None] | None = None
+    ) -> None:
+        """Take a slot, waiting up to ``timeout`` seconds in line (``placed`` is handed
+        what tells the waiters ahead of this one, once it waits); raises
         :class:`Overloaded` when the line is full, :class:`BackendTimeout` when the
         deadline passes first."""
         if self.try_acquire():
@@ -99,6 +102,8 @@ class Gate:
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        if placed is not None:
+            placed(lambda: self._ahead(waiter))
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except BaseException as exc:
@@ -114,6 +119,15 @@ class Gate:
                     code="deadline_exceeded_in_queue",
                 ) from None
             raise
+
+    def _ahead(self, waiter: asyncio.Future[None]) -> int:
+        """How many live waiters are ahead of ``waiter`` (asked when reported)."""
+        ahead = 0
+        for other in self._waiters:
+            if other is waiter:
+                return ahead
+            ahead += not other.done()
+        return 0
 
     def _forget(self, waiter: asyncio.Future[None]) -> None:
         with contextlib.suppress(ValueError):

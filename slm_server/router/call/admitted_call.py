@@ -16,6 +16,7 @@ from starlette.requests import Request
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.admission import Slot
 from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.keepalive import KeepAlive
 from slm_server.router.call.waits import ClientWatch, client_of
 
 
@@ -46,9 +47,11 @@ class Call:
     usage for its own record, whose usage-only chunk the client never sees. ``capped``
     says that the preset's cap, not the client's own bound, limits the output: a
     translated answer cut there ends its turn (see :mod:`slm_server.router.answer.translation`).
-    ``watch_progress`` marks a stream whose engine the router asked for its prompt
-    progress (each report a sign of life, silence timed throughout); ``hidden_progress``
-    that those reports are the router's alone, kept from a client that never asked.
+    ``keepalive``, on a streamed request, says what its client is sent while it
+    waits for the answer to begin (None: nothing). ``watch_progress`` marks a stream
+    whose engine the router asked for its prompt progress (each report a sign of life,
+    silence timed throughout); ``hidden_progress`` that those reports are the
+    router's alone, kept from a client that never asked.
     """
 
     request: Request
@@ -62,6 +65,7 @@ class Call:
     capped: bool = False
     watch_progress: bool = False
     hidden_progress: bool = False
+    keepalive: KeepAlive | None = None
 
     @property
     def client(self) -> ClientWatch:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from starlette.types import Scope
 
@@ -21,6 +22,18 @@ from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.shape import Shape
 
 _SCOPE_KEY = "slm.exchange"
+
+# The stages a request waits at, in the order they come (docs/api.md, "Keep-alives and
+# progress"): in the admission queue, for a backend starting or restarting, for an
+# on-demand load, for the backend's first bytes, while the engine reads the prompt, and
+# once the answer's first bytes have come.
+QUEUED: Final = "queued"
+RESTARTING: Final = "waiting_for_backend"
+LOADING: Final = "loading"
+SENT: Final = "sent"
+READING_PROMPT: Final = "reading_prompt"
+ANSWERING: Final = "answering"
+STAGES: Final = (QUEUED, RESTARTING, LOADING, SENT, READING_PROMPT, ANSWERING)
 _ID_PREFIX = uuid.uuid4().hex[:16]
 _ID_COUNTER = itertools.count(1)
 
@@ -88,6 +101,16 @@ class Exchange:
     # took.
     recovery: str | None = None
     recovery_seconds: float | None = None
+    # Where the request waits for its answer (one of STAGES; None before it is routed),
+    # since when, its place in the admission queue (asked when reported) and the prompt
+    # tokens its engine has read of the total (from the engine's progress reports).
+    stage: str | None = None
+    stage_since: float | None = None
+    queue_ahead: Callable[[], int] | None = None
+    prompt_read: tuple[int, int] | None = None
+    # The head of the streamed answer went out while the request still waited (a
+    # keep-alive): whatever comes next is told in band.
+    early_head: bool = False
 
     @property
     def emit_path(self) -> str:
@@ -163,6 +186,32 @@ class Exchange:
                 self.input_tokens = prompt
             if completion is not None:
                 self.output_tokens = completion
+
+    def enter(self, stage: str) -> None:
+        """The request waits at ``stage`` (one of :data:`STAGES`) from now."""
+        self.stage = stage
+        self.stage_since = time.perf_counter()
+        if stage != QUEUED:
+            self.queue_ahead = None
+
+    def placed(self, ahead: Callable[[], int]) -> None:
+        """In the admission queue: ``ahead`` tells how many wait before it."""
+        self.queue_ahead = ahead
+
+    def waiting(self, now: float) -> dict[str, Any]:
+        """Where the request is: its stage, for how long, and the stage's progress (the
+        requests ahead in the queue; the prompt tokens read of the total)."""
+        since = self.stage_since if self.stage_since is not None else self.started
+        report: dict[str, Any] = {
+            "stage": self.stage or "arriving",
+            "stage_seconds": round(max(0.0, now - since), 3),
+            "waited_seconds": round(max(0.0, now - self.started), 3),
+        }
+        if self.stage == QUEUED and self.queue_ahead is not None:
+            report["ahead"] = self.queue_ahead()
+        if self.stage == READING_PROMPT and self.prompt_read is not None:
+            report["prompt_tokens_read"], report["prompt_tokens"] = self.prompt_read
+        return report
 
     def note_chunk(self, now: float | None = None) -> None:
         """A piece of the answer arrived (at ``now``, ``time.perf_counter()``)."""

@@ -34,7 +34,8 @@ class Shape:
     ``checks``: what its body is checked for before it is admitted, in order;
     ``translated_to``: the shape its requests are translated to for a backend without
     its own (the Messages API's, the Responses API's: chat completions), None when
-    always sent as they are."""
+    always sent as they are; ``keepalive``: what a streamed answer's client is sent
+    while it waits (an SSE comment; the Messages API's ``ping`` event)."""
 
     name: str
     path: str
@@ -47,6 +48,7 @@ class Shape:
     anthropic: bool = False
     checks: tuple[Check, ...] = ()
     translated_to: Shape | None = None
+    keepalive: bytes = b": keep-alive\n\n"
 
 
 __all__ = ["Check", "Shape"]

@@ -15,7 +15,7 @@ from slm_server.errors import BackendTimeout, GatewayError, ModelNotFound
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.admission import Gate, Slot
 from slm_server.router.call.admitted_call import Call, Deadline
-from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.exchange import QUEUED, Exchange
 from slm_server.router.call.waits import ClientWatch, Waits
 from slm_server.router.upstream.client import (
     Transport,
@@ -61,7 +61,8 @@ class Sender:
             # backend); the guard's own limit is only a backstop behind it. A free slot
             # is taken at once, with nothing to guard.
             if not gate.try_acquire():
-                waiting = gate.acquire(deadline.remaining())
+                exchange.enter(QUEUED)
+                waiting = gate.acquire(deadline.remaining(), exchange.placed)
                 await self._guard(client, waiting, deadline.at + 1.0, spec, deadline, None)
         finally:
             exchange.queue_seconds = time.perf_counter() - started

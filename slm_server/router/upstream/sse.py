@@ -23,7 +23,7 @@ import re
 from typing import Any, Final
 
 from slm_server.errors import AnswerTooLarge, BackendProtocolError
-from slm_server.router.call.exchange import Exchange
+from slm_server.router.call.exchange import ANSWERING, READING_PROMPT, Exchange
 
 # The field of a chunk that only reports how much of the prompt the engine has read
 # (llama-server's ``return_progress``): a sign of life for the watchdog, no part of the
@@ -255,6 +255,22 @@ def _worth_parsing(event: bytes) -> bool:
     return False
 
 
+def note_progress(exchange: Exchange, report: Any) -> None:
+    """An engine's prompt progress report (``{"total", "cache", "processed", ...}``),
+    noted as the request's stage: the prompt tokens read of the total."""
+    if exchange.stage != READING_PROMPT:
+        exchange.enter(READING_PROMPT)
+    if isinstance(report, dict):
+        processed, total = report.get("processed"), report.get("total")
+        if (
+            isinstance(processed, int)
+            and isinstance(total, int)
+            and not isinstance(processed, bool)
+            and not isinstance(total, bool)
+        ):
+            exchange.prompt_read = (processed, total)
+
+
 class SseTap:
     """Feeds a stream's events to an exchange; ``feed`` returns the bytes to forward."""
 
@@ -307,7 +323,10 @@ class SseTap:
             return True
         if first and self.drop_progress and PROGRESS_FIELD in body:
             self._first = True  # still before the answer: the next event is looked at too
+            note_progress(self.exchange, body[PROGRESS_FIELD])
             return False
+        if first:
+            self.exchange.enter(ANSWERING)
         error = body.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else error

@@ -127,6 +127,10 @@ class MessagesApi:
         self.chat = _translated_to(shape)
         self.relay = relay
 
+    def stream_error(self, intake: Intake, error: GatewayError) -> bytes:
+        """The Messages stream's ``error`` event."""
+        return error.anthropic_sse_event()
+
     def before_admission(self, intake: Intake) -> Intake:
         """The request translated to chat completions (refused before it waits for a
         slot)."""
@@ -152,6 +156,9 @@ class CountTokensApi:
     def __init__(self, shape: Shape, relay: Relay) -> None:
         self.shape = shape
         self.relay = relay
+
+    def stream_error(self, intake: Intake, error: GatewayError) -> bytes:  # never a stream
+        return error.anthropic_sse_event()
 
     def before_admission(self, intake: Intake) -> Intake | Response:
         """The request checked as a Messages request; the router's estimate at once,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
+from slm_server.errors import GatewayError
 from slm_server.router.answer.relay import Relay
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.shape import Shape
@@ -20,6 +21,10 @@ class PassThrough:
     def __init__(self, shape: Shape, relay: Relay) -> None:
         self.shape = shape
         self.relay = relay
+
+    def stream_error(self, intake: Intake, error: GatewayError) -> bytes:
+        """OpenAI's in-band error event."""
+        return error.sse_event()
 
     def before_admission(self, intake: Intake) -> Intake:
         """Nothing more to check: the intake's checks are the shape's."""

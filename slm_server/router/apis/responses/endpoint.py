@@ -68,6 +68,10 @@ class ResponsesApi:
         self.chat = shape.translated_to
         self.relay = relay
 
+    def stream_error(self, intake: Intake, error: GatewayError) -> bytes:
+        """The Responses stream's opening events and ``response.failed``."""
+        return ResponsesTranslation(intake.payload, capped=False).stream_error(error)
+
     def before_admission(self, intake: Intake) -> Intake:
         """Nothing more to check before admission: the translation waits for the
         backend's own answer."""
