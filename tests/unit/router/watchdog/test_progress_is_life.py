@@ -69,13 +69,20 @@ def event(data: Any) -> bytes:
 
 
 def llama_router(
-    tmp_path: Path, script: Any, *, timeout: float = 5.0, kind: str = "llama-server"
+    tmp_path: Path,
+    script: Any,
+    *,
+    timeout: float = 5.0,
+    kind: str = "llama-server",
+    more_env: dict[str, str] | None = None,
 ) -> Router:
     """A router whose one backend the launcher published as ``kind``, with the silence
-    limit of these tests and a first-byte stall limit far beyond them."""
+    limit of these tests (or ``more_env``'s) and a first-byte stall limit far beyond
+    them."""
     env = {
         "SLM_WATCHDOG_SILENCE_SECONDS": str(SILENCE),
         "SLM_WATCHDOG_STALL_SECONDS": "60",
+        **(more_env or {}),
     }
     router = make_router(tmp_path, script, timeout=timeout, env=env)
     spec = router.spec
