@@ -112,7 +112,10 @@ class Dashboard:
 
     async def requests(self, _request: Request) -> JSONResponse:
         """``GET /v1/ui/requests``."""
-        return JSONResponse({"object": "list", "data": self.recent.newest_first()})
+        recent = self.recent
+        return JSONResponse(
+            {"object": "list", "data": recent.newest_first(), "in_flight": recent.under_way()}
+        )
 
     async def logs(self, request: Request) -> JSONResponse:
         """``GET /v1/ui/logs/{role}``."""

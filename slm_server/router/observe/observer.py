@@ -153,6 +153,8 @@ class RequestObserver:
             if model_endpoint:
                 span = self.telemetry.open_span(exchange, inbound)
                 self.metrics.begin(exchange)
+                if self.recent is not None:
+                    self.recent.begin(exchange)
             await self.app(scope, observed_receive, observed_send)
         except BaseException as exc:
             error = exc
@@ -189,6 +191,8 @@ class RequestObserver:
         sent), and the request is never missing from the access log."""
         outcome = None
         if model_endpoint:
+            if self.recent is not None:
+                self.recent.end(exchange)
             if span is not None:
                 try:
                     self.telemetry.close_span(span, exchange, error)

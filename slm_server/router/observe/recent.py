@@ -1,4 +1,5 @@
-"""The last requests the router finished, for the dashboard (``GET /v1/ui/requests``).
+"""The last requests the router finished, and those under way, for the dashboard
+(``GET /v1/ui/requests``).
 
 :class:`RecentRequests` is a ring of plain tuples: the middleware appends one per
 finished model request (a ``deque`` with a ``maxlen``, so the append is O(1), needs no
@@ -62,6 +63,36 @@ class RecentRequests:
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.rows: deque[Row] = deque(maxlen=capacity)
+        # The model requests under way, by their exchange (as many as are admitted and
+        # queued: bounded by the admission limits and the bodies' budget).
+        self.in_flight: dict[int, Exchange] = {}
+
+    def begin(self, exchange: Exchange) -> None:
+        """A model request arrived: it is under way until :meth:`end`."""
+        self.in_flight[id(exchange)] = exchange
+
+    def end(self, exchange: Exchange) -> None:
+        self.in_flight.pop(id(exchange), None)
+
+    def under_way(self) -> list[dict[str, Any]]:
+        """Each request under way, the oldest first: its model, path, whether it streams,
+        and where it waits (:meth:`Exchange.waiting`)."""
+        now = time.perf_counter()
+        shown = []
+        for exchange in sorted(self.in_flight.values(), key=lambda e: e.started):
+            spec = exchange.spec
+            model = spec.entry.id if spec is not None else exchange.model
+            if isinstance(model, str) and len(model) > MAX_MODEL_CHARS:
+                model = model[:MAX_MODEL_CHARS]  # a client's string, unchecked
+            item: dict[str, Any] = {
+                "request_id": exchange.request_id,
+                "model": model,
+                "endpoint": exchange.path,
+                "stream": exchange.stream,
+            }
+            item.update(exchange.waiting(now))
+            shown.append(item)
+        return shown
 
     def record(self, exchange: Exchange) -> None:
         """Keep one finished exchange: its model as routed (else as asked for), and

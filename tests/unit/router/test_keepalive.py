@@ -392,3 +392,31 @@ def test_a_client_that_leaves_while_it_hears_beats_frees_its_place(tmp_path: Pat
             assert len(router.transport.sent) == 1
 
     run(scenario())
+
+
+def test_the_dashboard_shows_where_each_request_under_way_waits(tmp_path: Path) -> None:
+    """A request that does not stream gets nothing extra on the wire, but the dashboard
+    lists it under way with its stage and its place in the line."""
+    release = asyncio.Event()
+    router = queued_router(tmp_path, release)
+
+    async def scenario() -> None:
+        async with serving(router):
+            holder = await holding(router, release)
+            first = asyncio.ensure_future(call(router.app, CHAT, chat()))
+            second = asyncio.ensure_future(call(router.app, CHAT, chat()))
+            gate = router.deps.gates[router.spec.role]
+            await until(lambda: gate.queued == 2, "two in the line")
+            listed = (await call(router.app, "/v1/ui/requests", None, method="GET")).json()
+            under_way = listed["in_flight"]
+            assert [r["stage"] for r in under_way] == ["sent", "queued", "queued"]
+            assert [r.get("ahead") for r in under_way] == [None, 0, 1]
+            assert all(r["model"] == MODEL and r["stream"] is False for r in under_way)
+            release.set()
+            for task in (holder, first, second):
+                assert (await task).json() == ANSWER
+            listed = (await call(router.app, "/v1/ui/requests", None, method="GET")).json()
+            assert listed["in_flight"] == []
+            assert len(listed["data"]) == 3
+
+    run(scenario())

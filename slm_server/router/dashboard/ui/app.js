@@ -195,6 +195,28 @@ function renderRequests(list) {
   body.replaceChildren(...rows);
 }
 
+// Requests under way: where each waits (queued, loading, reading the prompt...) and how
+// far it has come.
+function stageProgress(r) {
+  if (r.stage === "queued" && r.ahead !== undefined) return r.ahead + " ahead";
+  if (r.prompt_tokens) return r.prompt_tokens_read + " / " + r.prompt_tokens + " tokens";
+  return "";
+}
+
+function renderInFlight(list) {
+  const body = $("in-flight").tBodies[0];
+  const rows = list.map((r) => {
+    const row = document.createElement("tr");
+    row.dataset.stage = r.stage;
+    for (const value of [r.model, r.endpoint, r.stream ? "yes" : "no", r.stage,
+      stageProgress(r), r.stage_seconds, r.waited_seconds]) {
+      row.appendChild(el("td", dash(value)));
+    }
+    return row;
+  });
+  body.replaceChildren(...rows);
+}
+
 // The registry the router routes by: its version and, once a reload or the supervisor
 // applied it, its generation and when.
 function renderRegistry(registry) {
@@ -242,7 +264,11 @@ async function pollModels() {
       renderMemory(body.memory);
     }
     const requests = await api("/v1/ui/requests");
-    if (requests.ok) renderRequests((await requests.json()).data || []);
+    if (requests.ok) {
+      const listed = await requests.json();
+      renderRequests(listed.data || []);
+      renderInFlight(listed.in_flight || []);
+    }
     say("updated " + new Date().toLocaleTimeString());
   } catch (error) {
     if (error.message !== "unauthorized") say("cannot reach the router: " + error.message, true);
