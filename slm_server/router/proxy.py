@@ -235,6 +235,7 @@ class Proxy:
                 watch_progress=intake.watch_progress,
                 hidden_progress=intake.hidden_progress,
                 keepalive=keepalive,
+                gathered=intake.gathered,
             )
             exchange.enter(SENT)
             return await endpoint.send(call, intake)

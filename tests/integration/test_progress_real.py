@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,75 @@ def test_reports_are_the_routers_alone_and_the_answer_is_llama_servers(tmp_path:
         )
         assert [shape(e) for e in asked if e not in reports] == direct
         assert not stack.events("backend_failure")
+
+
+def whole(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    answer = one_shot.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def test_a_whole_answer_gathered_from_the_stream_is_llama_servers_own(tmp_path: Path) -> None:
+    """A request that does not stream is streamed from llama-server (for its progress)
+    and its whole answer gathered: the same fields and values as llama-server's own
+    whole answer (what differs between two runs aside: id, time, timings' values)."""
+    with watched(tmp_path, smollm(), llama_server=llama_server_bin()) as stack:
+        fresh = {"stream": False, "cache_prompt": False}  # each read whole: 0 cached
+        no_stream_field = request("Count to five.", max_tokens=3)
+        del no_stream_field["stream"]
+        for body in (
+            {**request("Name three colours."), **fresh},
+            {**request("Say hi.", max_tokens=40), "stop": ["!"], **fresh},
+            {**no_stream_field, "cache_prompt": False},
+        ):
+            direct = whole(f"http://127.0.0.1:{stack.port('standard')}", body)
+            routed = whole(stack.url, body)
+            assert shape(routed) == shape(direct)
+            assert set(routed) == set(direct)
+            assert set(routed["timings"]) == set(direct["timings"])
+            assert routed["id"].startswith("chatcmpl-")
+        # It was streamed: llama-server was asked for its progress on every request.
+        assert not stack.events("backend_failure")
+
+
+def test_a_whole_answer_stranded_by_a_frozen_backend_is_gathered_again(tmp_path: Path) -> None:
+    """A backend stopped while it writes a whole answer: the silence rule catches it
+    (the request never had a byte of a whole answer to wait for before), the watchdog
+    restarts it, and the request is sent again, once, and answered."""
+    with watched(
+        tmp_path, smollm(), llama_server=llama_server_bin(), SLM_WATCHDOG_SILENCE_SECONDS="2"
+    ) as stack:
+        poll(lambda: time.time() > stack.state("standard")["started_at"] + 0.6, 5, "the grace")
+        old_pid = stack.pid("standard")
+        body = {**request("Count from one to one hundred.", max_tokens=400), "stream": False}
+        body["ignore_eos"] = True
+        direct = f"http://127.0.0.1:{stack.port('standard')}"
+        answered: list[Any] = []
+        worker = threading.Thread(target=lambda: answered.append(whole(stack.url, body)))
+        worker.start()
+        try:
+            poll(lambda: _decoding(direct), 30, "the answer under way")
+            os.kill(old_pid, signal.SIGSTOP)
+            worker.join(timeout=100)
+        finally:
+            if pid_alive(old_pid):
+                os.kill(old_pid, signal.SIGCONT)
+        assert not worker.is_alive()
+        [answer] = answered
+        assert answer["choices"][0]["finish_reason"] == "length"
+        assert answer["usage"]["completion_tokens"] == 400
+        [stall] = [e for e in stack.events("backend_failure") if e["reason"] == "stall"]
+        assert "no prompt progress, no token" in stall["detail"]
+        [retried] = stack.events("request_retried")
+        assert retried["model_id"] == MODEL
+        assert stack.wait_event("restart_succeeded", old_pid=old_pid, timeout=5)
+
+
+def _decoding(url: str) -> bool:
+    """Whether llama-server's one slot is writing an answer (tokens decoded already)."""
+    slots = one_shot.get(f"{url}/slots", timeout=5).json()
+    return any(s.get("is_processing") and s["next_token"][0]["n_decoded"] > 5 for s in slots)
 
 
 # About 5,000 tokens: Gemma 3 270M (one slot of 32,768) reads them in about 20 s on

@@ -55,6 +55,18 @@ class Relay:
         request the backend stranded (nothing of the answer came, and the process it
         was sent to is gone) is sent once more when the backend is back."""
         upstream, timer, progress = await self.open(call, path, body)
+        if not call.gathered:
+            return await self.replies.reply(call, upstream, timer, progress, translation)
+        # Gathered, nothing of the answer has reached the client: a backend that broke
+        # the stream and is gone strands it as it would before the head.
+        sent_to = self.recovery.process(call.spec)
+        try:
+            return await self.replies.reply(call, upstream, timer, progress, translation)
+        except GatewayError as error:
+            if call.exchange.recovery == "retried" or not await self._again(call, error, sent_to):
+                raise
+        progress = self.sender.progress(call)
+        upstream, timer = await self.sender.open(call, path, body, progress)
         return await self.replies.reply(call, upstream, timer, progress, translation)
 
     async def open(

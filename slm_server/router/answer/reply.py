@@ -18,12 +18,14 @@ from starlette.types import ASGIApp
 
 from slm_server.errors import BackendProtocolError, GatewayError
 from slm_server.router.answer.answer_fields import answer_fields
+from slm_server.router.answer.gathered import ChatGathering
 from slm_server.router.answer.stream_relay import StreamRelay
 from slm_server.router.answer.stream_splice import Splice
 from slm_server.router.answer.translation import Translation
 from slm_server.router.answer.whole_answer import WholeAnswer
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.drain import Drain
+from slm_server.router.call.exchange import ANSWERING
 from slm_server.router.upstream.client import (
     UpstreamResponse,
     backend_error_body,
@@ -32,7 +34,7 @@ from slm_server.router.upstream.client import (
     iter_sse,
 )
 from slm_server.router.upstream.sender import Sender
-from slm_server.router.upstream.sse import SseTap
+from slm_server.router.upstream.sse import PROGRESS_FIELD, SseTap, note_progress
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 
 JSON = "application/json"
@@ -115,12 +117,48 @@ class Replies:
             )
         if exchange.stream and streams:
             return self._relay(answer, content_type, encoding, translation)
+        if call.gathered and streams and encoding is None:
+            return await self._gathered(answer, translation)
         timer.cancel()
         try:
             content = await self.sender.read(call, upstream, progress)
         finally:
             await answer.close()
         return _whole(call, upstream.status_code, content_type, encoding, content, translation)
+
+    async def _gathered(
+        self, answer: _Answer, translation: Translation | None
+    ) -> Response | ASGIApp:
+        """The whole answer to a request that did not ask to stream, gathered from the
+        stream the router asked for (:mod:`.gathered`), under the deadline, each chunk a
+        sign of life; the engine's in-band error is its error answer."""
+        call, upstream = answer.call, answer.upstream
+        exchange = call.exchange
+        gathering = ChatGathering(self.sender.max_answer)
+        events = iter_sse(call.spec, upstream, self.max_event)
+        chunks = self.sender.watched(call, events, answer.timer, answer.noted)
+
+        async def gather() -> None:
+            async for chunk in chunks:
+                if PROGRESS_FIELD in chunk:
+                    note_progress(exchange, chunk[PROGRESS_FIELD])
+                    continue
+                if exchange.stage != ANSWERING:
+                    exchange.enter(ANSWERING)
+                gathering.feed(chunk)
+
+        try:
+            await self.sender.guard(call, gather(), answer.progress)
+        finally:
+            await answer.close()
+        failed = gathering.error
+        if failed is not None:
+            exchange.error_type = "backend_stream_error"
+            error = failed.get("error")
+            code = error.get("code") if isinstance(error, dict) else None
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            return _whole(call, status, JSON, None, _dumps(failed), translation)
+        return _whole(call, 200, JSON, None, _dumps(gathering.answer()), translation)
 
     def _relay(
         self,
@@ -204,6 +242,11 @@ def _whole(
     if isinstance(body_json, dict):
         exchange.note_response(body_json)
     return WholeAnswer(exchange, content, status, content_type)
+
+
+def _dumps(answer: dict[str, Any]) -> bytes:
+    """An answer as llama-server writes one: compact, its keys in order, UTF-8."""
+    return json.dumps(answer, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
 
 
 async def _tapped(chunks: AsyncIterator[bytes], tap: SseTap) -> AsyncIterator[bytes]:

@@ -44,6 +44,7 @@ CHAT = Shape(
     token_stream=True,
     samples=True,
     checks=(check_chat_media, check_chat_tool_calls, check_grammar),
+    gathers=True,
 )
 COMPLETIONS = Shape(
     "completions",

@@ -51,7 +51,9 @@ class Call:
     waits for the answer to begin (None: nothing). ``watch_progress`` marks a stream
     whose engine the router asked for its prompt progress (each report a sign of life,
     silence timed throughout); ``hidden_progress`` that those reports are the
-    router's alone, kept from a client that never asked.
+    router's alone, kept from a client that never asked. ``gathered``: a request that
+    did not ask to stream, streamed from the engine for the watchdog to judge, its
+    whole answer gathered from the stream.
     """
 
     request: Request
@@ -66,6 +68,7 @@ class Call:
     watch_progress: bool = False
     hidden_progress: bool = False
     keepalive: KeepAlive | None = None
+    gathered: bool = False
 
     @property
     def client(self) -> ClientWatch:

@@ -35,7 +35,9 @@ class Shape:
     ``translated_to``: the shape its requests are translated to for a backend without
     its own (the Messages API's, the Responses API's: chat completions), None when
     always sent as they are; ``keepalive``: what a streamed answer's client is sent
-    while it waits (an SSE comment; the Messages API's ``ping`` event)."""
+    while it waits (an SSE comment; the Messages API's ``ping`` event); ``gathers``:
+    a whole answer of this shape can be gathered from its stream (chat completions,
+    see :mod:`slm_server.router.answer.gathered`)."""
 
     name: str
     path: str
@@ -49,6 +51,7 @@ class Shape:
     checks: tuple[Check, ...] = ()
     translated_to: Shape | None = None
     keepalive: bytes = b": keep-alive\n\n"
+    gathers: bool = False
 
 
 __all__ = ["Check", "Shape"]

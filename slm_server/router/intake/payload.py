@@ -157,6 +157,28 @@ def ask_for_progress(payload: dict[str, Any], shape: Shape, reports: bool) -> tu
     return True, True
 
 
+# What a request may ask that a whole answer carries and a stream carries otherwise.
+_WHOLE_ONLY = ("logprobs", "top_logprobs", "n_probs", "post_sampling_probs", "verbose")
+
+
+def gather_stream(payload: dict[str, Any], shape: Shape, reports: bool) -> bool:
+    """Make a request that did not ask to stream one the router streams from an engine
+    that ``reports`` its prompt progress, asking its usage and progress, to gather the
+    whole answer from it (:mod:`slm_server.router.answer.gathered`): True when it did.
+    Left whole when it asks for what only a whole answer carries as such (log
+    probabilities, several choices, llama-server's debugging fields)."""
+    if not (reports and shape.gathers) or ("stream" in payload and payload["stream"] is not False):
+        return False
+    if any(payload.get(name) not in (None, False, 0) for name in _WHOLE_ONLY):
+        return False
+    if payload.get("n", 1) != 1:
+        return False
+    payload["stream"] = True
+    payload["stream_options"] = {"include_usage": True}
+    payload["return_progress"] = True
+    return True
+
+
 def request_timeout(entry_timeout: float, header: str | None) -> tuple[float, bool]:
     """The request's deadline in seconds and whether the caller shortened it: the
     entry's ``default_timeout``, or less when ``X-Request-Timeout`` asks for less."""

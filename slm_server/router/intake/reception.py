@@ -27,6 +27,7 @@ from slm_server.router.intake.payload import (
     ask_for_usage,
     check_fields,
     check_json_type,
+    gather_stream,
     header_value,
     model_field,
     parse_body,
@@ -52,7 +53,9 @@ class Intake:
     defaults, usage), so that :meth:`body` serialises them anew, and the request
     translated to the shape it is sent as (a Messages request's chat completions, set
     by its endpoint before admission); whether the router asked the engine for its
-    prompt progress, and whether those reports are kept from the client."""
+    prompt progress, and whether those reports are kept from the client; whether the
+    engine reports it at all, and whether the router streams a request that did not
+    ask to stream, to gather its whole answer."""
 
     spec: ModelSpec
     payload: dict[str, Any]
@@ -64,6 +67,8 @@ class Intake:
     translated: dict[str, Any] | None = None
     watch_progress: bool = False
     hidden_progress: bool = False
+    reports: bool = False
+    gathered: bool = False
 
     async def body(self) -> bytes:
         """The request in its own shape as the backend is sent it: the bytes as they
@@ -185,7 +190,10 @@ class Reception:
         hidden_usage = ask_for_usage(payload, shape)
         reports = planned is not None and planned.kind in PROGRESS_KINDS
         watched, hidden = ask_for_progress(payload, shape, reports)
-        changed = changed or hidden_usage or (hidden and not shape.translated_to)
+        gathered = gather_stream(payload, shape, reports)
+        if gathered:
+            watched = hidden = True
+        changed = changed or hidden_usage or gathered or (hidden and not shape.translated_to)
         return Intake(
             spec,
             payload,
@@ -196,6 +204,8 @@ class Reception:
             changed,
             watch_progress=watched,
             hidden_progress=hidden,
+            reports=reports,
+            gathered=gathered,
         )
 
     async def for_backend(self, intake: Intake, spec: ModelSpec, shape: Shape) -> Intake:

@@ -86,7 +86,7 @@ class Sender:
         self, call: Call, path: str, body: bytes, progress: Progress | None
     ) -> tuple[UpstreamResponse, StallTimer]:
         spec, exchange = call.spec, call.exchange
-        if exchange.stream:
+        if exchange.stream or call.gathered:
             if progress is None:
                 progress = Progress(time.perf_counter(), call.watch_progress)
             timer = self.tripwire.stall_timer(spec, progress)

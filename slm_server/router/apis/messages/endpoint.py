@@ -33,7 +33,7 @@ from slm_server.router.apis.messages.to_chat import messages_to_chat
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.call.shape import Shape
-from slm_server.router.intake.payload import apply_defaults
+from slm_server.router.intake.payload import apply_defaults, gather_stream
 from slm_server.router.intake.reception import Intake
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.intake.tool_calls import check_tool_calls
@@ -144,6 +144,8 @@ class MessagesApi:
         chat = {**translated(intake), "model": request.get("model")}
         if call.watch_progress:  # the reports are the router's: the translation drops them
             chat["return_progress"] = True
+        elif gather_stream(chat, self.chat, intake.reports):
+            call.gathered = call.watch_progress = True
         apply_defaults(chat, self.chat, self.relay.sampling_defaults(call.spec))
         translation = MessagesTranslation(request, capped=call.capped)
         return await self.relay.relay(call, self.chat.path, dumps_body(chat), translation)

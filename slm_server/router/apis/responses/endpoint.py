@@ -20,7 +20,7 @@ from slm_server.router.apis.responses.from_chat import chat_to_response
 from slm_server.router.apis.responses.to_chat import needs_translation, translate_request
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.shape import Shape
-from slm_server.router.intake.payload import apply_defaults
+from slm_server.router.intake.payload import apply_defaults, gather_stream
 from slm_server.router.intake.reception import Intake
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.intake.tool_calls import check_tool_calls
@@ -98,6 +98,8 @@ class ResponsesApi:
         call.exchange.dropped_tools = translated.dropped
         if call.watch_progress:  # the reports are the router's: the translation drops them
             chat["return_progress"] = True
+        elif gather_stream(chat, self.chat, intake.reports):
+            call.gathered = call.watch_progress = True
         apply_defaults(chat, self.chat, relay.sampling_defaults(spec))
         translation = ResponsesTranslation(payload, capped=call.capped)
         return await relay.relay(call, self.chat.path, dumps_body(chat), translation)

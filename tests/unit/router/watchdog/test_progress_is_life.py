@@ -362,3 +362,132 @@ def test_reports_for_ever_are_bounded_by_the_deadline_not_counted(tmp_path: Path
             assert judged["stall_seconds"] == SILENCE
 
     run(scenario())
+
+
+# A request that does not stream, to llama-server: streamed and its answer gathered.
+
+WHOLE = {
+    "choices": [
+        {"finish_reason": "stop", "index": 0, "message": {"role": "assistant", "content": "Hello"}}
+    ],
+    "created": 1,
+    "id": "chatcmpl-1",
+    "model": MODEL,
+    "object": "chat.completion",
+    "usage": USAGE_CHUNK["usage"],
+}
+
+
+def test_a_whole_answer_is_gathered_from_a_stream_with_reports(tmp_path: Path) -> None:
+    """Reports for four times the silence limit, then the answer: never a stall, and
+    the client gets one whole answer, as llama-server writes one."""
+
+    async def script(_sent: Sent) -> FakeResponse:
+        steps: list[float | Step] = [event(progress_chunk(0))]
+        for n in range(1, 11):
+            steps += [SILENCE * 0.4, event(progress_chunk(n * 200))]
+        steps += [event(c) for c in ANSWER_CHUNKS] + [event(b"[DONE]")]
+        return FakeResponse(200, STREAM, paced(*steps))
+
+    router = llama_router(tmp_path, script)
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat())
+            assert got.status == 200
+            assert got.headers["content-type"] == "application/json"
+            assert got.json() == WHOLE
+            assert got.body.startswith(b'{"choices":[{"finish_reason":"stop"')
+            sent = router.transport.sent[0].json()
+            assert sent["stream"] is True
+            assert sent["return_progress"] is True
+            assert sent["stream_options"] == {"include_usage": True}
+            assert stalls(router) == []
+
+    run(scenario())
+
+
+def test_a_whole_answer_that_goes_silent_trips_within_the_silence_limit(tmp_path: Path) -> None:
+    resume = asyncio.Event()
+
+    async def script(_sent: Sent) -> FakeResponse:
+        steps: list[Step] = [event(progress_chunk(0)), event(first_token("Hel")), resume]
+        steps += [event(delta("lo", "stop")), event(USAGE_CHUNK), event(b"[DONE]")]
+        return FakeResponse(200, STREAM, steps)
+
+    router = llama_router(tmp_path, script, timeout=10.0)
+
+    async def scenario() -> None:
+        async with serving(router):
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            task = asyncio.ensure_future(call(router.app, CHAT, chat()))
+            await until(lambda: stalls(router), "a stall recorded")
+            assert loop.time() - started < SILENCE + 1.0
+            resume.set()
+            assert (await task).json() == WHOLE
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("extra", "gathered"),
+    [
+        ({}, True),
+        ({"logprobs": True, "top_logprobs": 2}, False),
+        ({"n": 2}, False),
+        ({"n_probs": 3}, False),
+    ],
+    ids=["plain", "logprobs", "choices", "n_probs"],
+)
+def test_only_what_a_stream_carries_alike_is_gathered(
+    tmp_path: Path, extra: dict[str, Any], gathered: bool
+) -> None:
+    async def script(sent: Sent) -> FakeResponse:
+        if sent.json().get("stream"):
+            return FakeResponse(200, STREAM, [event(c) for c in ANSWER_CHUNKS] + [event(b"[DONE]")])
+        return FakeResponse(200, {"content-type": "application/json"}, [json.dumps(WHOLE).encode()])
+
+    router = llama_router(tmp_path, script)
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat(**extra))
+            assert got.json() == WHOLE
+            assert router.transport.sent[0].json().get("stream", False) is gathered
+
+    run(scenario())
+
+
+def test_an_in_band_error_is_the_whole_answer_s_error(tmp_path: Path) -> None:
+    failure = {
+        "error": {"code": 400, "message": "the prompt is too long", "type": "invalid_request_error"}
+    }
+    router = llama_router(tmp_path, playing([event(progress_chunk(0)), event(failure)]))
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat())
+            assert got.status == 400
+            assert got.json()["error"]["message"] == "the prompt is too long"
+
+    run(scenario())
+
+
+def test_a_translated_whole_answer_is_gathered_too(tmp_path: Path) -> None:
+    steps = [event(progress_chunk(0))] + [event(c) for c in ANSWER_CHUNKS] + [event(b"[DONE]")]
+    router = llama_router(tmp_path, playing(steps))
+    body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, "/v1/messages", body)
+            assert got.status == 200
+            message = got.json()
+            assert message["type"] == "message"
+            assert message["content"] == [{"type": "text", "text": "Hello"}]
+            assert message["usage"]["output_tokens"] == 2
+            sent = router.transport.sent[0].json()
+            assert sent["stream"] is True and sent["return_progress"] is True
+
+    run(scenario())
