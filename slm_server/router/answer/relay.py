@@ -55,11 +55,23 @@ class Relay:
         request the backend stranded (nothing of the answer came, and the process it
         was sent to is gone) is sent once more when the backend is back."""
         upstream, timer, progress = await self.open(call, path, body)
-        if not call.gathered:
-            return await self.replies.reply(call, upstream, timer, progress, translation)
-        # Gathered, nothing of the answer has reached the client: a backend that broke
-        # the stream and is gone strands it as it would before the head.
+        # A backend that breaks the answer before it began, and is gone, strands the
+        # request as it would before the head: it is sent again, once.
         sent_to = self.recovery.process(call.spec)
+        if not call.gathered:
+
+            async def reopen(
+                error: GatewayError,
+            ) -> tuple[UpstreamResponse, StallTimer, Progress | None] | None:
+                if call.exchange.recovery == "retried" or not await self._again(
+                    call, error, sent_to
+                ):
+                    return None
+                progress = self.sender.progress(call)
+                upstream, timer = await self.sender.open(call, path, body, progress)
+                return upstream, timer, progress
+
+            return await self.replies.reply(call, upstream, timer, progress, translation, reopen)
         try:
             return await self.replies.reply(call, upstream, timer, progress, translation)
         except GatewayError as error:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from slm_server.errors import BackendProtocolError, GatewayError
+from slm_server.errors import BackendProtocolError, BackendUnavailable, GatewayError
 from slm_server.router.answer.answer_fields import answer_fields
 from slm_server.router.answer.gathered import ChatGathering
 from slm_server.router.answer.stream_relay import StreamRelay
@@ -68,6 +68,17 @@ class _Answer:
             self.timer.pause()
             self.noted.hold()
 
+    async def swap(
+        self, upstream: UpstreamResponse, timer: StallTimer, progress: Progress | None
+    ) -> None:
+        """The backend's response sent again (:data:`Reopen`) in the place of the one
+        that broke, which is closed."""
+        self.timer.cancel()
+        await self.upstream.aclose()
+        self.upstream, self.timer, self.progress = upstream, timer, progress
+        noted = progress if progress is not None else timer.watch
+        self.noted = noted if noted is not None else Progress(time.perf_counter())
+
     async def close(self) -> None:
         # A relay that never began reading (the client left first) must not leave
         # the first-byte timer to blame the backend.
@@ -76,6 +87,15 @@ class _Answer:
             await self.upstream.aclose()
         finally:
             self.call.slot.release()
+
+
+# Sends a stream's request again after its backend broke it (the relay's, which knows
+# the request and whether the backend stranded it): the new response, its stall timer
+# and progress record; None when it is not to be sent again.
+Reopen = Callable[
+    [GatewayError], Awaitable[tuple[UpstreamResponse, StallTimer, Progress | None] | None]
+]
+_T = TypeVar("_T")
 
 
 class Replies:
@@ -93,10 +113,12 @@ class Replies:
         timer: StallTimer,
         progress: Progress | None,
         translation: Translation | None = None,
+        reopen: Reopen | None = None,
     ) -> Response | ASGIApp:
         """Answer with an opened upstream response: relayed when it streams, else read
         whole under the deadline; converted by ``translation`` when the request came in
-        another API's shape. ``progress``
+        another API's shape. A stream the backend breaks before the answer began goes
+        on from the request sent again where ``reopen`` sends it. ``progress``
         notes what the backend delivers, for the watchdog to judge a deadline that cuts
         the answer; None when the client shortened the deadline (it is never judged)."""
         spec, exchange = call.spec, call.exchange
@@ -116,7 +138,7 @@ class Replies:
                 code="upstream_encoded",
             )
         if exchange.stream and streams:
-            return self._relay(answer, content_type, encoding, translation)
+            return self._relay(answer, content_type, encoding, translation, reopen)
         if call.gathered and streams and encoding is None:
             return await self._gathered(answer, translation)
         timer.cancel()
@@ -166,12 +188,16 @@ class Replies:
         content_type: str,
         encoding: str | None,
         translation: Translation | None,
+        reopen: Reopen | None,
     ) -> StreamRelay:
         """A streamed answer relayed as it comes: translated event by event, passed
         as it came when it is encoded (the client decodes it), else tapped for what
-        telemetry reports and, where the door allows, spliced to the client."""
+        telemetry reports and, where the door allows, spliced to the client. Until the
+        answer begins, a backend that breaks it is sent the request again (``reopen``)
+        and the stream goes on from there."""
         call, upstream, timer, noted = answer.call, answer.upstream, answer.timer, answer.noted
         spec, exchange = call.spec, call.exchange
+        max_event = self.max_event
 
         def relay(chunks: AsyncIterator[bytes], **fields: Any) -> StreamRelay:
             return StreamRelay(
@@ -185,19 +211,22 @@ class Replies:
                 **fields,
             )
 
+        def events(response: UpstreamResponse) -> AsyncIterator[dict[str, Any]]:
+            return iter_sse(spec, response, max_event)
+
+        def raw(response: UpstreamResponse) -> AsyncIterator[bytes]:
+            return iter_raw(spec, response)
+
         if translation is not None:
-            events = iter_sse(spec, upstream, self.max_event)
-            watched = self.sender.watched(call, events, timer, noted)
-            return relay(
-                translation.stream(watched, exchange), error_event=translation.stream_error
-            )
-        chunks = self.sender.watched(call, iter_raw(spec, upstream), timer, noted)
+            parsed = self._resumable(answer, events(upstream), events, reopen)
+            return relay(translation.stream(parsed, exchange), error_event=translation.stream_error)
         if encoding is not None:  # the bytes as they came: the client decodes them
+            chunks = self.sender.watched(call, raw(upstream), timer, noted)
             return relay(chunks, media_type=content_type, headers={"content-encoding": encoding})
         tap = SseTap(
             exchange,
             drop_usage_chunk=call.hidden_usage,
-            max_event_bytes=self.max_event,
+            max_event_bytes=max_event,
             drop_progress=call.hidden_progress,
         )
         spliced = None
@@ -205,7 +234,54 @@ class Replies:
         if source is not None:
             tripwire = self.sender.tripwire
             spliced = Splice(spec, exchange, source, tap, timer, noted, tripwire)
-        return relay(_tapped(chunks, tap), media_type=content_type, splice=spliced)
+
+        def resume(error: GatewayError) -> AsyncIterator[bytes]:
+            # The splice broke: the rest, read piece by piece, through the same tap.
+            return _tapped(self._resumable(answer, None, raw, reopen, error), tap)
+
+        return relay(
+            _tapped(self._resumable(answer, raw(upstream), raw, reopen), tap),
+            media_type=content_type,
+            splice=spliced,
+            resume=resume if reopen is not None else None,
+        )
+
+    async def _resumable(
+        self,
+        answer: _Answer,
+        first: AsyncIterator[_T] | None,
+        read: Callable[[UpstreamResponse], AsyncIterator[_T]],
+        reopen: Reopen | None,
+        broke: GatewayError | None = None,
+    ) -> AsyncIterator[_T]:
+        """The stream's chunks, read with ``read`` from ``first`` (None: it ``broke``
+        already); when the backend breaks it before the answer began and ``reopen`` sends
+        the request again, the new response's chunks go on from there (once)."""
+        call = answer.call
+        if first is not None:
+            try:
+                async for chunk in self.sender.watched(call, first, answer.timer, answer.noted):
+                    yield chunk
+                return
+            except GatewayError as error:
+                broke = error
+        assert broke is not None
+        if reopen is None or call.exchange.stage == ANSWERING:
+            raise broke
+        opened = await reopen(broke)
+        if opened is None:
+            raise broke
+        upstream, timer, progress = opened
+        await answer.swap(upstream, timer, progress)
+        content_type = upstream.headers.get("content-type", "")
+        if upstream.status_code != 200 or "event-stream" not in content_type:
+            raise BackendUnavailable(
+                f"The backend for '{call.spec.entry.id}' answered the request sent again "
+                f"with HTTP {upstream.status_code}, not a stream",
+                code="backend_error",
+            )
+        async for chunk in self.sender.watched(call, read(upstream), timer, answer.noted):
+            yield chunk
 
 
 def _whole(

@@ -52,7 +52,9 @@ class StreamRelay:
     about a stream the relay had to cut (deadline or shutdown) before it is reported.
     ``on_head`` is told when the head starts going out to the client, and again once it
     is out: until then the client (its connection's buffer full), not the backend,
-    holds the answer up.
+    holds the answer up. ``resume``, given a splice, is how the stream goes on when the
+    splice breaks (the request sent again: the rest, read piece by piece; or the error
+    raised).
     """
 
     def __init__(
@@ -70,8 +72,10 @@ class StreamRelay:
         splice: Splice | None = None,
         on_head: Callable[[bool], None] | None = None,
         keepalive: KeepAlive | None = None,
+        resume: Callable[[GatewayError], AsyncIterator[bytes]] | None = None,
     ) -> None:
         self.chunks = chunks
+        self.resume = resume
         self.keepalive = keepalive
         # The head went out already, with keep-alives, while the request waited: this
         # relay goes on with the body of that stream.
@@ -175,10 +179,16 @@ class StreamRelay:
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
         try:
-            if self.splice is not None and door is not None and door.writable:
-                await self.splice.run(door, self.keepalive)
-                return
             chunks = self.chunks
+            if self.splice is not None and door is not None and door.writable:
+                try:
+                    await self.splice.run(door, self.keepalive)
+                    return
+                except GatewayError as error:
+                    if self.resume is None:
+                        raise
+                    # The rest, if the request is sent again; else ``error``, raised.
+                    chunks = self.resume(error)
             if self.keepalive is not None:
                 chunks = first_beating(chunks, send_body, self.keepalive)
             async for chunk in chunks:

@@ -11,11 +11,12 @@ ASGI and through the door.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -253,5 +254,167 @@ def test_a_stranded_request_whose_backend_is_not_back_in_time_is_504(tmp_path: P
             assert error["code"] == "deadline_exceeded"
             assert "was not back within the request's deadline" in error["message"]
             assert len(router.transport.sent) == 1
+
+    run(scenario())
+
+
+# Broken after the head, before the answer: a stream whose head (and the engine's hidden
+# progress reports) came, or a whole answer being gathered, is stranded all the same.
+
+STREAM_HEAD = {"content-type": "text/event-stream"}
+
+
+def report(processed: int) -> bytes:
+    chunk = {
+        "choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant"}}],
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "org/chat-model",
+        "prompt_progress": {"total": 9, "cache": 0, "processed": processed, "time_ms": 1.0},
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def token(text: str, finish: str | None = None) -> dict[str, Any]:
+    return {
+        "choices": [{"finish_reason": finish, "index": 0, "delta": {"content": text}}],
+        "id": "chatcmpl-2",
+        "object": "chat.completion.chunk",
+        "created": 2,
+        "model": "org/chat-model",
+    }
+
+
+USAGE = {
+    "choices": [],
+    "id": "chatcmpl-2",
+    "object": "chat.completion.chunk",
+    "created": 2,
+    "model": "org/chat-model",
+    "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+}
+SECOND = [
+    report(0),
+    *(
+        b"data: " + json.dumps(c).encode() + b"\n\n"
+        for c in (token("Hi"), token("!", "stop"), USAGE)
+    ),
+    b"data: [DONE]\n\n",
+]
+
+
+class Gone(asyncio.Event):
+    """A step of the first answer: its process is gone here (the supervisor publishes
+    the backend restarting, then ready with a new process a moment later); the break
+    follows."""
+
+    def __init__(self, router: Router) -> None:
+        super().__init__()
+        self.router = router
+
+    async def wait(self) -> Literal[True]:
+        publish(self.router, "restarting", reason="stall", kind="llama-server")
+        asyncio.get_running_loop().call_later(0.1, publish, self.router, "ready", 4343)
+        return True
+
+
+BREAK = object()  # where the first answer breaks, its process gone
+
+
+def llama_stranding(tmp_path: Path, first: list[Any]) -> Router:
+    """A native llama-server whose first answer plays ``first`` and breaks at
+    :data:`BREAK` (its process gone, then back); the request sent again gets
+    :data:`SECOND`."""
+    box: list[Router] = []
+
+    async def script(_sent: Sent) -> FakeResponse:
+        router = box[0]
+        if len(router.transport.sent) == 1:
+            steps: list[Any] = []
+            for step in first:
+                if step is BREAK:
+                    steps += [
+                        Gone(router),
+                        BackendProtocolError("The backend broke the connection"),
+                    ]
+                else:
+                    steps.append(step)
+            return FakeResponse(200, STREAM_HEAD, steps)
+        return FakeResponse(200, STREAM_HEAD, list(SECOND))
+
+    router = make_router(tmp_path, script, timeout=5.0)
+    box.append(router)
+    publish(router, "ready", pid=gone_pid(), kind="llama-server")
+    return router
+
+
+def test_a_stream_broken_while_its_prompt_was_read_goes_on_from_the_new_process(
+    tmp_path: Path,
+) -> None:
+    router = llama_stranding(tmp_path, [report(0), report(5), BREAK])
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat(stream=True))
+            assert got.status == 200
+            assert got.events() == [token("Hi"), token("!", "stop"), "[DONE]"]
+            first, again = router.transport.sent
+            assert again.body == first.body
+            [retried] = router.events.named("request_retried")
+            assert retried["reason"] == "bad_backend_response"
+            assert router.gate_active() == 0
+
+    run(scenario())
+
+
+def test_a_messages_stream_broken_before_its_first_token_goes_on(tmp_path: Path) -> None:
+    router = llama_stranding(tmp_path, [report(0), BREAK])
+    body = {
+        "model": "org/chat-model",
+        "max_tokens": 16,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, "/v1/messages", body)
+            text = got.body.decode()
+            assert text.count("event: message_start") == 1
+            assert "event: error" not in text
+            assert '"text":"Hi"' in text.replace(" ", "") and "message_stop" in text
+            assert len(router.transport.sent) == 2
+
+    run(scenario())
+
+
+def test_a_stream_whose_answer_had_begun_is_never_sent_again(tmp_path: Path) -> None:
+    began = b"data: " + json.dumps(token("Hel")).encode() + b"\n\n"
+    router = llama_stranding(tmp_path, [report(0), began, BREAK])
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat(stream=True))
+            events = got.events()
+            assert events[0] == token("Hel")
+            assert "error" in events[-1]
+            assert len(router.transport.sent) == 1
+            assert router.events.named("request_retried") == []
+
+    run(scenario())
+
+
+def test_a_whole_answer_broken_while_gathered_is_gathered_again(tmp_path: Path) -> None:
+    began = b"data: " + json.dumps(token("Hel")).encode() + b"\n\n"
+    router = llama_stranding(tmp_path, [report(0), began, BREAK])
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat())
+            assert got.status == 200
+            assert got.json()["choices"][0]["message"]["content"] == "Hi!"
+            assert len(router.transport.sent) == 2
+            assert len(router.events.named("request_retried")) == 1
 
     run(scenario())
