@@ -8,9 +8,9 @@ SmolLM2 135M (the ``standard`` entry of ``config/models.yaml.example``, its
 startup grace, shortened to ``GRACE_SECONDS`` so a trial need not wait three minutes
 before a trip may act (the grace only says when, after a start, a trip may restart;
 nothing in the recovery path depends on it). Once past it, the backend is stopped and
-``CLIENTS`` clients each send a streamed chat completion, wait for its end (the
-gateway's deadline, no timeout of their own), and send the next at once, as an agent
-retries: measured are the seconds from the stop to the first successful answer, the
+``CLIENTS`` clients each send a chat completion — the first streamed, the second whole
+(not streamed), and so on — wait for its end (the gateway's deadline, no timeout of
+their own), and send the next at once, as an agent retries: measured are the seconds from the stop to the first successful answer, the
 requests that failed on the way (and how), the requests that were answered, and the
 watchdog's events. A trial gives up after ``GIVE_UP_SECONDS``.
 """
@@ -60,9 +60,11 @@ def _models() -> dict[str, dict[str, Any]]:
     return models
 
 
-def _ask(http: httpx.Client, url: str, model: str) -> str:
-    """One streamed chat completion to its end: ``ok``, the error code in band or the
-    status, or ``no answer``."""
+def _ask(http: httpx.Client, url: str, model: str, stream: bool = True) -> str:
+    """One chat completion to its end: ``ok``, the error code in band or the status
+    (``whole`` before it, for one not streamed), or ``no answer``."""
+    if not stream:
+        return _ask_whole(http, url, model)
     body = {"model": model, "messages": HELLO, "max_tokens": 8, "stream": True}
     try:
         with http.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=None) as reply:
@@ -74,6 +76,17 @@ def _ask(http: httpx.Client, url: str, model: str) -> str:
     if b'"error"' in text:
         return "200, error in band"
     return "ok" if b"[DONE]" in text else "200, cut"
+
+
+def _ask_whole(http: httpx.Client, url: str, model: str) -> str:
+    body = {"model": model, "messages": HELLO, "max_tokens": 8}
+    try:
+        reply = http.post(f"{url}/v1/chat/completions", json=body, timeout=None)
+    except httpx.HTTPError:
+        return "whole, no answer"
+    if reply.status_code != 200:
+        return f"whole {reply.status_code}"
+    return "ok" if reply.json().get("choices") else "whole, no choices"
 
 
 def trial(target: str, index: int, workdir: Path) -> dict[str, Any]:
@@ -105,17 +118,19 @@ def _frozen(
     stopped = time.perf_counter()
     os.kill(pid, signal.SIGSTOP)
 
-    def client() -> None:
+    def client(stream: bool) -> None:
         with httpx.Client(trust_env=False) as http:
             while not answered.is_set() and time.perf_counter() - stopped < GIVE_UP_SECONDS:
                 sent = time.perf_counter() - stopped
-                outcome = _ask(http, router.url, model)
+                outcome = _ask(http, router.url, model, stream)
                 with lock:
                     outcomes.append((sent, time.perf_counter() - stopped, outcome))
                 if outcome == "ok":
                     answered.set()
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
+    threads = [
+        threading.Thread(target=client, args=(n % 2 == 0,), daemon=True) for n in range(CLIENTS)
+    ]
     try:
         for thread in threads:
             thread.start()

@@ -5,6 +5,7 @@
     uv run python -m benchmarks.run dashboard            # with and without the dashboard open
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run frozen --against HEAD~1 --rounds 2  # SIGSTOP, defaults
+    uv run python -m benchmarks.run progress_cost --against HEAD~1  # progress, router CPU
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run reload               # reloading the registry under load
     uv run python -m benchmarks.run resume               # a 6k-token prefix after a swap
@@ -41,6 +42,7 @@ from benchmarks import (
     body_burst,
     frozen,
     overhead,
+    progress_cost,
     real,
     recovery,
     reload,
@@ -206,6 +208,24 @@ def run_frozen(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     )
 
 
+def run_progress_cost(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = progress_cost.Plan(rounds=1 if quick else rounds, requests=20 if quick else 100)
+    trials = progress_cost.run_trials(plan, workdir, say)
+    return Outcome(
+        "What reading the engine's progress costs the router (fake llama-server)",
+        asdict(plan)
+        | {
+            "chunks": progress_cost.CHUNKS,
+            "read_seconds": progress_cost.READ_SECONDS,
+            "report_seconds": progress_cost.REPORT_SECONDS,
+        },
+        trials,
+        [],
+        progress_cost.tables(trials),
+        trials,
+    )
+
+
 def run_swap(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = swap.Plan(trials=1 if quick else max(rounds, 5))
     trials = swap.run_trials(plan, workdir, say)
@@ -301,6 +321,7 @@ SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "real": run_real,
     "recovery": run_recovery,
     "frozen": run_frozen,
+    "progress_cost": run_progress_cost,
     "swap": run_swap,
     "reload": run_reload,
     "resume": run_resume,
@@ -373,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--against",
         metavar="REV",
         help="also run the router of this commit beside this tree's, in the same rounds "
-        "(overhead, defaults, dashboard, body_burst, agent_request and frozen)",
+        "(overhead, defaults, dashboard, body_burst, agent_request, frozen and progress_cost)",
     )
     args = parser.parse_args(argv)
 

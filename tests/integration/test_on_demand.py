@@ -279,6 +279,51 @@ def test_the_load_reaches_the_supervisor_fast_and_the_answer_follows_readiness(
         assert answered_at - stamp(loaded["ts"]) < 0.5, (answered_at, loaded)
 
 
+def test_a_stream_waiting_for_a_load_hears_keepalives_with_its_stage(tmp_path: Path) -> None:
+    """No silent waits: a streamed request for a model still loading hears a keep-alive
+    each interval, with its stage where it asks, then the answer, intact."""
+    models = {"lazy": on_demand(tmp_path, "lazy", LOADING, memory_mb=100)}
+    with gateway(tmp_path, models, {"SLM_KEEPALIVE_SECONDS": "0.3"}) as stack:
+        lines: list[tuple[float, str]] = []
+        heard = threading.Event()
+        status: list[int] = []
+
+        def read() -> None:
+            body = {"model": "fake-lazy", "messages": HELLO, "stream": True}
+            with one_shot.stream(
+                "POST",
+                f"{stack.url}/v1/chat/completions",
+                json=body,
+                headers={"X-SLM-Progress": "1"},
+                timeout=30,
+            ) as response:
+                status.append(response.status_code)
+                for line in response.iter_lines():
+                    lines.append((time.monotonic(), line))
+                    if line.startswith(": slm-progress") and '"stage":"loading"' in line:
+                        heard.set()
+
+        reader = threading.Thread(target=read)
+        asked = time.monotonic()
+        reader.start()
+        stack.wait_event("backend_loading", role="lazy")
+        poll(lambda: fake_answers(stack, "lazy"), 10, "the loading fake to bind its port")
+        assert heard.wait(10), lines
+        stack.control("lazy", health_status=200)
+        reader.join(30)
+        assert status == [200]
+        data = [line for _, line in lines if line.startswith("data: ")]
+        assert data[-1] == "data: [DONE]"
+        text = "".join(
+            (choice.get("delta", {}).get("content") or "")
+            for line in data[:-1]
+            for choice in json.loads(line[6:]).get("choices", [])
+        )
+        assert text == "tok " * 8  # the fake's answer
+        times = [asked, *(t for t, line in lines if line)]
+        assert max(b - a for a, b in itertools.pairwise(times)) < 3 * 0.3 + 0.5, lines
+
+
 # -- the load and unload API ------------------------------------------------------------
 
 

@@ -111,15 +111,16 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
         _, evaluated = ask(stack, model_id, 1, "Which word comes first?")
         assert evaluated <= 4
 
-        # Wedged (stopped, caught by the first-byte stall): killed, never asked to save.
+        # Wedged (stopped, caught by the silence rule): killed, never asked to save; the
+        # stream it stranded is sent again and answered.
         stack.past_startup_grace("standard")
         wedged = stack.pid("standard")
         os.kill(wedged, signal.SIGSTOP)
         body = {"model": model_id, "messages": [{"role": "user", "content": "hi"}]}
         with one_shot.stream(
-            "POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
-        ):
-            pass
+            "POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=90
+        ) as stranded:
+            assert stranded.read().rstrip().endswith(b"data: [DONE]")
         assert stack.wait_event("restart_succeeded", old_pid=wedged)["reason"] == "stall"
         poll(lambda: len(stack.events("cache_restored")) == 3, 10, "the restore after it")
         stack.wait_ready("standard")

@@ -116,7 +116,10 @@ def test_client_garbage_is_refused_and_never_counts_against_the_backend(tmp_path
             )
             assert response.status_code == 200
             [record] = fake_requests(stack)
-            assert record["body"] == json.loads(valid)
+            # As sent, but streamed from llama-server to be gathered whole.
+            gathered = {"stream": True, "stream_options": {"include_usage": True}}
+            gathered["return_progress"] = True
+            assert record["body"] == {**json.loads(valid), **gathered}
 
 
 def test_valid_edge_cases_still_reach_the_backend(tmp_path: Path) -> None:

@@ -105,32 +105,38 @@ def test_kill_9_is_noticed_without_traffic_and_requests_never_hang(tmp_path: Pat
         assert f"old_pid={old_pid}" in rendered[0]
 
 
-def test_a_wedged_backend_trips_on_the_first_byte_stall(tmp_path: Path) -> None:
-    models = {"standard": fake_entry(tmp_path, "standard", default_timeout=2)}
+def test_a_wedged_backend_trips_on_silence_and_what_it_stranded_is_answered(
+    tmp_path: Path,
+) -> None:
+    """Frozen (alive, holding its port, never answering): a request that does not stream
+    (streamed from llama-server and gathered) trips the silence rule within a second,
+    the backend is killed and relaunched, and the request is sent again and answered;
+    then the same for a stream, on the new process frozen in turn."""
+    models = {"standard": fake_entry(tmp_path, "standard", default_timeout=20)}
     with watched(tmp_path, models) as stack:
-        wait_past_grace(stack, "standard")
-        old_pid = stack.pid("standard")
-        os.kill(old_pid, signal.SIGSTOP)  # alive, holds its port, never answers
-        started = time.monotonic()
-        response = chat(stack, "standard")
-        assert response.status_code == 504, "a non-streaming request ends at its timeout"
-        assert time.monotonic() - started < 4
-        assert not stack.events("restart_requested"), "one timeout is not yet a streak"
-
-        body = {"model": stack.model_id("standard"), "messages": HELLO, "stream": True}
-        started = time.monotonic()
-        with one_shot.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30):
-            pass
-        assert time.monotonic() - started < 15
-        requested = stack.wait_event("restart_requested", reason="stall")
-        assert requested["role"] == "standard"
-        done = stack.wait_event("restart_succeeded", old_pid=old_pid)
-        assert done["reason"] == "stall"
-        assert not pid_alive(old_pid)
-        # Killed at once, not after SLM_STOP_TIMEOUT_SECONDS (2 s) of ignored SIGTERM.
-        [begun] = [e for e in stack.events("restart_started") if e["old_pid"] == old_pid]
-        stopping = seconds_between(begun["ts"], done["ts"]) - done["seconds"]
-        assert stopping < 1.9, stopping  # a SIGTERM waited on would take 2 s
+        for round, streamed in enumerate((False, True), start=1):
+            wait_past_grace(stack, "standard")
+            old_pid = stack.pid("standard")
+            os.kill(old_pid, signal.SIGSTOP)
+            started = time.monotonic()
+            body = {"model": stack.model_id("standard"), "messages": HELLO, "stream": streamed}
+            response = one_shot.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30)
+            assert response.status_code == 200, response.text
+            if streamed:
+                assert response.text.rstrip().endswith("data: [DONE]"), response.text[-200:]
+            else:
+                assert response.json()["object"] == "chat.completion"
+            assert time.monotonic() - started < 15
+            requested = stack.wait_event("restart_requested", reason="stall", streak=1)
+            assert requested["role"] == "standard"
+            done = stack.wait_event("restart_succeeded", old_pid=old_pid)
+            assert done["reason"] == "stall"
+            assert not pid_alive(old_pid)
+            # Killed at once, not after SLM_STOP_TIMEOUT_SECONDS (2 s) of ignored SIGTERM.
+            [begun] = [e for e in stack.events("restart_started") if e["old_pid"] == old_pid]
+            stopping = seconds_between(begun["ts"], done["ts"]) - done["seconds"]
+            assert stopping < 1.9, stopping  # a SIGTERM waited on would take 2 s
+            assert len(stack.events("request_retried")) == round
         assert chat(stack, "standard").status_code == 200
 
 
@@ -435,7 +441,8 @@ def test_streams_silent_past_the_stall_threshold_at_the_deadline_count(tmp_path:
 
 def test_a_non_streaming_request_cut_by_the_deadline_counts(tmp_path: Path) -> None:
     # llama-server sends a non-streamed answer's head only at the end: nothing arrives
-    # before it, so a deadline there is no evidence of progress.
+    # before it, so a deadline there is no evidence of progress. (A chat completion is
+    # streamed from llama-server and gathered; a completions request is not.)
     models = {
         "standard": fake_entry(tmp_path, "standard", {"script": {"stall": True}}, default_timeout=2)
     }
@@ -447,8 +454,9 @@ def test_a_non_streaming_request_cut_by_the_deadline_counts(tmp_path: Path) -> N
     ) as stack:
         wait_past_grace(stack, "standard")
         old_pid = stack.pid("standard")
+        body = {"model": stack.model_id("standard"), "prompt": "hi", "max_tokens": 4}
         for _ in range(2):
-            response = chat(stack, "standard")
+            response = one_shot.post(f"{stack.url}/v1/completions", json=body, timeout=10)
             assert response.status_code == 504
             assert response.json()["error"]["code"] == "deadline_exceeded"
         requested = stack.wait_event("restart_requested", reason="timeout")

@@ -32,6 +32,12 @@ FAST_WATCHDOG = {
 }
 
 
+# A real llama-server on this machine's shared CPUs, beside the suite's other workers,
+# can go a few seconds between two reports or tokens: the fake's silence limit of a
+# second would trip it (its test says so when it needs another).
+REAL_ENGINE_SILENCE = {"SLM_WATCHDOG_SILENCE_SECONDS": "15"}
+
+
 def fake_entry(
     tmp: Path, role: str, behaviour: dict[str, Any] | None = None, **fields: Any
 ) -> dict[str, Any]:
@@ -183,6 +189,7 @@ def watched(
         "FAKE_BACKEND_PYTHON": sys.executable,
         "SLM_ENV_FILE": str(tmp / "no.env"),
         **FAST_WATCHDOG,
+        **(REAL_ENGINE_SILENCE if llama_server else {}),
         **env_overrides,
     }
     launcher = start_command("backends", env, tmp / "backends.out")

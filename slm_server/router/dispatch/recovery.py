@@ -24,6 +24,9 @@ from slm_server.router.call.waits import Waits
 POLL_SECONDS = 0.05
 # States the backend comes back from (the supervisor relaunches it).
 COMING_BACK = frozenset({"ready", "starting", "restarting"})
+# A process killed closes its sockets before it has exited: a connection it broke as it
+# died may be seen a moment before the process is gone. Looked at for this long.
+DYING_SECONDS = 1.0
 
 
 class Recovery:
@@ -48,11 +51,16 @@ class Recovery:
         own errors."""
         if sent_to is None or outcome_of(error) not in (UNREACHABLE, BROKEN):
             return False
-        if not self.states.launcher_alive() or _runs(sent_to):
+        if not self.states.launcher_alive():
             return False
         return await self.waits.run(call.client, self._back(call.spec, sent_to), call.deadline.at)
 
     async def _back(self, spec: ModelSpec, gone: int) -> bool:
+        dying_until = asyncio.get_running_loop().time() + DYING_SECONDS
+        while _runs(gone):
+            if asyncio.get_running_loop().time() > dying_until:
+                return False  # it lives: the connection broke for a reason of its own
+            await asyncio.sleep(POLL_SECONDS)
         while True:
             state = self.states.current(spec.role, spec.entry.port)
             if state is None or not self.states.launcher_alive():
@@ -68,7 +76,7 @@ def _runs(pid: int) -> bool:
     """Whether process ``pid`` still runs (a zombie does not: it has exited, and only
     waits for its parent)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.Error:
         return False
 

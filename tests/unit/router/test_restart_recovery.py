@@ -418,3 +418,42 @@ def test_a_whole_answer_broken_while_gathered_is_gathered_again(tmp_path: Path) 
             assert len(router.events.named("request_retried")) == 1
 
     run(scenario())
+
+
+def test_a_process_that_dies_just_after_its_connection_broke_strands_the_request(
+    tmp_path: Path,
+) -> None:
+    """Killed, a process closes its sockets a moment before it is gone: the broken
+    connection comes first, and the request is still sent again."""
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    box: list[Router] = []
+
+    def die() -> None:
+        dying.kill()
+        dying.wait()
+        publish(box[0], "restarting", reason="stall")
+        asyncio.get_running_loop().call_later(0.05, publish, box[0], "ready", 4343)
+
+    async def script(_sent: Sent) -> FakeResponse:
+        if len(box[0].transport.sent) == 1:
+            asyncio.get_running_loop().call_later(0.2, die)
+            raise BackendProtocolError("The backend broke the connection")
+        return whole(ANSWER)
+
+    router = make_router(tmp_path, script, timeout=5.0)
+    box.append(router)
+    publish(router, "ready", pid=dying.pid)
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat())
+            assert got.status == 200
+            assert len(router.transport.sent) == 2
+            [retried] = router.events.named("request_retried")
+            assert retried["waited_seconds"] >= 0.2
+
+    try:
+        run(scenario())
+    finally:
+        dying.kill()
+        dying.wait()
