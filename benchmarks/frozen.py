@@ -10,9 +10,10 @@ before a trip may act (the grace only says when, after a start, a trip may resta
 nothing in the recovery path depends on it). Once past it, the backend is stopped and
 ``CLIENTS`` clients each send a chat completion — the first streamed, the second whole
 (not streamed), and so on — wait for its end (the gateway's deadline, no timeout of
-their own), and send the next at once, as an agent retries: measured are the seconds from the stop to the first successful answer, the
-requests that failed on the way (and how), the requests that were answered, and the
-watchdog's events. A trial gives up after ``GIVE_UP_SECONDS``.
+their own), and send the next at once, as an agent retries: measured are the seconds
+from the stop to the first successful answer, the requests that failed on the way (and
+how), the requests that were answered, and the watchdog's events. A trial gives up
+after ``GIVE_UP_SECONDS``.
 """
 
 from __future__ import annotations

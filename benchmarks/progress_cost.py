@@ -95,7 +95,8 @@ def trial(target: str, index: int, workdir: Path, plan: Plan) -> dict[str, Any]:
                 if stream:
                     with http.stream("POST", url, json={**body, "stream": True}) as reply:
                         text = reply.read()
-                    assert reply.status_code == 200 and text.endswith(b"[DONE]\n\n"), text[-200:]
+                    assert reply.status_code == 200, text[-200:]
+                    assert text.endswith(b"[DONE]\n\n"), text[-200:]
                     chunks += text.count(b'"delta"')
                 else:
                     reply = http.post(url, json=body)

@@ -7,6 +7,7 @@ in-band error, not a hang."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -51,6 +52,19 @@ def stream(url: str, body: dict[str, Any]) -> list[tuple[float, Any]]:
                     (time.monotonic() - started, data if data == "[DONE]" else json.loads(data))
                 )
     return events
+
+
+def stream_lines(url: str, body: dict[str, Any]) -> list[tuple[float, str]]:
+    """Every line of a streamed chat completion that is not empty (comments too), each
+    with the seconds since sending."""
+    started = time.monotonic()
+    lines: list[tuple[float, str]] = []
+    with one_shot.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line:
+                lines.append((time.monotonic() - started, line))
+    return lines
 
 
 def request(content: str, max_tokens: int = 12, **extra: Any) -> dict[str, Any]:
@@ -185,13 +199,28 @@ def test_a_long_prompt_read_on_one_thread_is_answered_and_never_tripped(tmp_path
     ) as stack:
         body = request(LONG_PROMPT, max_tokens=4)
         body["model"] = "gemma-3-270m"
-        events = stream(stack.url, body)
+        lines = stream_lines(stack.url, body)
+        events = [
+            (t, line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+            for t, line in lines
+            if line.startswith("data: ")
+        ]
         first = next(t for t, e in events if isinstance(e, dict) and e["choices"])
         assert events[-1][1] == "[DONE]"
         assert all("prompt_progress" not in e for _, e in events if isinstance(e, dict))
         assert not stack.events("backend_failure"), stack.events("backend_failure")
         assert not stack.events("restart_requested")
-        print(f"first token after {first:.1f}s with a silence limit of {SILENCE:g}s")
+        # No silent wait: the client heard something at least every 15 s (keep-alives,
+        # every SLM_KEEPALIVE_SECONDS of 10 s by default, while the prompt was read).
+        heard = [0.0, *(t for t, _ in lines)]
+        longest = max(b - a for a, b in itertools.pairwise(heard))
+        assert longest < 15, f"{longest:.1f}s without a byte"
+        if first > 12:
+            assert any(line == ": keep-alive" for _, line in lines)
+        print(
+            f"first token after {first:.1f}s with a silence limit of {SILENCE:g}s; "
+            f"the client's longest wait for a byte {longest:.1f}s"
+        )
 
 
 def test_a_backend_stopped_mid_stream_is_caught_by_the_silence_rule(tmp_path: Path) -> None:
