@@ -17,6 +17,7 @@ from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.in_band import InBand, going_on
 from slm_server.router.answer.relay import Relay
 from slm_server.router.answer.reply import Replies
+from slm_server.router.answer.stream_relay import StreamRelay
 from slm_server.router.apis.table import TABLE, Endpoint
 from slm_server.router.call.admission import Gate
 from slm_server.router.call.admitted_call import Call, Deadline
@@ -133,10 +134,18 @@ class Proxy:
             except BaseException:
                 beat.cancel()
                 raise
-            if not await beat.stop():
+            relay = answer if isinstance(answer, StreamRelay) else None
+            if relay is not None and relay.on_head is not None:
+                relay.on_head(False)  # a beat going out to the client holds the answer up
+            started = await beat.stop()
+            if relay is not None and relay.on_head is not None:
+                relay.on_head(True)
+            if not started:
                 return answer
             going = going_on(answer)
             if isinstance(going, GatewayError):
+                if relay is not None:
+                    await relay.close()  # the backend's response and the slot
                 exchange.error_type = going.code
                 return InBand(endpoint.stream_error(intake, going))
             return going
@@ -148,7 +157,11 @@ class Proxy:
     def _keepalive(self, request: Request, shape: Shape, exchange: Exchange) -> KeepAlive | None:
         """What a streamed request's client is sent while it waits; None for a
         request that does not stream, or with keep-alives off."""
-        if not (exchange.stream and shape.streams) or self.keepalive_seconds <= 0:
+        streams_tokens = shape.token_stream or shape.translated_to is not None
+        if (
+            not (exchange.stream and shape.streams and streams_tokens)
+            or self.keepalive_seconds <= 0
+        ):
             return None
         report = asks_progress(header_value(request.scope["headers"], PROGRESS_HEADER))
         return KeepAlive(self.keepalive_seconds, shape.keepalive, exchange, report)

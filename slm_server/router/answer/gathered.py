@@ -108,7 +108,7 @@ class ChatGathering:
                     self._add(call["arguments"], function["arguments"])
 
     def _add(self, parts: list[str], text: str) -> None:
-        self._size += len(text)
+        self._size += len(text) if text.isascii() else len(text.encode())
         if self._size > self.max_bytes:
             raise AnswerTooLarge(
                 f"The backend's answer passed the router's limit of {self.max_bytes} bytes",

@@ -153,7 +153,8 @@ class Replies:
     ) -> Response | ASGIApp:
         """The whole answer to a request that did not ask to stream, gathered from the
         stream the router asked for (:mod:`.gathered`), under the deadline, each chunk a
-        sign of life; the engine's in-band error is its error answer."""
+        sign of life; the engine's in-band error is its error answer. The admission slot
+        is freed once the answer is whole."""
         call, upstream = answer.call, answer.upstream
         exchange = call.exchange
         gathering = ChatGathering(self.sender.max_answer)
@@ -172,7 +173,11 @@ class Replies:
         try:
             await self.sender.guard(call, gather(), answer.progress)
         finally:
-            await answer.close()
+            # The slot is kept when the gathering fails: the request may be sent again
+            # (the relay's retry), and otherwise the orchestrator frees it.
+            answer.timer.cancel()
+            await answer.upstream.aclose()
+        call.slot.release()
         failed = gathering.error
         if failed is not None:
             exchange.error_type = "backend_stream_error"
@@ -207,7 +212,7 @@ class Replies:
                 drain=self.drain,
                 on_cut=answer.on_cut,
                 on_head=answer.on_head,
-                keepalive=call.keepalive,
+                keepalive=fields.pop("keepalive", call.keepalive),
                 **fields,
             )
 
@@ -222,7 +227,9 @@ class Replies:
             return relay(translation.stream(parsed, exchange), error_event=translation.stream_error)
         if encoding is not None:  # the bytes as they came: the client decodes them
             chunks = self.sender.watched(call, raw(upstream), timer, noted)
-            return relay(chunks, media_type=content_type, headers={"content-encoding": encoding})
+            # No keep-alive: it would be plain text inside the encoded body.
+            headers = {"content-encoding": encoding}
+            return relay(chunks, media_type=content_type, headers=headers, keepalive=None)
         tap = SseTap(
             exchange,
             drop_usage_chunk=call.hidden_usage,
@@ -237,10 +244,10 @@ class Replies:
 
         def resume(error: GatewayError) -> AsyncIterator[bytes]:
             # The splice broke: the rest, read piece by piece, through the same tap.
-            return _tapped(self._resumable(answer, None, raw, reopen, error), tap)
+            return _tapped(self._resumable(answer, None, raw, reopen, error, tap.restart), tap)
 
         return relay(
-            _tapped(self._resumable(answer, raw(upstream), raw, reopen), tap),
+            _tapped(self._resumable(answer, raw(upstream), raw, reopen, None, tap.restart), tap),
             media_type=content_type,
             splice=spliced,
             resume=resume if reopen is not None else None,
@@ -253,10 +260,12 @@ class Replies:
         read: Callable[[UpstreamResponse], AsyncIterator[_T]],
         reopen: Reopen | None,
         broke: GatewayError | None = None,
+        restart: Callable[[], None] | None = None,
     ) -> AsyncIterator[_T]:
         """The stream's chunks, read with ``read`` from ``first`` (None: it ``broke``
         already); when the backend breaks it before the answer began and ``reopen`` sends
-        the request again, the new response's chunks go on from there (once)."""
+        the request again, the new response's chunks go on from there (once), after
+        ``restart`` (what reads the chunks forgets the broken one's last, partial event)."""
         call = answer.call
         if first is not None:
             try:
@@ -273,6 +282,8 @@ class Replies:
             raise broke
         upstream, timer, progress = opened
         await answer.swap(upstream, timer, progress)
+        if restart is not None:
+            restart()
         content_type = upstream.headers.get("content-type", "")
         if upstream.status_code != 200 or "event-stream" not in content_type:
             raise BackendUnavailable(

@@ -51,7 +51,9 @@ class ClientWatch:
         # request's scope to its connection's cycle in a loop only the collector frees.
         self._receive = receive if presence is None else None
         self._task: asyncio.Task[None] | None = None
-        self._on_gone: Callable[[], None] | None = None
+        # Who hears of the client's leaving: the innermost of nested arms (a wait inside
+        # a stream relay's), the outer one again once the inner one disarms.
+        self._on_gone: list[Callable[[], None]] = []
         self._exchange = exchange
         self.gone = False
         self._told = presence is not None  # by the door: no watcher task
@@ -65,22 +67,24 @@ class ClientWatch:
         self.gone = True
         if self._exchange is not None:
             self._exchange.disconnected = True
-        on_gone, self._on_gone = self._on_gone, None
-        if on_gone is not None:
-            on_gone()
+        if self._on_gone:
+            self._on_gone[-1]()
 
     def arm(self, on_gone: Callable[[], None]) -> bool:
-        """Call ``on_gone`` (from the door or the watcher task) when the client disconnects, until
-        :meth:`disarm`; False, and no call, when it is gone already."""
+        """Call ``on_gone`` (from the door or the watcher task) when the client disconnects,
+        until :meth:`disarm`; False, and no call, when it is gone already. Arms nest: a
+        wait armed while a relay is armed is told instead of it, until it disarms."""
         if self.gone:
             return False
-        self._on_gone = on_gone
+        self._on_gone.append(on_gone)
         if self._task is None and not self._told:
             self._task = running_loop().create_task(self._watch())
         return True
 
     def disarm(self) -> None:
-        self._on_gone = None
+        """Forget the last :meth:`arm` that returned True (its caller's own)."""
+        if self._on_gone:
+            self._on_gone.pop()
 
     async def _watch(self) -> None:
         receive = self._receive

@@ -302,6 +302,11 @@ class SseTap:
         """Whatever trailing bytes never formed a whole event."""
         return self._splitter.flush()
 
+    def restart(self) -> None:
+        """A new response goes on in place of a broken one: the broken one's last,
+        partial event is dropped."""
+        self._splitter = SseSplitter(self._splitter.max_event_bytes)
+
     @property
     def owed(self) -> AnswerTooLarge | None:
         """A refusal the stream is owed already (:attr:`SseSplitter.owed`)."""
@@ -319,14 +324,14 @@ class SseTap:
                 body = json.loads(data)
             except (ValueError, RecursionError):
                 body = None
-        if not isinstance(body, dict):
-            return True
-        if first and self.drop_progress and PROGRESS_FIELD in body:
+        if first and self.drop_progress and isinstance(body, dict) and PROGRESS_FIELD in body:
             self._first = True  # still before the answer: the next event is looked at too
             note_progress(self.exchange, body[PROGRESS_FIELD])
             return False
-        if first:
+        if first:  # whatever it is, the client sees it: the answer has begun
             self.exchange.enter(ANSWERING)
+        if not isinstance(body, dict):
+            return True
         error = body.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else error

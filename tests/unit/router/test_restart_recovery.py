@@ -322,7 +322,7 @@ class Gone(asyncio.Event):
 BREAK = object()  # where the first answer breaks, its process gone
 
 
-def llama_stranding(tmp_path: Path, first: list[Any]) -> Router:
+def llama_stranding(tmp_path: Path, first: list[Any], timeout: float = 5.0) -> Router:
     """A native llama-server whose first answer plays ``first`` and breaks at
     :data:`BREAK` (its process gone, then back); the request sent again gets
     :data:`SECOND`."""
@@ -343,7 +343,7 @@ def llama_stranding(tmp_path: Path, first: list[Any]) -> Router:
             return FakeResponse(200, STREAM_HEAD, steps)
         return FakeResponse(200, STREAM_HEAD, list(SECOND))
 
-    router = make_router(tmp_path, script, timeout=5.0)
+    router = make_router(tmp_path, script, timeout=timeout)
     box.append(router)
     publish(router, "ready", pid=gone_pid(), kind="llama-server")
     return router
@@ -457,3 +457,81 @@ def test_a_process_that_dies_just_after_its_connection_broke_strands_the_request
     finally:
         dying.kill()
         dying.wait()
+
+
+def test_a_whole_answer_gathered_again_keeps_its_slot_meanwhile(tmp_path: Path) -> None:
+    """One slot: while the broken request waits to be sent again, the one queued behind
+    it stays in the queue (let in, the backend would see two at once)."""
+    began = b"data: " + json.dumps(token("Hel")).encode() + b"\n\n"
+    router = llama_stranding(tmp_path, [report(0), began, BREAK])
+    gate = router.deps.gates[router.spec.role]
+    gate.limit = 1
+
+    async def scenario() -> None:
+        async with serving(router):
+            first = asyncio.ensure_future(call(router.app, CHAT, chat()))
+            await until(lambda: len(router.transport.responses) == 1, "the first sent")
+            second = asyncio.ensure_future(call(router.app, CHAT, chat()))
+            await until(lambda: gate.queued == 1, "the second queued")
+            broken = router.transport.responses[0]
+            await until(broken.closed.is_set, "the first answer broken")
+            assert gate.queued == 1 and gate.active == 1  # the broken one keeps its slot
+            assert (await first).status == 200
+            assert (await second).status == 200
+            assert len(router.events.named("request_retried")) == 1
+
+    run(scenario())
+
+
+def test_a_client_that_leaves_after_its_stream_was_sent_again_ends_it(tmp_path: Path) -> None:
+    hang = asyncio.Event()
+    router = llama_stranding(tmp_path, [report(0), BREAK], timeout=60.0)  # no deadline cut
+    script = router.transport.script
+
+    async def hanging(sent: Sent) -> FakeResponse:
+        if len(router.transport.sent) == 2:
+            return FakeResponse(200, STREAM_HEAD, [report(0), hang])
+        return await script(sent)
+
+    router.transport.script = hanging
+
+    async def scenario() -> None:
+        async with serving(router):
+            leave = asyncio.Event()
+            task = asyncio.ensure_future(call(router.app, CHAT, chat(stream=True), leave=leave))
+            await until(lambda: len(router.transport.responses) == 2, "sent again")
+            again = router.transport.responses[1]
+            await until(lambda: again.steps == [], "the report read, the hang waited on")
+            leave.set()
+            await task
+            await until(again.closed.is_set, "the backend's response closed")
+            await until(lambda: router.gate_active() == 0, "the slot freed")
+
+    run(scenario())
+
+
+def test_a_stream_whose_first_event_the_client_saw_is_never_sent_again(tmp_path: Path) -> None:
+    """Whatever the first event is (here a comment), once the client has it the answer
+    has begun."""
+    router = llama_stranding(tmp_path, [b": hello\n\n", BREAK])
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat(stream=True))
+            assert got.body.startswith(b": hello\n\n")
+            assert "error" in got.events()[-1]
+            assert len(router.transport.sent) == 1
+
+    run(scenario())
+
+
+def test_a_partial_event_of_the_broken_stream_is_dropped(tmp_path: Path) -> None:
+    router = llama_stranding(tmp_path, [report(0), b'data: {"choices": [{"del', BREAK])
+
+    async def scenario() -> None:
+        async with serving(router):
+            got = await call(router.app, CHAT, chat(stream=True))
+            assert got.events() == [token("Hi"), token("!", "stop"), "[DONE]"]
+            assert b"prompt_progress" not in got.body
+
+    run(scenario())
