@@ -50,7 +50,7 @@ def targets() -> tuple[str, ...]:
 
 
 def _models(workdir: Path) -> dict[str, dict[str, Any]]:
-    behaviour = workdir / "fake-progress.json"
+    behaviour = workdir / "fake-progress.gguf"  # its content scripts the fake
     script = {
         "chunks": CHUNKS,
         "chunk_text": "tok ",
