@@ -4,14 +4,14 @@ asked for progress shows the cost whole).
 
 Each trial starts the launcher and the router afresh from the tree under test, the
 launcher running the scriptable fake llama-server (``tests/fakes/fake-llama-server``,
-published as a native llama-server, so the router asks it for its prompt progress)
-with a script that reads each prompt for ``READ_SECONDS`` reporting every
-``REPORT_SECONDS`` when asked, then streams ``CHUNKS`` chunks. One client sends
-``REQUESTS`` chat completions one after another, streamed, then as many not streamed
-(which this tree streams from llama-server and gathers whole). Measured is the router
-process's CPU time (user + system) per request and per chunk of the answer, for each
-kind; the reports are the router's extra work (this tree drops them, or gathers a whole
-answer from the stream, where a commit before read the answer as it came).
+published as a native llama-server, so the router asks it for its prompt progress), and
+one client sends ``REQUESTS`` chat completions one after another for each of
+:data:`KINDS`: a short prompt (read in ``SHORT_READ_SECONDS``: llama-server's first
+report and its last, as for any prompt of one batch), streamed and whole (this tree
+streams a whole request from llama-server and gathers the answer), and a long prompt
+streamed (read in ``LONG_READ_SECONDS`` with a report every ``LONG_REPORT_SECONDS``:
+about twenty). Each answer is ``CHUNKS`` chunks. Measured is the router process's CPU
+time (user + system) per request and per chunk of the answer.
 """
 
 from __future__ import annotations
@@ -33,8 +33,15 @@ from benchmarks.servers import free_port, launcher, router_for
 ROLE = "standard"
 MODEL = "fake-progress"
 CHUNKS = 64
-READ_SECONDS = 0.1
-REPORT_SECONDS = 0.01  # about ten reports per request, when asked
+SHORT_READ_SECONDS = 0.01
+LONG_READ_SECONDS = 0.2
+LONG_REPORT_SECONDS = 0.01
+# (name, read seconds, report interval, streamed)
+KINDS = (
+    ("short_stream", SHORT_READ_SECONDS, 1.0, True),
+    ("short_whole", SHORT_READ_SECONDS, 1.0, False),
+    ("long_stream", LONG_READ_SECONDS, LONG_REPORT_SECONDS, True),
+)
 FAKE = ROOT / "tests" / "fakes" / "fake-llama-server"
 HELLO = [{"role": "user", "content": "Say hello."}]
 
@@ -51,13 +58,7 @@ def targets() -> tuple[str, ...]:
 
 def _models(workdir: Path) -> dict[str, dict[str, Any]]:
     behaviour = workdir / "fake-progress.gguf"  # its content scripts the fake
-    script = {
-        "chunks": CHUNKS,
-        "chunk_text": "tok ",
-        "delay_seconds": READ_SECONDS,
-        "progress_interval_seconds": REPORT_SECONDS,
-    }
-    behaviour.write_text(json.dumps({"script": script}))
+    behaviour.write_text(json.dumps({"script": _script(SHORT_READ_SECONDS, 1.0)}))
     entry = {
         "id": MODEL,
         "backend": "llamacpp",
@@ -67,6 +68,15 @@ def _models(workdir: Path) -> dict[str, dict[str, Any]]:
         "quantization": "Q4_0",
     }
     return {ROLE: entry}
+
+
+def _script(read: float, every: float) -> dict[str, Any]:
+    return {
+        "chunks": CHUNKS,
+        "chunk_text": "tok ",
+        "delay_seconds": read,
+        "progress_interval_seconds": every,
+    }
 
 
 def _cpu(pid: int) -> float:
@@ -86,9 +96,11 @@ def trial(target: str, index: int, workdir: Path, plan: Plan) -> dict[str, Any]:
         httpx.Client(trust_env=False, timeout=60) as http,
     ):
         url = f"{router.url}/v1/chat/completions"
+        control = f"http://127.0.0.1:{models[ROLE]['port']}/_control"
         body = {"model": MODEL, "messages": HELLO}
         http.post(url, json=body).raise_for_status()  # warm
-        for kind, stream in (("stream", True), ("whole", False)):
+        for kind, read, every, stream in KINDS:
+            http.post(control, json=_script(read, every)).raise_for_status()
             before, started = _cpu(router.pid), time.perf_counter()
             chunks = 0
             for _ in range(plan.requests):
@@ -114,10 +126,10 @@ def run_trials(plan: Plan, workdir: Path, say: Any) -> list[dict[str, Any]]:
     for index in range(1, plan.rounds + 1):
         for target in targets():
             result = trial(target, index, workdir / f"{target.strip('@')}-{index}", plan)
-            say(
-                f"  {target} #{index}: streamed {result['stream_cpu_us_per_chunk']:.1f} µs/chunk, "
-                f"whole {result['whole_cpu_us_per_chunk']:.1f} µs/chunk of router CPU"
+            per_chunk = ", ".join(
+                f"{kind} {result[f'{kind}_cpu_us_per_chunk']:.1f}" for kind, *_ in KINDS
             )
+            say(f"  {target} #{index}: router CPU µs per chunk: {per_chunk}")
             found.append(result)
     return found
 
@@ -126,17 +138,14 @@ def tables(trials: list[dict[str, Any]]) -> str:
     rows = []
     for target in dict.fromkeys(t["target"] for t in trials):
         mine = [t for t in trials if t["target"] == target]
-        rows.append(
-            [
-                "this tree" if target == "this" else f"`{target[1:]}`",
-                show(spread(t["stream_cpu_us_per_chunk"] for t in mine), 1),
-                show(spread(t["stream_cpu_ms_per_request"] for t in mine), 2),
-                show(spread(t["whole_cpu_us_per_chunk"] for t in mine), 1),
-                show(spread(t["whole_cpu_ms_per_request"] for t in mine), 2),
-            ]
-        )
-    header = ["gateway", "streamed: CPU µs / chunk", "CPU ms / request"]
-    header += ["whole: CPU µs / chunk", "CPU ms / request"]
+        row = ["this tree" if target == "this" else f"`{target[1:]}`"]
+        for kind, *_ in KINDS:
+            row.append(show(spread(t[f"{kind}_cpu_us_per_chunk"] for t in mine), 1))
+            row.append(show(spread(t[f"{kind}_cpu_ms_per_request"] for t in mine), 2))
+        rows.append(row)
+    header = ["gateway"]
+    for name in ("short prompt, streamed", "short prompt, whole", "long prompt, streamed"):
+        header += [f"{name}: CPU µs / chunk", "CPU ms / request"]
     return table(header, rows)
 
 

@@ -216,8 +216,9 @@ def run_progress_cost(quick: bool, rounds: int, workdir: Path, say: Say) -> Outc
         asdict(plan)
         | {
             "chunks": progress_cost.CHUNKS,
-            "read_seconds": progress_cost.READ_SECONDS,
-            "report_seconds": progress_cost.REPORT_SECONDS,
+            "short_read_seconds": progress_cost.SHORT_READ_SECONDS,
+            "long_read_seconds": progress_cost.LONG_READ_SECONDS,
+            "long_report_seconds": progress_cost.LONG_REPORT_SECONDS,
         },
         trials,
         [],
