@@ -664,7 +664,11 @@ def test_idle_ttl_unloads_only_once_idle_and_a_later_request_loads_it_again(
 ) -> None:
     ttl = 2.0  # seconds of slack for the checks made between the stream's end and it
     slower = {"script": {"chunks": 10, "chunk_interval_seconds": 0.4}}
-    models = {"lazy": on_demand(tmp_path, "lazy", slower, memory_mb=100, idle_ttl=ttl)}
+    # The last request is streamed from the fake llama-server too (to be gathered whole):
+    # a load and its four seconds of chunks fit in the deadline on a busy machine.
+    models = {
+        "lazy": on_demand(tmp_path, "lazy", slower, memory_mb=100, idle_ttl=ttl, default_timeout=20)
+    }
     with gateway(tmp_path, models) as stack, ThreadPoolExecutor(1) as pool:
         first = threading.Event()
         streaming = pool.submit(stream_chat, stack, "fake-lazy", first)
