@@ -126,6 +126,7 @@ ROUTER_STACK = (
     "answer",
     "upstream",
     "watchdog",
+    "toolcalls",
     "call",
 )
 
