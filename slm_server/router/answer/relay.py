@@ -19,6 +19,9 @@ from slm_server.router.upstream.client import UpstreamResponse
 from slm_server.router.upstream.sender import Sender
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 
+# An opened backend response, its stall timer and its progress record.
+Opened = tuple[UpstreamResponse, StallTimer, Progress | None]
+
 
 class Stranded(Protocol):
     """Whether a request its backend stranded is sent again
@@ -52,51 +55,39 @@ class Relay:
     ) -> Response | ASGIApp:
         """``body`` to the backend's ``path`` under the call's deadline; the answer
         converted by ``translation`` when the request came in another API's shape. A
-        request the backend stranded (nothing of the answer came, and the process it
-        was sent to is gone) is sent once more when the backend is back."""
-        upstream, timer, progress = await self.open(call, path, body)
-        # A backend that breaks the answer before it began, and is gone, strands the
-        # request as it would before the head: it is sent again, once.
+        request the backend stranded (nothing of the answer reached the client — no
+        head, or a stream before its answer began, or a whole answer being gathered —
+        and the process it was sent to is gone) is sent once more when the backend is
+        back."""
         sent_to = self.recovery.process(call.spec)
-        if not call.gathered:
 
-            async def reopen(
-                error: GatewayError,
-            ) -> tuple[UpstreamResponse, StallTimer, Progress | None] | None:
-                if call.exchange.recovery == "retried" or not await self._again(
-                    call, error, sent_to
-                ):
-                    return None
-                progress = self.sender.progress(call)
-                upstream, timer = await self.sender.open(call, path, body, progress)
-                return upstream, timer, progress
-
-            return await self.replies.reply(call, upstream, timer, progress, translation, reopen)
-        try:
-            return await self.replies.reply(call, upstream, timer, progress, translation)
-        except GatewayError as error:
+        async def again(error: GatewayError) -> Opened | None:
             if call.exchange.recovery == "retried" or not await self._again(call, error, sent_to):
-                raise
-        progress = self.sender.progress(call)
-        upstream, timer = await self.sender.open(call, path, body, progress)
-        return await self.replies.reply(call, upstream, timer, progress, translation)
+                return None
+            return await self._open(call, path, body)
 
-    async def open(
-        self, call: Call, path: str, body: bytes
-    ) -> tuple[UpstreamResponse, StallTimer, Progress | None]:
+        try:
+            opened = await self._open(call, path, body)
+        except GatewayError as error:
+            retried = await again(error)
+            if retried is None:
+                raise
+            opened = retried
+        if not call.gathered:
+            return await self.replies.reply(call, *opened, translation, again)
+        try:
+            return await self.replies.reply(call, *opened, translation)
+        except GatewayError as error:
+            retried = await again(error)
+            if retried is None:
+                raise
+        return await self.replies.reply(call, *retried, translation)
+
+    async def _open(self, call: Call, path: str, body: bytes) -> Opened:
         """The backend's response opened, its stall timer and the record of what it
         delivers (None when the deadline is not the backend's to answer for)."""
-        sender = self.sender
-        sent_to = self.recovery.process(call.spec)
-        progress = sender.progress(call)
-        try:
-            upstream, timer = await sender.open(call, path, body, progress)
-            return upstream, timer, progress
-        except GatewayError as error:
-            if not await self._again(call, error, sent_to):
-                raise
-        progress = sender.progress(call)
-        upstream, timer = await sender.open(call, path, body, progress)
+        progress = self.sender.progress(call)
+        upstream, timer = await self.sender.open(call, path, body, progress)
         return upstream, timer, progress
 
     async def _again(self, call: Call, error: GatewayError, sent_to: int | None) -> bool:
