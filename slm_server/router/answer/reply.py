@@ -34,7 +34,7 @@ from slm_server.router.upstream.client import (
     iter_sse,
 )
 from slm_server.router.upstream.sender import Sender
-from slm_server.router.upstream.sse import PROGRESS_FIELD, SseTap, note_progress
+from slm_server.router.upstream.sse import SseTap, is_report
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 
 JSON = "application/json"
@@ -163,12 +163,8 @@ class Replies:
 
         async def gather() -> None:
             async for chunk in chunks:
-                if PROGRESS_FIELD in chunk:
-                    note_progress(exchange, chunk[PROGRESS_FIELD])
-                    continue
-                if exchange.stage != ANSWERING:
-                    exchange.enter(ANSWERING)
-                gathering.feed(chunk)
+                if not is_report(exchange, chunk):
+                    gathering.feed(chunk)
 
         try:
             await self.sender.guard(call, gather(), answer.progress)

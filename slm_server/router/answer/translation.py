@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from slm_server.errors import GatewayError
-from slm_server.router.call.exchange import ANSWERING, Exchange
-from slm_server.router.upstream.sse import PROGRESS_FIELD, note_progress
+from slm_server.router.call.exchange import Exchange
+from slm_server.router.upstream.sse import is_report
 
 
 class Translation(Protocol):
@@ -122,11 +122,8 @@ class ChatTranslation(ABC, Generic[S]):
         for event in translator.start():
             yield event
         async for chunk in chunks:
-            if PROGRESS_FIELD in chunk:  # the engine's prompt progress: the router's alone
-                note_progress(exchange, chunk[PROGRESS_FIELD])
+            if is_report(exchange, chunk):  # the engine's prompt progress: the router's
                 continue
-            if exchange.stage != ANSWERING:
-                exchange.enter(ANSWERING)
             exchange.note_response(chunk)
             error = chunk.get("error")
             if error is not None:

@@ -271,6 +271,17 @@ def note_progress(exchange: Exchange, report: Any) -> None:
             exchange.prompt_read = (processed, total)
 
 
+def is_report(exchange: Exchange, chunk: dict[str, Any]) -> bool:
+    """Whether a parsed chunk is the engine's prompt progress report (noted as the
+    request's stage, the router's alone); any other chunk means the answer has begun."""
+    if PROGRESS_FIELD in chunk:
+        note_progress(exchange, chunk[PROGRESS_FIELD])
+        return True
+    if exchange.stage != ANSWERING:
+        exchange.enter(ANSWERING)
+    return False
+
+
 class SseTap:
     """Feeds a stream's events to an exchange; ``feed`` returns the bytes to forward."""
 
