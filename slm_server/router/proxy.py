@@ -122,37 +122,52 @@ class Proxy:
             keepalive = self._keepalive(request, shape, exchange)
             if keepalive is None:
                 return await self._route(request, shape, endpoint, intake, None)
-            beat = Heartbeat(send, keepalive, running_loop())
-            beat.arm()
-            try:
-                answer = await self._route(request, shape, endpoint, intake, keepalive)
-            except GatewayError as error:
-                if not await beat.stop():
-                    raise
-                exchange.error_type = error.code
-                return InBand(endpoint.stream_error(intake, error))
-            except BaseException:
-                beat.cancel()
-                raise
-            relay = answer if isinstance(answer, StreamRelay) else None
-            if relay is not None and relay.on_head is not None:
-                relay.on_head(False)  # a beat going out to the client holds the answer up
-            started = await beat.stop()
-            if relay is not None and relay.on_head is not None:
-                relay.on_head(True)
-            if not started:
-                return answer
-            going = going_on(answer)
-            if isinstance(going, GatewayError):
-                if relay is not None:
-                    await relay.close()  # the backend's response and the slot
-                exchange.error_type = going.code
-                return InBand(endpoint.stream_error(intake, going))
-            return going
+            return await self._beating(request, shape, endpoint, intake, keepalive, send)
         finally:
             size = held.size
             held.release()
             self.memory_return.released(size)
+
+    async def _beating(
+        self,
+        request: Request,
+        shape: Shape,
+        endpoint: Endpoint,
+        intake: Intake,
+        keepalive: KeepAlive,
+        send: Send,
+    ) -> Response | ASGIApp:
+        """Route a streamed request with its keep-alives going out while it waits; an
+        answer that comes after its head went out goes on from there, or is told in
+        band."""
+        exchange = keepalive.exchange
+        beat = Heartbeat(send, keepalive, running_loop())
+        beat.arm()
+        try:
+            answer = await self._route(request, shape, endpoint, intake, keepalive)
+        except GatewayError as error:
+            if not await beat.stop():
+                raise
+            exchange.error_type = error.code
+            return InBand(endpoint.stream_error(intake, error))
+        except BaseException:
+            beat.cancel()
+            raise
+        relay = answer if isinstance(answer, StreamRelay) else None
+        if relay is not None and relay.on_head is not None:
+            relay.on_head(False)  # a beat going out to the client holds the answer up
+        started = await beat.stop()
+        if relay is not None and relay.on_head is not None:
+            relay.on_head(True)
+        if not started:
+            return answer
+        going = going_on(answer)
+        if isinstance(going, GatewayError):
+            if relay is not None:
+                await relay.close()  # the backend's response and the slot
+            exchange.error_type = going.code
+            return InBand(endpoint.stream_error(intake, going))
+        return going
 
     def _keepalive(self, request: Request, shape: Shape, exchange: Exchange) -> KeepAlive | None:
         """What a streamed request's client is sent while it waits; None for a
