@@ -28,7 +28,7 @@ from slm_server.errors import BackendTimeout, BackendUnavailable, GatewayError
 from slm_server.router.call.drain import Drain
 from slm_server.router.call.exchange import exchange_of
 from slm_server.router.call.fast_path import fast_path_of
-from slm_server.router.call.keepalive import KeepAlive, first_beating
+from slm_server.router.call.keepalive import STREAM_HEADERS, KeepAlive, first_beating
 from slm_server.router.call.waits import client_of, running_loop
 
 if TYPE_CHECKING:
@@ -38,11 +38,6 @@ log = logging.getLogger("slm_server.router")
 
 # Marks the deadline as the reason a stream was cut (its error is made when needed).
 _DEADLINE = GatewayError("deadline")
-
-STREAM_HEADERS = {
-    "cache-control": "no-cache",
-    "x-accel-buffering": "no",
-}
 
 
 class StreamRelay:

@@ -26,8 +26,7 @@ from slm_server.router.apis.messages.endpoint import CountTokensApi, MessagesApi
 from slm_server.router.apis.passthrough.endpoint import PassThrough
 from slm_server.router.apis.responses.endpoint import ResponsesApi
 from slm_server.router.call.admitted_call import Call
-from slm_server.router.call.keepalive import PING
-from slm_server.router.call.shape import Shape
+from slm_server.router.call.shape import PING, Shape
 from slm_server.router.intake.media_parts import check_chat_media, check_responses_media
 from slm_server.router.intake.payload import check_grammar, check_top_n
 from slm_server.router.intake.reception import Intake

@@ -32,15 +32,14 @@ from starlette.types import Message, Send
 
 from slm_server.router.call.exchange import ANSWERING, Exchange
 
-COMMENT: Final = b": keep-alive\n\n"
-PING: Final = b'event: ping\ndata: {"type": "ping"}\n\n'
 # The header a client sends (any value but 0/false/no) to be told its request's progress.
 PROGRESS_HEADER: Final = b"x-slm-progress"
 PROGRESS_LINE: Final = b": slm-progress "
-STREAM_START_HEADERS: Final = (
+# Every relayed stream's own headers (its content type aside): no cache, no buffering.
+STREAM_HEADERS: Final = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_START_HEADERS: Final = (
     (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
+    *((k.encode(), v.encode()) for k, v in STREAM_HEADERS.items()),
 )
 
 
@@ -102,7 +101,7 @@ class Heartbeat:
             start: Message = {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": list(STREAM_START_HEADERS),
+                "headers": list(_START_HEADERS),
             }
             await send(start)
         await send({"type": "http.response.body", "body": self.keepalive.beat(), "more_body": True})
@@ -164,9 +163,8 @@ async def first_beating(
 
 
 __all__ = [
-    "COMMENT",
-    "PING",
     "PROGRESS_HEADER",
+    "STREAM_HEADERS",
     "Heartbeat",
     "KeepAlive",
     "asks_progress",

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 # A check of a request body before it is admitted, given the model's ``model_type``:
 # raises a 4xx naming the field for what the backend would fail on.
 Check = Callable[[dict[str, Any], str], None]
+
+
+# A streamed answer's keep-alives: an SSE comment, which every parser skips; the
+# Messages API's own ``ping`` event.
+COMMENT: Final = b": keep-alive\n\n"
+PING: Final = b'event: ping\ndata: {"type": "ping"}\n\n'
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -50,8 +56,8 @@ class Shape:
     anthropic: bool = False
     checks: tuple[Check, ...] = ()
     translated_to: Shape | None = None
-    keepalive: bytes = b": keep-alive\n\n"
+    keepalive: bytes = COMMENT
     gathers: bool = False
 
 
-__all__ = ["Check", "Shape"]
+__all__ = ["COMMENT", "PING", "Check", "Shape"]
