@@ -7,7 +7,8 @@ have answered whole: the same fields, the same values.
 :class:`ChatGathering` rebuilds llama-server's whole answer from its chunks, following
 how the pinned release writes both (``to_json_oaicompat_chat`` and
 ``to_json_oaicompat_chat_stream`` in ``tools/server/server-task.cpp``, the message as
-``common_chat_msg::to_json_oaicompat`` writes it): the deltas' ``content`` and
+``common_chat_msg::to_json_oaicompat`` writes it), read by the one walk over chat
+chunks (:mod:`.chat_walk`): the deltas' ``content`` and
 ``reasoning_content`` joined (content ``""`` when there is none, reasoning only when
 there is some), each tool call's pieces joined in its index's place (``type``
 ``function``, its ``id`` when it had one), the finish reason of the last choice, the
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from slm_server.errors import AnswerTooLarge
+from slm_server.router.answer.chat_walk import CallPiece, Events, walk_chunk, walk_delta
 from slm_server.router.upstream.sse import PROGRESS_FIELD
 
 # The chunk's fields the whole answer takes as they are.
@@ -70,42 +72,33 @@ class ChatGathering:
             self.usage = chunk["usage"]
         if "timings" in chunk:
             self.timings = chunk["timings"]
-        choices = chunk.get("choices")
-        if not isinstance(choices, list):
-            return
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
-            delta = choice.get("delta")
-            if isinstance(delta, dict):
-                self._delta(delta)
+        _, finish = walk_chunk(chunk, self._delta)
+        if finish is not None:
+            self.finish_reason = finish
 
-    def _delta(self, delta: dict[str, Any]) -> None:
-        content = delta.get("content")
-        if isinstance(content, str):
-            self._add(self._content, content)
-        reasoning = delta.get("reasoning_content")
-        if isinstance(reasoning, str):
-            self._add(self._reasoning, reasoning)
-        calls = delta.get("tool_calls")
-        if not isinstance(calls, list):
-            return
-        for piece in calls:
-            if not isinstance(piece, dict):
-                continue
-            index = piece.get("index")
-            index = index if isinstance(index, int) else len(self._calls)
-            call = self._calls.setdefault(index, {"id": "", "name": [], "arguments": []})
-            if isinstance(piece.get("id"), str):
-                call["id"] = piece["id"]
-            function = piece.get("function")
-            if isinstance(function, dict):
-                if isinstance(function.get("name"), str):
-                    self._add(call["name"], function["name"])
-                if isinstance(function.get("arguments"), str):
-                    self._add(call["arguments"], function["arguments"])
+    def _delta(self, delta: dict[str, Any]) -> Events:
+        return walk_delta(
+            delta, reasoning=self._reasoned, content=self._said, tool_call=self._called
+        )
+
+    def _reasoned(self, text: str) -> Events:
+        self._add(self._reasoning, text)
+        return []
+
+    def _said(self, text: str) -> Events:
+        self._add(self._content, text)
+        return []
+
+    def _called(self, piece: CallPiece) -> Events:
+        index = piece.index if piece.index is not None else len(self._calls)
+        call = self._calls.setdefault(index, {"id": "", "name": [], "arguments": []})
+        if piece.call_id is not None:
+            call["id"] = piece.call_id
+        if piece.name is not None:
+            self._add(call["name"], piece.name)
+        if piece.arguments is not None:
+            self._add(call["arguments"], piece.arguments)
+        return []
 
     def _add(self, parts: list[str], text: str) -> None:
         self._size += len(text) if text.isascii() else len(text.encode())
