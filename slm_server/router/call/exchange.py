@@ -108,9 +108,6 @@ class Exchange:
     stage_since: float | None = None
     queue_ahead: Callable[[], int] | None = None
     prompt_read: tuple[int, int] | None = None
-    # The head of the streamed answer went out while the request still waited (a
-    # keep-alive): whatever comes next is told in band.
-    early_head: bool = False
 
     @property
     def emit_path(self) -> str:

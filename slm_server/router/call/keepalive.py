@@ -97,7 +97,6 @@ class Heartbeat:
         send = self._send
         if not self.started:
             self.started = True
-            self.keepalive.exchange.early_head = True
             start: Message = {
                 "type": "http.response.start",
                 "status": 200,
