@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from slm_server.registry.tools import ToolPolicy, tools_items
 
 # What the router itself reads and manages: no preset may set, default or strip them.
 PROTECTED_PARAMETERS = frozenset({"model", "stream", "stream_options"})
@@ -71,6 +73,13 @@ class Alias(BaseModel):
 
     name: str = Field(min_length=1)
     preset: Preset | None = None
+    # The entry's tool-call policy, with the fields written here over it.
+    tools: ToolPolicy | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _plain_tools(cls, value: Any) -> Any:
+        return tools_items(value)
 
 
 def alias_items(value: Any) -> Any:

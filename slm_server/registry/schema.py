@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from slm_server.registry.presets import Alias, Preset, alias_items
+from slm_server.registry.tools import DEFAULT_TOOLS, ToolPolicy, tools_items
 
 Backend = Literal["llamacpp", "mlx", "mlx-rerank", "remote"]
 ModelType = Literal[
@@ -147,6 +148,9 @@ class ModelEntry(BaseModel):
     host: str = Field(default="127.0.0.1", min_length=1)
     enabled: bool = True
     supports_function_calling: bool = False
+    # Request-side, every backend: how the tools a chat request offers reach the model,
+    # and whether the calls it makes are checked and mended (:mod:`.tools`).
+    tools: ToolPolicy = DEFAULT_TOOLS
     # Request-side, every backend: merged into chat requests that carry none.
     chat_template_kwargs: dict[str, Any] | None = None
     # Request-side, every backend: other names clients may send as ``model``, and what
@@ -213,6 +217,20 @@ class ModelEntry(BaseModel):
     def _plain_aliases(cls, value: Any) -> Any:
         """An alias written as a plain string is an alias without a preset."""
         return alias_items(value)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _plain_tools(cls, value: Any) -> Any:
+        """``tools: render`` is ``tools: {mode: render}``."""
+        return tools_items(value)
+
+    def tool_policy(self, alias: str | None) -> ToolPolicy:
+        """The tool-call policy for requests naming this entry by its id (``alias``
+        None) or by one of its aliases (the alias's fields over the entry's)."""
+        if alias is None:
+            return self.tools
+        found = next((a.tools for a in self.aliases if a.name == alias), None)
+        return self.tools if found is None else found.over(self.tools)
 
     @field_validator("url")
     @classmethod

@@ -37,6 +37,7 @@ from slm_server.router.intake.reception import Intake, Reception
 from slm_server.router.ondemand.loader import Loader
 from slm_server.router.reload.in_force import InForce
 from slm_server.router.reload.readiness import Readiness
+from slm_server.router.toolcalls.template_caps import TemplateCaps
 from slm_server.router.upstream.client import Transport, forward_headers
 from slm_server.router.upstream.sender import Sender
 from slm_server.router.watchdog.tripwire import Tripwire
@@ -73,8 +74,9 @@ class Proxy:
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
         replies = Replies(self.sender, drain, serving.max_sse_event_bytes)
         recovery = Recovery(states, self.sender.waits)
+        caps = TemplateCaps(upstream, states)
         relay = Relay(
-            self.sender, replies, self.reception.sampling_defaults, self.server_kind, recovery
+            self.sender, replies, self.reception.sampling_defaults, self.server_kind, recovery, caps
         )
         # Each row's endpoint, built once, by its shape.
         self.endpoints: dict[Shape, Endpoint] = {

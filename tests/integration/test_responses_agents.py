@@ -100,17 +100,23 @@ def test_the_sdk_gets_namespaced_and_custom_calls_and_the_hosted_tool_is_named(
     assert offered == ["exec_command", "crm__lookup", "apply_patch"]
 
 
+@pytest.mark.parametrize("guard", ["on", "off"])
 def test_every_streamed_event_is_strictly_typed_and_the_custom_input_streams(
-    router: str, client: openai.OpenAI, fake: FakeBackend
+    router: str, client: openai.OpenAI, fake: FakeBackend, guard: str
 ) -> None:
+    """Strictly typed events; the custom tool's input is released once the call is
+    checked (in one piece), or as it comes with the guard off for the request."""
     fake.script(tool_calls=CALLS)
     body = {"model": MODEL, "input": "Look up ACME", "tools": TOOLS, "stream": True}
-    with one_shot.stream("POST", f"{router}/v1/responses", json=body, timeout=30) as streamed:
+    headers = {"x-slm-tool-guard": guard}
+    with one_shot.stream(
+        "POST", f"{router}/v1/responses", json=body, headers=headers, timeout=30
+    ) as streamed:
         assert streamed.headers["x-slm-dropped-tools"] == "web_search"
         lines = [line[5:] for line in streamed.iter_lines() if line.startswith("data:")]
     events = strict_events([json.loads(line) for line in lines])
     deltas = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
-    assert len(deltas) > 3
+    assert len(deltas) > 3 if guard == "off" else len(deltas) == 1
     assert "".join(deltas) == PATCH
     arguments = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
     assert "".join(arguments) == '{"q": "ACME"}'
@@ -118,10 +124,16 @@ def test_every_streamed_event_is_strictly_typed_and_the_custom_input_streams(
     assert final.type == "response.completed"
     check_calls(final.response.output)
 
-    sdk_events = list(client.responses.create(model=MODEL, input="again", tools=TOOLS, stream=True))
+    sdk_events = list(
+        client.responses.create(
+            model=MODEL, input="again", tools=TOOLS, stream=True, extra_headers=headers
+        )
+    )
     assert [e.type for e in sdk_events] == [e.type for e in events]
 
-    with client.responses.stream(model=MODEL, input="again", tools=TOOLS) as stream:
+    with client.responses.stream(
+        model=MODEL, input="again", tools=TOOLS, extra_headers=headers
+    ) as stream:
         for _event in stream:
             pass
         check_calls(stream.get_final_response().output)

@@ -124,9 +124,9 @@ ROUTER_STACK = (
     "intake",
     "dispatch",
     "answer",
+    "toolcalls",
     "upstream",
     "watchdog",
-    "toolcalls",
     "call",
 )
 

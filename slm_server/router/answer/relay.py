@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
+from slm_server.contracts import engine_paths
 from slm_server.errors import BackendTimeout, GatewayError
 from slm_server.registry.schema import ModelSpec
+from slm_server.router.answer.gathered import ChatGathering
 from slm_server.router.answer.reply import Replies
+from slm_server.router.answer.tool_answers import ToolAnswers
 from slm_server.router.answer.translation import Translation
 from slm_server.router.call.admitted_call import Call
-from slm_server.router.upstream.client import UpstreamResponse
+from slm_server.router.toolcalls.guard import GUARD_HEADER, tool_guard
+from slm_server.router.toolcalls.template_caps import TemplateCaps
+from slm_server.router.upstream.client import UpstreamResponse, iter_sse
 from slm_server.router.upstream.sender import Sender
+from slm_server.router.upstream.sse import is_report
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 
 # An opened backend response, its stall timer and its progress record.
@@ -49,6 +56,7 @@ class Relay:
     sampling_defaults: Callable[[ModelSpec], dict[str, Any]]
     server_kind: Callable[[ModelSpec], str | None]
     recovery: Stranded
+    caps: TemplateCaps
 
     async def relay(
         self, call: Call, path: str, body: bytes, translation: Translation | None = None
@@ -82,6 +90,67 @@ class Relay:
             if retried is None:
                 raise
         return await self.replies.reply(call, *retried, translation)
+
+    async def tools(
+        self, call: Call, chat: dict[str, Any], alias: str | None, reports: bool
+    ) -> ToolAnswers | None:
+        """What settles the tool calls of the answer to ``chat`` (a chat request that
+        offers tools, named by ``alias`` or its id; ``reports``: its engine reports its
+        prompt progress); None when nothing does (no tools, the policy, the request's
+        ``X-SLM-Tool-Guard: off``)."""
+        if not chat.get("tools"):
+            return None
+        spec = call.spec
+        off = call.headers.get(GUARD_HEADER.decode(), "").strip().lower() == "off"
+        policy = spec.entry.tool_policy(alias)
+        kind = self.server_kind(spec)
+        takes = None
+        if policy.mode == "auto" and not off:
+            takes = await self.caps.takes_tools(spec, kind)
+        guard = tool_guard(chat, policy, template_takes_tools=takes, server_kind=kind, off=off)
+        if guard is None:
+            return None
+
+        async def ask(body: dict[str, Any]) -> dict[str, Any] | None:
+            return await self.ask(call, body, reports)
+
+        return ToolAnswers(guard, chat, ask, call.exchange)
+
+    async def ask(self, call: Call, chat: dict[str, Any], reports: bool) -> dict[str, Any] | None:
+        """``chat`` sent to the call's backend as a stream and gathered whole (a call
+        asked again: judged as any stream is, its deadline the call's); None when no
+        answer could be had."""
+        again = replace(call, judged=False, gathered=True, watch_progress=reports, keepalive=None)
+        body = {**chat, "stream": True, "stream_options": {"include_usage": True}}
+        if reports:
+            body["return_progress"] = True
+        exchange = call.exchange
+        sent = json.dumps(body, ensure_ascii=False).encode()
+        try:
+            upstream, timer = await self.sender.open(again, engine_paths.CHAT, sent, None)
+        except GatewayError:
+            return None
+        gathering = ChatGathering(self.sender.max_answer)
+        try:
+            content_type = upstream.headers.get("content-type", "")
+            if upstream.status_code != 200 or "event-stream" not in content_type:
+                return None
+            noted = timer.watch if timer.watch is not None else Progress(time.perf_counter())
+            events = iter_sse(call.spec, upstream, self.replies.max_event)
+
+            async def gather() -> None:
+                async for chunk in self.sender.watched(again, events, timer, noted):
+                    timer.first_byte()
+                    if not is_report(exchange, chunk):
+                        gathering.feed(chunk)
+
+            await self.sender.guard(again, gather(), None)
+        except GatewayError:
+            return None
+        finally:
+            timer.cancel()
+            await upstream.aclose()
+        return gathering.answer() if gathering.error is None else None
 
     async def _open(self, call: Call, path: str, body: bytes) -> Opened:
         """The backend's response opened, its stall timer and the record of what it

@@ -143,10 +143,16 @@ class Replies:
             return await self._gathered(answer, translation)
         timer.cancel()
         try:
-            content = await self.sender.read(call, upstream, progress)
+            try:
+                content = await self.sender.read(call, upstream, progress)
+            finally:
+                await upstream.aclose()
+            # Under the slot: settling the answer's tool calls may ask the backend again.
+            return await _whole(
+                call, upstream.status_code, content_type, encoding, content, translation
+            )
         finally:
-            await answer.close()
-        return _whole(call, upstream.status_code, content_type, encoding, content, translation)
+            call.slot.release()
 
     async def _gathered(
         self, answer: _Answer, translation: Translation | None
@@ -173,15 +179,17 @@ class Replies:
             # (the relay's retry), and otherwise the orchestrator frees it.
             answer.timer.cancel()
             await answer.upstream.aclose()
-        call.slot.release()
-        failed = gathering.error
-        if failed is not None:
-            exchange.error_type = "backend_stream_error"
-            error = failed.get("error")
-            code = error.get("code") if isinstance(error, dict) else None
-            status = code if isinstance(code, int) and 400 <= code < 600 else 500
-            return _whole(call, status, JSON, None, _dumps(failed), translation)
-        return _whole(call, 200, JSON, None, _dumps(gathering.answer()), translation)
+        try:
+            failed = gathering.error
+            if failed is not None:
+                exchange.error_type = "backend_stream_error"
+                error = failed.get("error")
+                code = error.get("code") if isinstance(error, dict) else None
+                status = code if isinstance(code, int) and 400 <= code < 600 else 500
+                return await _whole(call, status, JSON, None, _dumps(failed), translation)
+            return await _whole(call, 200, JSON, None, _dumps(gathering.answer()), translation)
+        finally:
+            call.slot.release()
 
     def _relay(
         self,
@@ -291,7 +299,7 @@ class Replies:
             yield chunk
 
 
-def _whole(
+async def _whole(
     call: Call,
     status: int,
     content_type: str,
@@ -319,7 +327,7 @@ def _whole(
     if translation is not None:
         if not isinstance(body_json, dict):
             return WholeAnswer(exchange, translation.error_body(502, content), 502, JSON)
-        result = translation.whole(body_json)
+        result = await translation.whole(body_json)
         exchange.note_response(result)
         return JSONResponse(result)
     if isinstance(body_json, dict):

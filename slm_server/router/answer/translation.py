@@ -31,7 +31,7 @@ class Translation(Protocol):
         """The API's name, as errors name it: "the Responses API"."""
         ...
 
-    def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
+    async def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The answer for a whole chat completion."""
         ...
 
@@ -68,6 +68,31 @@ def cap_ends_turn(chat: dict[str, Any]) -> dict[str, Any]:
     return {**chat, "choices": ended}
 
 
+class HeldStream(Protocol):
+    """A stream's tool calls held until they are settled
+    (:class:`~slm_server.router.toolcalls.stream_guard.StreamGuard`)."""
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The chunks to send now for one of the backend's."""
+        ...
+
+
+class Tools(Protocol):
+    """What settles an answer's tool calls (:class:`~.tool_answers.ToolAnswers`)."""
+
+    async def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """A whole chat answer with its calls settled."""
+        ...
+
+    def stream(self) -> HeldStream:
+        """What holds a stream's calls."""
+        ...
+
+    async def ending(self, held: Any) -> list[dict[str, Any]]:
+        """The chunks that end a held stream, its calls settled."""
+        ...
+
+
 class StreamTranslator(Protocol):
     """A pure translator of one chat completions stream into another API's events."""
 
@@ -100,6 +125,11 @@ class ChatTranslation(ABC, Generic[S]):
         self.request = request
         self.translator = translator
         self.capped = capped
+        self.tools: Tools | None = None
+
+    def guarded(self, tools: Tools) -> None:
+        """The answer's tool calls settled by ``tools`` before they are translated."""
+        self.tools = tools
 
     @abstractmethod
     def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +139,9 @@ class ChatTranslation(ABC, Generic[S]):
     def failed(self, error: Any) -> list[bytes]:
         """The events that end the stream when the backend sent ``error`` in band."""
 
-    def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
+    async def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
+        if self.tools is not None:
+            chat = await self.tools.whole(chat)
         return self.answer(cap_ends_turn(chat) if self.capped else chat)
 
     async def stream(
@@ -118,7 +150,8 @@ class ChatTranslation(ABC, Generic[S]):
         """The parsed chat chunks as the API's events; a backend's in-band error ends
         them. The engine's prompt progress reports are dropped (the router asked for
         them, as signs of life)."""
-        translator = self.translator
+        translator, tools = self.translator, self.tools
+        held = tools.stream() if tools is not None else None
         for event in translator.start():
             yield event
         async for chunk in chunks:
@@ -131,8 +164,13 @@ class ChatTranslation(ABC, Generic[S]):
                 for event in self.failed(error):
                     yield event
                 return
-            for event in translator.feed(cap_ends_turn(chunk) if self.capped else chunk):
-                yield event
+            for shown in held.feed(chunk) if held is not None else (chunk,):
+                for event in translator.feed(cap_ends_turn(shown) if self.capped else shown):
+                    yield event
+        if held is not None and tools is not None:
+            for shown in await tools.ending(held):
+                for event in translator.feed(cap_ends_turn(shown) if self.capped else shown):
+                    yield event
         for event in translator.finish():
             yield event
 
@@ -145,7 +183,9 @@ def error_message(error: Any) -> str:
 
 __all__ = [
     "ChatTranslation",
+    "HeldStream",
     "StreamTranslator",
+    "Tools",
     "Translation",
     "cap_ends_turn",
     "error_message",

@@ -95,6 +95,15 @@ class Exchange:
     # The hosted tools a Responses request offered that were left out of what the model
     # sees (their types, each once), named in the answer's header and the access line.
     dropped_tools: tuple[str, ...] = ()
+    # The tools of a chat request as the router handled them (slm_server.router.toolcalls):
+    # the mode that applied ("native", "render"; None: not guarded), the calls that
+    # reached the client, the repairs made, whether a call was asked again, and why the
+    # answer is text in the place of a call.
+    tool_mode: str | None = None
+    tool_calls: int = 0
+    tool_repairs: tuple[str, ...] = ()
+    tool_retried: bool = False
+    tool_failed: str | None = None
     # How the request got through its backend's restart: "waited" (it came while the
     # backend was starting or restarting, and waited for it to be ready) or "retried"
     # (the backend stranded it: sent again, once, to the new process); the seconds that
@@ -245,6 +254,8 @@ def new_request_id() -> str:
 
 REQUEST_ID_HEADER = b"x-request-id"
 DROPPED_TOOLS_HEADER = b"x-slm-dropped-tools"
+TOOL_REPAIRS_HEADER = b"x-slm-tool-repairs"
+TOOL_FAILED_HEADER = b"x-slm-tool-failed"
 
 
 def echoed_id(exchange: Exchange) -> tuple[bytes, bytes]:
@@ -253,12 +264,22 @@ def echoed_id(exchange: Exchange) -> tuple[bytes, bytes]:
 
 
 def answer_headers(exchange: Exchange) -> list[tuple[bytes, bytes]]:
-    """The headers the router adds to every answer: the request's id, and the hosted
-    tools left out of a Responses request (``x-slm-dropped-tools: web_search, mcp``)."""
+    """The headers the router adds to every answer: the request's id, the hosted tools
+    left out of a Responses request (``x-slm-dropped-tools: web_search, mcp``), and for
+    a whole answer whose tool calls the router changed, what it did
+    (``x-slm-tool-repairs: name, arguments_json, retried``) or why the answer is text
+    in the place of a call (``x-slm-tool-failed``)."""
     headers = [echoed_id(exchange)]
     if exchange.dropped_tools:
         value = ", ".join(exchange.dropped_tools).encode("latin-1", "replace")
         headers.append((DROPPED_TOOLS_HEADER, value))
+    repairs = (*exchange.tool_repairs, *(("retried",) if exchange.tool_retried else ()))
+    if repairs:
+        headers.append((TOOL_REPAIRS_HEADER, ", ".join(dict.fromkeys(repairs)).encode()))
+    if exchange.tool_failed is not None:
+        printable = "".join(c if " " <= c < "\x7f" else " " for c in exchange.tool_failed)
+        reason = printable[:300].encode("ascii")
+        headers.append((TOOL_FAILED_HEADER, reason))
     return headers
 
 

@@ -76,7 +76,7 @@ class TokenCount:
 
     api = "the Messages API"
 
-    def whole(self, answer: dict[str, Any]) -> dict[str, Any]:
+    async def whole(self, answer: dict[str, Any]) -> dict[str, Any]:
         tokens = answer.get("input_tokens")
         if isinstance(tokens, bool) or not isinstance(tokens, int):
             raise BackendProtocolError("the backend's token count has no integer input_tokens")
@@ -148,6 +148,10 @@ class MessagesApi:
             call.gathered = call.watch_progress = True
         apply_defaults(chat, self.chat, self.relay.sampling_defaults(call.spec))
         translation = MessagesTranslation(request, capped=call.capped)
+        tools = await self.relay.tools(call, chat, intake.alias, intake.reports)
+        if tools is not None:
+            translation.guarded(tools)
+            chat = tools.guard.request(chat)
         return await self.relay.relay(call, self.chat.path, dumps_body(chat), translation)
 
 

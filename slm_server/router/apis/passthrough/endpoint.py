@@ -7,11 +7,14 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
+from slm_server.contracts import engine_paths
 from slm_server.errors import GatewayError
+from slm_server.router.answer.chat_echo import ChatEcho
 from slm_server.router.answer.relay import Relay
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.shape import Shape
 from slm_server.router.intake.reception import Intake
+from slm_server.router.intake.strict_json import dumps_body
 
 
 class PassThrough:
@@ -31,7 +34,18 @@ class PassThrough:
         return intake
 
     async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
-        """The body (as the client sent it, or as the router changed it) to the backend."""
+        """The body (as the client sent it, or as the router changed it) to the backend;
+        a chat request that offers tools with its calls settled
+        (:mod:`slm_server.router.toolcalls`): its answer passed on as parsed."""
+        if self.shape.path == engine_paths.CHAT and intake.payload.get("tools"):
+            chat = intake.payload
+            tools = await self.relay.tools(call, chat, intake.alias, intake.reports)
+            if tools is not None:
+                echo = ChatEcho(chat, hidden_usage=call.hidden_usage)
+                echo.guarded(tools)
+                sent = tools.guard.request(chat)
+                body = await intake.body() if sent is chat else dumps_body(sent)
+                return await self.relay.relay(call, self.shape.path, body, echo)
         return await self.relay.relay(call, self.shape.path, await intake.body())
 
 

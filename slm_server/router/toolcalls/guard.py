@@ -1,0 +1,154 @@
+"""One request's tools as the router handles them (issue 42): the request as its
+backend is sent it, and the calls of its answer settled before the client sees them.
+
+:func:`tool_guard` decides, for a chat completions request that offers tools, from the
+entry's policy (``tools:`` in the registry) and whether the backend's template takes
+tools: the tools rendered into the prompt (:mod:`.render`) or left to the template; a
+forced call (``tool_choice`` ``required`` or named) constrained by the backend's JSON
+schema decoding (:mod:`.forcing`), where the backend has it; the calls checked and
+mended (:mod:`.settle`). :class:`ToolGuard` then changes the request, settles a whole
+answer, and makes the :class:`~.stream_guard.StreamGuard` of a stream; a call that
+cannot be mended is asked once more under a constraint, through ``ask``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from slm_server.registry.tools import ToolPolicy
+from slm_server.router.toolcalls.forcing import constrain
+from slm_server.router.toolcalls.offer import Offer, offer_of
+from slm_server.router.toolcalls.render import render_request
+from slm_server.router.toolcalls.settle import Settled, Verdict, settle
+from slm_server.router.toolcalls.stream_guard import StreamGuard
+
+# The request header that turns the guard off for one request.
+GUARD_HEADER: Final = b"x-slm-tool-guard"
+# The servers that decode under a JSON schema (``response_format``).
+CONSTRAINED_KINDS: Final = frozenset({"llama-server", "llama_cpp.server"})
+
+Mode = Literal["native", "render"]
+# Sends a chat request (rendered and constrained) to the backend: its whole answer,
+# None when it could not be had.
+Ask = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass
+class ToolGuard:
+    """One request's tools: its offer, the mode that applies, whether a forced call is
+    constrained, whether calls are checked, and what was done (``verdict``)."""
+
+    offer: Offer
+    mode: Mode
+    constrained: bool
+    repair: bool
+    verdict: Verdict = field(default_factory=Verdict)
+    retry_seconds: float | None = None
+
+    @property
+    def forced(self) -> bool:
+        """Whether the answer is a constrained call's JSON."""
+        return self.offer.forced and self.constrained
+
+    def request(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """``chat`` as the backend is sent it."""
+        return self._request(chat, self.offer)
+
+    def _request(self, chat: dict[str, Any], offer: Offer) -> dict[str, Any]:
+        forced = offer.forced and self.constrained
+        sent = render_request(chat, offer) if self.mode == "render" or forced else chat
+        return constrain(sent, offer) if forced else sent
+
+    def retry_request(self, chat: dict[str, Any], offer: Offer) -> dict[str, Any]:
+        """``chat`` asked again for a call ``offer`` forces, under the constraint."""
+        return constrain(render_request(chat, offer), offer)
+
+    async def whole(self, answer: dict[str, Any], chat: dict[str, Any], ask: Ask) -> dict[str, Any]:
+        """A whole chat answer with its first choice's calls settled; one that cannot be
+        mended asked again once (``chat`` the client's request)."""
+        choices = answer.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+            return answer
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            return answer
+        settled = settle(message, self.offer, self.verdict, repair=self.repair, forced=self.forced)
+        if settled.retry is not None and self.repair:
+            again = await self._again(chat, settled.retry, ask)
+            if again is not None:
+                settled = again
+        finish = settled.finish or choice.get("finish_reason")
+        return {
+            **answer,
+            "choices": [{**choice, "message": settled.message, "finish_reason": finish}],
+        }
+
+    async def settled_stream(
+        self, guard: StreamGuard, chat: dict[str, Any], ask: Ask
+    ) -> list[dict[str, Any]]:
+        """The chunks that end a guarded stream, its held part settled (asked again once
+        when it cannot be mended)."""
+        settled = guard.settle()
+        if settled.retry is not None and self.repair:
+            again = await self._again(chat, settled.retry, ask)
+            if again is not None:
+                settled = again
+        return guard.finish(settled)
+
+    def stream(self) -> StreamGuard:
+        return StreamGuard(self.offer, self.verdict, repair=self.repair, forced=self.forced)
+
+    async def _again(self, chat: dict[str, Any], offer: Offer, ask: Ask) -> Settled | None:
+        """The call asked again under the constraint, settled; None when the answer
+        could not be had (the first answer's text stands)."""
+        started = time.perf_counter()
+        self.verdict.retried = True
+        answer = await ask(self.retry_request(chat, offer))
+        self.retry_seconds = time.perf_counter() - started
+        choices = answer.get("choices") if answer is not None else None
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            return None
+        failed = self.verdict.failed
+        self.verdict.failed = None
+        settled = settle(message, offer, self.verdict, repair=True, forced=True)
+        if settled.retry is not None or self.verdict.failed is not None:
+            self.verdict.failed = self.verdict.failed or failed
+            return None
+        return settled
+
+
+def tool_guard(
+    chat: dict[str, Any],
+    policy: ToolPolicy,
+    *,
+    template_takes_tools: bool | None,
+    server_kind: str | None,
+    off: bool = False,
+) -> ToolGuard | None:
+    """The guard of a chat request, or None when it offers no tools, asks for several
+    choices, or the guard is off (``off``: the request's header says so)."""
+    if off:
+        return None
+    offer = offer_of(chat)
+    if offer is None or chat.get("n", 1) != 1:
+        return None
+    if offer.choice == "none" and policy.mode != "render":
+        return None
+    mode: Mode
+    if policy.mode == "auto":
+        mode = "render" if template_takes_tools is False else "native"
+    else:
+        mode = policy.mode
+    constrained = server_kind in CONSTRAINED_KINDS
+    if offer.choice == "none":
+        return ToolGuard(offer, mode, constrained, repair=False)
+    return ToolGuard(offer, mode, constrained, repair=policy.repair)
+
+
+__all__ = ["CONSTRAINED_KINDS", "GUARD_HEADER", "Ask", "ToolGuard", "tool_guard"]

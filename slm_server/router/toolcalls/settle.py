@@ -1,0 +1,153 @@
+"""One answer's tool calls settled before the client sees them. Pure.
+
+:func:`settle` takes the assistant message of an answer to a request that offered
+tools — whole, or a stream's held part gathered (:mod:`.stream_guard`) — and gives the
+message the client is to see: each call the model made (as ``tool_calls``, as text in
+the rendered form or a code block, or as a forced answer's JSON) checked against the
+offered tools by :mod:`.repair`; valid calls as written, repairable ones repaired, and
+for one that cannot be, the tool to ask again under a constraint (:attr:`Settled.retry`).
+An answer that is still not a valid call where one was due is the model's text, with
+the reason (:attr:`Verdict.failed`) — never a malformed call.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from slm_server.router.toolcalls.extract import TextCall, extract_calls
+from slm_server.router.toolcalls.forcing import forced_call
+from slm_server.router.toolcalls.offer import Offer
+from slm_server.router.toolcalls.repair import Repaired, Unrepairable, Valid, check_call
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What was done to one answer's calls: how many reached the client, the repairs
+    made (``name``, ``arguments_json``, ``arguments_schema``, ``extracted`` for a call
+    read from text), whether a call was asked again, and why the answer is text in the
+    place of a call (None: it is not)."""
+
+    calls: int = 0
+    repairs: list[str] = field(default_factory=list)
+    retried: bool = False
+    failed: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.repairs) or self.retried or self.failed is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The message as the client is to see it, its ``finish_reason`` (None: as the
+    backend gave it), and the offer to ask again under a constraint (None: nothing to
+    ask)."""
+
+    message: dict[str, Any]
+    finish: str | None
+    retry: Offer | None
+
+
+def settle(
+    message: dict[str, Any], offer: Offer, verdict: Verdict, *, repair: bool, forced: bool
+) -> Settled:
+    """``message`` (an assistant message of chat completions) with its calls settled;
+    ``forced``: its content is a constrained call's JSON; ``repair`` False: calls pass as
+    the model wrote them (read out of text where the tools were rendered)."""
+    text = message.get("content")
+    text = text if isinstance(text, str) else ""
+    written = message.get("tool_calls")
+    calls: list[tuple[str | None, TextCall]] = []
+    if forced:
+        found = forced_call(text)
+        if found is None:
+            return _failed(message, offer, verdict, "the forced answer is not a call", text)
+        calls.append((None, TextCall(*found)))
+        text = ""
+    elif isinstance(written, list) and written:
+        calls.extend(_native(written))
+    elif offer.choice != "none":
+        text, extracted = extract_calls(text, offer.schemas.keys())
+        calls.extend((None, call) for call in extracted)
+        if extracted:
+            verdict.repairs.append("extracted")
+    if not calls:
+        if offer.forced:
+            return _failed(message, offer, verdict, "the model answered text, not a call", text)
+        return Settled(message, None, None)
+    settled: list[dict[str, Any]] = []
+    for call_id, call in calls:
+        if not repair:
+            settled.append(_call(call_id, call.name, _as_text(call.arguments)))
+            continue
+        checked = check_call(call.name, call.arguments, offer.schemas)
+        if isinstance(checked, Unrepairable):
+            retry = offer.only(checked.name) if checked.name in offer.schemas else None
+            if retry is None and offer.forced:
+                retry = offer
+            original = message.get("content")
+            shown = original if isinstance(original, str) and original else _calls_text(calls)
+            return _failed(message, retry, verdict, checked.reason, shown, retry is not None)
+        if isinstance(checked, Repaired):
+            verdict.repairs.extend(checked.repairs)
+        assert isinstance(checked, Valid | Repaired)
+        settled.append(_call(call_id, checked.name, checked.arguments))
+    verdict.calls += len(settled)
+    kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
+    out = {**kept, "content": text.strip() or None, "tool_calls": settled}
+    return Settled(out, "tool_calls", None)
+
+
+def _failed(
+    message: dict[str, Any],
+    retry: Offer | None,
+    verdict: Verdict,
+    reason: str,
+    text: str,
+    retryable: bool = True,
+) -> Settled:
+    """The answer as text, with the reason; the offer to ask again, when there is one."""
+    verdict.failed = reason
+    kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
+    return Settled({**kept, "content": text}, "stop", retry if retryable else None)
+
+
+def _native(written: list[Any]) -> list[tuple[str | None, TextCall]]:
+    calls: list[tuple[str | None, TextCall]] = []
+    for call in written:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
+        call_id = call.get("id") if isinstance(call.get("id"), str) else None
+        name = function.get("name")
+        calls.append(
+            (
+                call_id,
+                TextCall(name if isinstance(name, str) else "", function.get("arguments", "")),
+            )
+        )
+    return calls
+
+
+def _call(call_id: str | None, name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": call_id or "call_" + uuid.uuid4().hex[:24],
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _as_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def _calls_text(calls: list[tuple[str | None, TextCall]]) -> str:
+    return "\n".join(
+        json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) for _, c in calls
+    )
+
+
+__all__ = ["Settled", "Verdict", "settle"]
