@@ -88,8 +88,8 @@ class Script:
     Streamed content is ``chunk_text`` repeated ``chunks`` times (``reply`` only
     affects non-streamed answers). ``tool_calls`` (each ``{"name", "arguments"}``)
     makes a matched chat request's answer call those tools instead (finish reason
-    ``tool_calls``; streamed, each call's arguments in pieces of ``TOOL_PIECE``
-    characters); an unmatched one is answered in text.
+    ``tool_calls``; streamed, each call's arguments in pieces of ``tool_piece``
+    characters, ``TOOL_PIECE`` by default); an unmatched one is answered in text.
     """
 
     status: int | None = None
@@ -119,6 +119,14 @@ class Script:
     # reports: one as it starts, one this often while ``delay_seconds`` runs (the
     # prompt being read), one when the prompt is read.
     progress_interval_seconds: float = 0.5
+    # How many characters of a streamed call's arguments each chunk carries.
+    tool_piece: int = 8  # TOOL_PIECE
+    # False: a matched stream ends without its finish chunk (its usage and [DONE] still
+    # sent), as a backend cut short may end one.
+    finish_chunk: bool = True
+    # What GET /props answers (llama-server's server properties, e.g.
+    # ``{"chat_template_caps": {"supports_tools": false}}``); None: 404, as before.
+    props: dict[str, Any] | None = None
 
     @classmethod
     def parse(cls, data: Any) -> Script:
@@ -493,9 +501,11 @@ def generate(
     if chat and script.tool_calls is not None:
         content = [
             sse({**base, "object": kind, "choices": [choice]})
-            for choice in _tool_call_choices(seq, script.tool_calls)
+            for choice in _tool_call_choices(seq, script.tool_calls, script.tool_piece)
         ]
         suffix = [sse({**base, "object": kind, "choices": [_finish("tool_calls")]})]
+    if chat and not script.finish_chunk:
+        suffix = []
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
         suffix.append(
@@ -524,7 +534,7 @@ def _finish(reason: str | None, delta: JSON | None = None) -> JSON:
     return {"index": 0, "logprobs": None, "finish_reason": reason, "delta": delta or {}}
 
 
-def _tool_call_choices(seq: int, calls: list[JSON]) -> list[JSON]:
+def _tool_call_choices(seq: int, calls: list[JSON], size: int = TOOL_PIECE) -> list[JSON]:
     """The streamed choices of ``calls``: each opened with its id and name, then its
     arguments piece by piece, as llama-server streams them."""
     choices = []
@@ -533,8 +543,8 @@ def _tool_call_choices(seq: int, calls: list[JSON]) -> list[JSON]:
         opening = {**whole, "index": index, "function": {**whole["function"], "arguments": ""}}
         choices.append(_finish(None, {"tool_calls": [opening]}))
         arguments = str(whole["function"]["arguments"])
-        for at in range(0, len(arguments), TOOL_PIECE):
-            piece = {"index": index, "function": {"arguments": arguments[at : at + TOOL_PIECE]}}
+        for at in range(0, len(arguments), max(1, size)):
+            piece = {"index": index, "function": {"arguments": arguments[at : at + max(1, size)]}}
             choices.append(_finish(None, {"tool_calls": [piece]}))
     return choices
 
@@ -963,6 +973,14 @@ async def slot_action(request: Request) -> Response:
     return JSONResponse(error_body(400, "Invalid action"), 400)
 
 
+async def props(request: Request) -> Response:
+    """GET /props: what the script says (llama-server's server properties), else 404."""
+    answer = _state(request).script.props
+    if answer is None:
+        return JSONResponse(error_body(404, "Not Found: /props", "not_found_error"), 404)
+    return JSONResponse(answer)
+
+
 async def control_api(request: Request) -> Response:
     """POST /_control, GET /_requests, GET /_health_requests, POST /_reset."""
     state = _state(request)
@@ -989,6 +1007,7 @@ def build_app(model_id: str) -> Starlette:
         Route("/v1/models", proxied, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/slots", slots, methods=["GET"]),
+        Route("/props", props, methods=["GET"]),
         Route("/slots/{slot}", slot_action, methods=["POST"]),
     ]
     routes += [Route(p, control_api, methods=["POST"]) for p in ("/_control", "/_reset")]

@@ -6,8 +6,9 @@ small model writes one as text even where its template took the tools. Read as c
 * each ``<tool_call> ... </tool_call>`` (the close may be cut off at the end), holding
   a JSON object (or a list of them) with a ``name`` and ``arguments`` (or
   ``parameters``), however broken the JSON (:mod:`.repair` mends the arguments);
-* a markdown code block, or the whole answer, that is such an object and names an
-  offered tool.
+* a markdown code block of JSON (``json``, or no language), or the whole answer, that
+  is such an object and names an offered tool (a block of code that shows a call, in
+  Python or anything else, is an example: text).
 
 What is not a call stays text. :func:`hold_from` tells a stream where text that may
 be a call begins, so that what comes before it is sent at once.
@@ -25,7 +26,7 @@ import json_repair
 
 from slm_server.router.toolcalls.render import CLOSE, OPEN
 
-_FENCE: Final = re.compile(r"```[a-zA-Z_]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_FENCE: Final = re.compile(r"```([a-zA-Z_]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 # Where a call may begin: the tag, or a code block (of JSON: these languages, or none).
 _MARKERS: Final = (OPEN, "```")
 CALL_LANGUAGES: Final = frozenset({"", "json", "tool_call", "tool_code"})
@@ -47,7 +48,9 @@ def extract_calls(text: str, offered: Collection[str]) -> tuple[str, list[TextCa
     calls: list[TextCall] = []
     kept = text
     for match in list(_FENCE.finditer(text)):
-        found = _calls_in(match.group(1), offered)
+        if match.group(1).lower() not in CALL_LANGUAGES:
+            continue  # a block of code: an example, not a call
+        found = _calls_in(match.group(2), offered)
         if found:
             calls.extend(found)
             kept = kept.replace(match.group(0), "", 1)
@@ -117,7 +120,9 @@ def _calls_in(body: str, offered: Collection[str] | None) -> list[TextCall]:
     stripped = body.strip()
     fenced = _FENCE.search(stripped)
     if fenced is not None and offered is None:
-        stripped = fenced.group(1).strip()
+        stripped = fenced.group(2).strip()
+    if not stripped.startswith(("{", "[")):
+        return []  # not JSON that json_repair could only make one of
     value = _loads(stripped)
     items = value if isinstance(value, list) else [value]
     calls: list[TextCall] = []

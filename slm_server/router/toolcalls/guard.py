@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from slm_server.registry.tools import ToolPolicy
-from slm_server.router.toolcalls.forcing import constrain
+from slm_server.router.toolcalls.forcing import LOOP_BREAKER, constrain
 from slm_server.router.toolcalls.offer import Offer, offer_of
 from slm_server.router.toolcalls.render import render_request
 from slm_server.router.toolcalls.settle import Settled, Verdict, settle
@@ -46,6 +46,8 @@ class ToolGuard:
     constrained: bool
     repair: bool
     verdict: Verdict = field(default_factory=Verdict)
+    # What a constrained request adds to the sampling (llama-server's loop breaker).
+    sampling: dict[str, Any] = field(default_factory=dict)
     retry_seconds: float | None = None
 
     @property
@@ -60,11 +62,20 @@ class ToolGuard:
     def _request(self, chat: dict[str, Any], offer: Offer) -> dict[str, Any]:
         forced = offer.forced and self.constrained
         sent = render_request(chat, offer) if self.mode == "render" or forced else chat
-        return constrain(sent, offer) if forced else sent
+        return constrain(sent, offer, self.sampling) if forced else sent
 
     def retry_request(self, chat: dict[str, Any], offer: Offer) -> dict[str, Any]:
-        """``chat`` asked again for a call ``offer`` forces, under the constraint."""
-        return constrain(render_request(chat, offer), offer)
+        """``chat`` asked again for a call ``offer`` forces: under the constraint where
+        the backend decodes under a schema, else by its own ``tool_choice``."""
+        if self.constrained:
+            return constrain(render_request(chat, offer), offer, self.sampling)
+        choice: Any = "required"
+        if offer.choice == "named":
+            choice = {"type": "function", "function": {"name": offer.named}}
+        sent = render_request(chat, offer) if self.mode == "render" else dict(chat)
+        if self.mode != "render":
+            sent["tool_choice"] = choice
+        return sent
 
     async def whole(self, answer: dict[str, Any], chat: dict[str, Any], ask: Ask) -> dict[str, Any]:
         """A whole chat answer with its first choice's calls settled; one that cannot be
@@ -77,10 +88,7 @@ class ToolGuard:
         if not isinstance(message, dict):
             return answer
         settled = settle(message, self.offer, self.verdict, repair=self.repair, forced=self.forced)
-        if settled.retry is not None and self.repair:
-            again = await self._again(chat, settled.retry, ask)
-            if again is not None:
-                settled = again
+        settled = await self._settled(settled, chat, ask)
         finish = settled.finish or choice.get("finish_reason")
         return {
             **answer,
@@ -92,19 +100,26 @@ class ToolGuard:
     ) -> list[dict[str, Any]]:
         """The chunks that end a guarded stream, its held part settled (asked again once
         when it cannot be mended)."""
-        settled = guard.settle()
-        if settled.retry is not None and self.repair:
-            again = await self._again(chat, settled.retry, ask)
-            if again is not None:
-                settled = again
-        return guard.finish(settled)
+        return guard.finish(await self._settled(guard.settle(), chat, ask))
 
     def stream(self) -> StreamGuard:
         return StreamGuard(self.offer, self.verdict, repair=self.repair, forced=self.forced)
 
+    async def _settled(self, settled: Settled, chat: dict[str, Any], ask: Ask) -> Settled:
+        """``settled``, or when it asks for a call again, the call asked again beside
+        the valid ones it kept (the first answer's text, with its reason, when the call
+        asked again is no better)."""
+        if settled.retry is None or not self.repair:
+            return settled
+        again = await self._again(chat, settled.retry, ask)
+        if again is None:
+            return settled
+        self.verdict.calls += len(settled.kept)
+        return again.with_calls(settled.kept)
+
     async def _again(self, chat: dict[str, Any], offer: Offer, ask: Ask) -> Settled | None:
-        """The call asked again under the constraint, settled; None when the answer
-        could not be had (the first answer's text stands)."""
+        """The call asked again, settled; None when no valid call could be had (the
+        first answer's text stands, with its reason)."""
         started = time.perf_counter()
         self.verdict.retried = True
         answer = await ask(self.retry_request(chat, offer))
@@ -114,12 +129,15 @@ class ToolGuard:
         message = choice.get("message") if isinstance(choice, dict) else None
         if not isinstance(message, dict):
             return None
-        failed = self.verdict.failed
-        self.verdict.failed = None
-        settled = settle(message, offer, self.verdict, repair=True, forced=True)
-        if settled.retry is not None or self.verdict.failed is not None:
-            self.verdict.failed = self.verdict.failed or failed
+        first = self.verdict.failed
+        verdict = Verdict()
+        settled = settle(message, offer, verdict, repair=True, forced=self.constrained)
+        if settled.retry is not None or verdict.failed is not None or not verdict.calls:
+            self.verdict.failed = first
             return None
+        self.verdict.failed = None
+        self.verdict.calls += verdict.calls
+        self.verdict.repairs.extend(verdict.repairs)
         return settled
 
 
@@ -146,9 +164,9 @@ def tool_guard(
     else:
         mode = policy.mode
     constrained = server_kind in CONSTRAINED_KINDS
-    if offer.choice == "none":
-        return ToolGuard(offer, mode, constrained, repair=False)
-    return ToolGuard(offer, mode, constrained, repair=policy.repair)
+    sampling = dict(LOOP_BREAKER) if server_kind == "llama-server" else {}
+    repair = policy.repair and offer.choice != "none"
+    return ToolGuard(offer, mode, constrained, repair, sampling=sampling)
 
 
 __all__ = ["CONSTRAINED_KINDS", "GUARD_HEADER", "Ask", "ToolGuard", "tool_guard"]

@@ -21,9 +21,12 @@ repaired where the repair loses nothing. Pure.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import functools
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,6 +38,9 @@ from jsonschema.exceptions import SchemaError, best_match
 # much the closest must beat the next for the choice to be unambiguous.
 NAME_CUTOFF: Final = 0.8
 NAME_MARGIN: Final = 0.1
+# Arguments longer than this that are not JSON are not mended (the repair's time grows
+# faster than their length, on the event loop): the call is asked again instead.
+MAX_REPAIR_CHARS: Final = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +75,8 @@ Checked = Valid | Repaired | Unrepairable
 def check_call(name: str, arguments: Any, tools: Mapping[str, Any]) -> Checked:
     """``name`` called with ``arguments`` (a JSON string, or already an object) checked
     against ``tools`` (each offered tool's name to its ``parameters`` schema; None or
-    ``{}`` for a tool without parameters)."""
+    ``{}`` for a tool without parameters). A tool whose parameters cannot be checked
+    (not a JSON Schema, a ``$ref`` that does not resolve) takes any object."""
     repairs: list[str] = []
     offered = _offered_name(name, tools)
     if offered is None:
@@ -77,27 +84,31 @@ def check_call(name: str, arguments: Any, tools: Mapping[str, Any]) -> Checked:
     if offered != name:
         repairs.append("name")
     schema = tools[offered] or {}
-    validator = _validator(schema)
-    if validator is None:
-        return Unrepairable(offered, "the tool's parameters are not a usable JSON Schema")
+    valid = _checker(schema)
     parsed = _parsed(arguments)
-    if isinstance(parsed, dict) and validator.is_valid(parsed):
-        if not repairs and isinstance(arguments, str):
-            return Valid(offered, arguments)
+    if isinstance(parsed, dict) and valid(parsed):
+        if isinstance(arguments, str):
+            if not repairs:
+                return Valid(offered, arguments)
+            return Repaired(offered, arguments, tuple(repairs))  # only the name mended
         return Repaired(offered, _dumps(parsed), tuple(repairs))
     text = arguments if isinstance(arguments, str) else _dumps(arguments)
+    if len(text) > MAX_REPAIR_CHARS and not isinstance(parsed, dict):
+        return Unrepairable(
+            offered, f"the arguments are not JSON, and too long to mend ({len(text)} characters)"
+        )
     if not isinstance(parsed, dict):
         mended = _mend(text, None)
         if not isinstance(mended, dict):
             return Unrepairable(offered, "the arguments are not a JSON object")
         repairs.append("arguments_json")
         parsed = mended
-        if validator.is_valid(parsed):
+        if valid(parsed):
             return Repaired(offered, _dumps(parsed), tuple(repairs))
-    coerced = _mend(_dumps(parsed), schema) if schema else None
-    if isinstance(coerced, dict) and validator.is_valid(coerced):
+    coerced = _mend(_dumps(parsed), schema) if schema and len(text) <= MAX_REPAIR_CHARS else None
+    if isinstance(coerced, dict) and _unicode(coerced) and valid(coerced):
         return Repaired(offered, _dumps(coerced), (*repairs, "arguments_schema"))
-    return Unrepairable(offered, _first_error(validator, parsed))
+    return Unrepairable(offered, _first_error(schema, parsed))
 
 
 def _offered_name(name: str, tools: Mapping[str, Any]) -> str | None:
@@ -119,39 +130,126 @@ def _offered_name(name: str, tools: Mapping[str, Any]) -> str | None:
     return scored[0][1]
 
 
-def _validator(schema: Any) -> Draft202012Validator | None:
-    if not isinstance(schema, dict):
-        return None
+@functools.lru_cache(maxsize=256)
+def _validator_of(text: str) -> Draft202012Validator | None:
     try:
+        schema = json.loads(text)
         Draft202012Validator.check_schema(schema)
-    except SchemaError:
+    except (SchemaError, ValueError, RecursionError):
         return None
     return Draft202012Validator(schema)
 
 
+def _validator(schema: Any) -> Draft202012Validator | None:
+    """The validator of ``schema`` (kept for the schemas seen last: an agent offers the
+    same tools on every turn); None when it is not a JSON Schema."""
+    if not isinstance(schema, dict):
+        return None
+    try:
+        text = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return _validator_of(text)
+
+
+def _checker(schema: Any) -> Callable[[Any], bool]:
+    """Whether an instance validates against ``schema``; where ``schema`` cannot be
+    used (not a JSON Schema, a reference that does not resolve), whether it is an
+    object of JSON."""
+    validator = _validator(schema)
+
+    def valid(instance: Any) -> bool:
+        if not isinstance(instance, dict) or not _unicode(instance):
+            return False
+        if validator is None:
+            return True
+        try:
+            return bool(validator.is_valid(instance))
+        except Exception:  # a schema jsonschema cannot follow: unchecked
+            return True
+
+    return valid
+
+
 def _parsed(arguments: Any) -> Any:
-    """The arguments as JSON, strictly; None when they are not."""
+    """The arguments as JSON, strictly (no ``NaN`` or ``Infinity``, which no JSON
+    parser downstream takes); None when they are not."""
     if not isinstance(arguments, str):
         return arguments
     try:
-        return json.loads(arguments)
+        return json.loads(arguments, parse_constant=_refuse)
     except (ValueError, RecursionError):
         return None
 
 
+def _refuse(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _unicode(value: Any) -> bool:
+    """Whether ``value`` serialises as UTF-8 (no lone surrogate escapes) and holds no
+    ``NaN`` or infinity."""
+    try:
+        json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (ValueError, UnicodeEncodeError, RecursionError, TypeError):
+        return False
+    return True
+
+
 def _mend(text: str, schema: Any) -> Any:
-    """``text`` repaired by ``json_repair`` (against ``schema`` when given: its lossless
-    coercions); None when it cannot be."""
+    """``text`` repaired: as a Python literal first (``True``, ``None``, single quotes:
+    exactly what was meant), else by ``json_repair`` (against ``schema`` when given: its
+    lossless coercions); None when it cannot be."""
+    if schema is None:
+        literal = _literal(text)
+        if literal is not None:
+            return literal
     try:
         if schema:
-            return json_repair.repair_json(text, return_objects=True, schema=schema)
-        return json_repair.repair_json(text, return_objects=True)
+            mended = json_repair.repair_json(text, return_objects=True, schema=schema)
+        else:
+            mended = json_repair.repair_json(text, return_objects=True)
     except (ValueError, TypeError, RecursionError):
         return None
+    return mended if _unicode(mended) else None
 
 
-def _first_error(validator: Draft202012Validator, instance: Any) -> str:
-    error = best_match(validator.iter_errors(instance))
+def _literal(text: str) -> dict[str, Any] | None:
+    """``text`` as a Python dict literal of JSON's kinds of value; None otherwise."""
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return None
+    try:
+        value = ast.literal_eval(stripped)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    json_value = _as_json(value)
+    return json_value if isinstance(json_value, dict) else None
+
+
+def _as_json(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _NOT_JSON
+    if isinstance(value, list | tuple):
+        items = [_as_json(item) for item in value]
+        return _NOT_JSON if any(item is _NOT_JSON for item in items) else items
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        pairs = {key: _as_json(item) for key, item in value.items()}
+        return _NOT_JSON if any(item is _NOT_JSON for item in pairs.values()) else pairs
+    return _NOT_JSON
+
+
+_NOT_JSON: Final = object()
+
+
+def _first_error(schema: Any, instance: Any) -> str:
+    validator = _validator(schema)
+    try:
+        error = best_match(validator.iter_errors(instance)) if validator is not None else None
+    except Exception:  # a schema jsonschema cannot follow
+        error = None
     if error is None:
         return "the arguments do not validate against the tool's parameters"
     where = "/".join(str(p) for p in error.path) or "(the arguments)"

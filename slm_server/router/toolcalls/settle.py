@@ -20,7 +20,7 @@ from typing import Any
 from slm_server.router.toolcalls.extract import TextCall, extract_calls
 from slm_server.router.toolcalls.forcing import forced_call
 from slm_server.router.toolcalls.offer import Offer
-from slm_server.router.toolcalls.repair import Repaired, Unrepairable, Valid, check_call
+from slm_server.router.toolcalls.repair import Repaired, Unrepairable, check_call
 
 
 @dataclass(slots=True)
@@ -43,12 +43,19 @@ class Verdict:
 @dataclass(frozen=True, slots=True)
 class Settled:
     """The message as the client is to see it, its ``finish_reason`` (None: as the
-    backend gave it), and the offer to ask again under a constraint (None: nothing to
-    ask)."""
+    backend gave it), the offer to ask again under a constraint (None: nothing to ask)
+    and, when there is one, the valid calls the answer made beside the one that failed
+    (kept beside the call asked again)."""
 
     message: dict[str, Any]
     finish: str | None
     retry: Offer | None
+    kept: tuple[dict[str, Any], ...] = ()
+
+    def with_calls(self, calls: tuple[dict[str, Any], ...]) -> Settled:
+        """This settled call answer with ``calls`` before its own."""
+        own = tuple(self.message.get("tool_calls") or ())
+        return Settled({**self.message, "tool_calls": [*calls, *own]}, self.finish, None)
 
 
 def settle(
@@ -56,7 +63,8 @@ def settle(
 ) -> Settled:
     """``message`` (an assistant message of chat completions) with its calls settled;
     ``forced``: its content is a constrained call's JSON; ``repair`` False: calls pass as
-    the model wrote them (read out of text where the tools were rendered)."""
+    the model wrote them (read out of text where the tools were rendered). A named
+    choice takes a call to that tool alone."""
     text = message.get("content")
     text = text if isinstance(text, str) else ""
     written = message.get("tool_calls")
@@ -78,23 +86,30 @@ def settle(
         if offer.forced:
             return _failed(message, offer, verdict, "the model answered text, not a call", text)
         return Settled(message, None, None)
+    schemas = offer.schemas
+    if offer.choice == "named" and offer.named is not None:
+        schemas = {offer.named: schemas[offer.named]}
     settled: list[dict[str, Any]] = []
+    broken: Unrepairable | None = None
     for call_id, call in calls:
         if not repair:
             settled.append(_call(call_id, call.name, _as_text(call.arguments)))
             continue
-        checked = check_call(call.name, call.arguments, offer.schemas)
+        checked = check_call(call.name, call.arguments, schemas)
         if isinstance(checked, Unrepairable):
-            retry = offer.only(checked.name) if checked.name in offer.schemas else None
-            if retry is None and offer.forced:
-                retry = offer
-            original = message.get("content")
-            shown = original if isinstance(original, str) and original else _calls_text(calls)
-            return _failed(message, retry, verdict, checked.reason, shown, retry is not None)
+            broken = broken or checked
+            continue
         if isinstance(checked, Repaired):
             verdict.repairs.extend(checked.repairs)
-        assert isinstance(checked, Valid | Repaired)
         settled.append(_call(call_id, checked.name, checked.arguments))
+    if broken is not None:
+        retry = offer.only(broken.name) if broken.name in schemas else None
+        if retry is None and offer.forced:
+            retry = offer
+        original = message.get("content")
+        shown = original if isinstance(original, str) and original else _calls_text(calls)
+        failed = _failed(message, retry, verdict, broken.reason, shown)
+        return Settled(failed.message, failed.finish, failed.retry, tuple(settled))
     verdict.calls += len(settled)
     kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
     out = {**kept, "content": text.strip() or None, "tool_calls": settled}
@@ -102,17 +117,12 @@ def settle(
 
 
 def _failed(
-    message: dict[str, Any],
-    retry: Offer | None,
-    verdict: Verdict,
-    reason: str,
-    text: str,
-    retryable: bool = True,
+    message: dict[str, Any], retry: Offer | None, verdict: Verdict, reason: str, text: str
 ) -> Settled:
     """The answer as text, with the reason; the offer to ask again, when there is one."""
     verdict.failed = reason
     kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
-    return Settled({**kept, "content": text}, "stop", retry if retryable else None)
+    return Settled({**kept, "content": text}, "stop", retry)
 
 
 def _native(written: list[Any]) -> list[tuple[str | None, TextCall]]:

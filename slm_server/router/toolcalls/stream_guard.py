@@ -30,8 +30,8 @@ class StreamGuard:
         self.repair = repair
         self.forced = forced
         self._base: dict[str, Any] = {}
-        self._sent = ""  # text the client has had
-        self._held = ""  # text held since a call may have begun
+        self._began = False  # whether the client has had text that is not blank
+        self._held: list[str] = []  # text held since a call may have begun
         self._holding = forced
         self._calls: dict[int, dict[str, Any]] = {}
         self._finish: str | None = None
@@ -72,9 +72,9 @@ class StreamGuard:
 
     def settle(self) -> Settled:
         """The held part settled: what the client is to see of it."""
-        message: dict[str, Any] = {"role": "assistant", "content": self._held}
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._held)}
         if self._calls:
-            message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
+            message["tool_calls"] = [_joined(self._calls[i]) for i in sorted(self._calls)]
         return settle(message, self.offer, self.verdict, repair=self.repair, forced=self.forced)
 
     def finish(self, settled: Settled) -> list[dict[str, Any]]:
@@ -101,14 +101,15 @@ class StreamGuard:
 
     def _text(self, text: str) -> str:
         """What of ``text`` goes to the client now; the rest is held."""
-        pending = self._held + text
-        if self._holding:
-            self._held = pending
+        if self._holding:  # pieces kept as they came: joined once, at the end
+            self._held.append(text)
             return ""
-        at, sure = hold_from(pending, at_start=not self._sent.strip())
-        shown, self._held = pending[:at], pending[at:]
+        pending = "".join(self._held) + text  # only a marker's first characters, or blanks
+        at, sure = hold_from(pending, at_start=not self._began)
+        shown = pending[:at]
+        self._held = [pending[at:]] if at < len(pending) else []
         self._holding = sure
-        self._sent += shown
+        self._began = self._began or bool(shown.strip())
         return shown
 
     def _call_piece(self, piece: Any) -> None:
@@ -117,7 +118,7 @@ class StreamGuard:
         index = piece.get("index", 0)
         index = index if isinstance(index, int) else 0
         call = self._calls.setdefault(
-            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": []}}
         )
         if isinstance(piece.get("id"), str):
             call["id"] = piece["id"]
@@ -127,15 +128,26 @@ class StreamGuard:
                 call["function"]["name"] += function["name"]
             arguments = function.get("arguments")
             if isinstance(arguments, str):
-                call["function"]["arguments"] += arguments
+                call["function"]["arguments"].append(arguments)
             elif arguments is not None:
-                call["function"]["arguments"] = arguments
+                call["function"]["arguments"] = [arguments]
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
         if finish is not None:
             choice.update(self._extra)
         return {**self._base, "choices": [choice]}
+
+
+def _joined(call: dict[str, Any]) -> dict[str, Any]:
+    """A held call with its pieces of arguments joined (an object, when one came as
+    such, as it came)."""
+    pieces = call["function"]["arguments"]
+    if len(pieces) == 1 and not isinstance(pieces[0], str):
+        arguments: Any = pieces[0]
+    else:
+        arguments = "".join(p for p in pieces if isinstance(p, str))
+    return {**call, "function": {**call["function"], "arguments": arguments}}
 
 
 __all__ = ["StreamGuard"]

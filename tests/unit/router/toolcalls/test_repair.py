@@ -106,7 +106,7 @@ def test_a_misspelled_name_close_to_one_offered_is_that_one(name: str, fixed: st
     checked = check_call(name, '{"city": "Paris"}', TOOLS)
     assert isinstance(checked, Repaired)
     assert checked.name == fixed and checked.repairs == ("name",)
-    assert checked.arguments == '{"city":"Paris"}'
+    assert checked.arguments == '{"city": "Paris"}', "only the name is mended"
 
 
 @pytest.mark.parametrize(
@@ -142,8 +142,53 @@ def test_arguments_given_as_an_object_are_checked_and_serialised() -> None:
     assert checked == Repaired("get_weather", '{"city":"Paris"}', ())
 
 
-def test_a_tool_whose_schema_is_not_one_is_refused_not_raised() -> None:
-    tools = {"odd": {"type": "no-such-type"}}
-    checked = check_call("odd", "{}", tools)
-    assert isinstance(checked, Unrepairable)
-    assert "JSON Schema" in checked.reason
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "no-such-type"},
+        {"$ref": "#/$defs/a~1b", "$defs": {"a~1b": {"type": "object"}}},  # not resolved
+    ],
+)
+def test_a_tool_whose_schema_cannot_be_used_takes_any_object_and_never_raises(
+    schema: dict[str, Any],
+) -> None:
+    tools = {"odd": schema}
+    assert check_call("odd", '{"x": 1}', tools) == Valid("odd", '{"x": 1}')
+    assert isinstance(check_call("odd", "[1]", tools), Unrepairable)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "mended"),
+    [
+        (
+            "{'city': 'Paris', 'note': None, 'hourly': True}",
+            {"city": "Paris", "note": None, "hourly": True},
+        ),
+        ('{"city": "Paris", "days": NaN}', None),  # no number is had from it
+        ('{"city": "\\ud800"}', None),  # a lone surrogate: no UTF-8 for it
+    ],
+)
+def test_python_literals_mean_what_they_say_and_what_json_cannot_carry_is_refused(
+    arguments: str, mended: dict[str, Any] | None
+) -> None:
+    tools = {
+        "t": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        }
+    }
+    checked = check_call("t", arguments, tools)
+    if mended is None:
+        assert not isinstance(checked, Valid)
+        if isinstance(checked, Repaired):
+            value = json.loads(checked.arguments)
+            assert value.get("days") is None or isinstance(value["days"], int)
+            json.dumps(value, allow_nan=False).encode("utf-8")
+    else:
+        assert isinstance(checked, Repaired) and json.loads(checked.arguments) == mended
+
+
+def test_a_long_broken_call_is_not_mended_on_the_event_loop() -> None:
+    broken = '{"city": "' + "x" * 70_000  # cut off: json_repair would take seconds
+    checked = check_call("get_weather", broken, TOOLS)
+    assert isinstance(checked, Unrepairable) and "too long" in checked.reason
