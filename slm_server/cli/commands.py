@@ -43,6 +43,27 @@ def _setup_logging(name: str, settings: Settings) -> None:
     logging_setup.configure(name, settings.telemetry.log_json)
 
 
+_TOOL_MODES = {
+    "native": "left to the chat template",
+    "render": "written into the prompt by the router",
+    "auto": "the template's where llama-server says it takes tools (GET /props), "
+    "else written into the prompt by the router",
+}
+
+
+def _tools_lines(entry: ModelEntry) -> list[str]:
+    """What ``check`` says of an entry's tool policy, and of each alias's own."""
+    lines = []
+    for name in (None, *entry.alias_names):
+        if name is not None and entry.alias_tools(name) is None:
+            continue
+        policy = entry.tool_policy(name)
+        repair = "calls checked and mended" if policy.repair else "calls passed as written"
+        who = "tools" if name is None else f"tools as {name}"
+        lines.append(f"{who}: {policy.mode}, {_TOOL_MODES[policy.mode]}; {repair}")
+    return lines
+
+
 def cmd_check(settings: Settings) -> int:
     """Validate the registry and print each model's launch command; start nothing."""
     path = settings.config_path
@@ -75,6 +96,9 @@ def cmd_check(settings: Settings) -> int:
         spec = by_role[plan.role]
         needed, shown = _footprint(spec.entry, plan.prompt_cache_mb)
         print(f"  memory: {shown}; load: {spec.entry.load}")
+        if spec.entry.model_type in ("lm", "multimodal"):
+            for line in _tools_lines(spec.entry):
+                print("  " + line)
         if plan.slot_cache_key is not None:
             print(f"  prompt cache kept across unloads (key {plan.slot_cache_key})")
         elif spec.entry.backend == "llamacpp" and spec.entry.model_type in ("lm", "multimodal"):

@@ -227,10 +227,12 @@ class ModelEntry(BaseModel):
     def tool_policy(self, alias: str | None) -> ToolPolicy:
         """The tool-call policy for requests naming this entry by its id (``alias``
         None) or by one of its aliases (the alias's fields over the entry's)."""
-        if alias is None:
-            return self.tools
-        found = next((a.tools for a in self.aliases if a.name == alias), None)
+        found = None if alias is None else self.alias_tools(alias)
         return self.tools if found is None else found.over(self.tools)
+
+    def alias_tools(self, name: str) -> ToolPolicy | None:
+        """The tool policy alias ``name`` writes over the entry's (None: none)."""
+        return next((a.tools for a in self.aliases if a.name == name), None)
 
     @field_validator("url")
     @classmethod

@@ -1391,3 +1391,55 @@ def test_a_code_example_that_names_a_tool_stays_text(
     assert answer.text == EXAMPLE
     assert answer.ended == "stop"
     assert REPAIRS not in answer.headers and FAILED not in answer.headers
+
+
+# ---------------------------------------------------------------- what is counted and shown
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The value of one sample of the router's ``/metrics`` (0 when absent)."""
+    text = one_shot.get(f"{url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        shown = dict(
+            part.split("=", 1) for part in line[len(name) + 1 : line.index("}")].split(",")
+        )
+        if all(shown.get(k) == f'"{v}"' for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_repairs_and_retries_are_counted_listed_and_shown_and_the_models_say_the_policy(
+    llama: Stack,
+) -> None:
+    answers = "slm_tool_answers_total"
+    before = {
+        outcome: metric(llama.url, answers, model=AGENT, outcome=outcome)
+        for outcome in ("valid", "repaired", "retried")
+    }
+    fixed = metric(llama.url, "slm_tool_repairs_total", model=AGENT, repair="arguments_json")
+    llama.agent.script(**weather(VALID))
+    ask(llama.url, "chat", "whole")
+    llama.agent.script(**weather("{'city': 'Paris'}"))
+    ask(llama.url, "chat", "whole")
+    llama.agent.script(**weather('{"days": 3}'))  # no city: asked again
+    ask(llama.url, "chat", "whole")
+    for outcome in before:
+        after = metric(llama.url, answers, model=AGENT, outcome=outcome)
+        assert after == before[outcome] + 1, outcome
+    assert metric(llama.url, "slm_tool_repairs_total", model=AGENT, repair="arguments_json") == (
+        fixed + 1
+    )
+    recent = one_shot.get(f"{llama.url}/v1/ui/requests", timeout=10).json()["data"]
+    assert [r["tools"] for r in recent[:3]] == [
+        "native retried calls=1",
+        "native repaired calls=1 repairs=arguments_json",
+        "native valid calls=1",
+    ]
+    llama.untemplated.script(props={"chat_template_caps": {"supports_tools": False}})
+    listed = {m["id"]: m for m in one_shot.get(f"{llama.url}/v1/models", timeout=10).json()["data"]}
+    assert listed[AGENT]["tools"] == {"mode": "auto", "repair": True, "applies": "native"}
+    assert listed[RAW]["tools"] == {"mode": "auto", "repair": False, "applies": "native"}
+    assert listed[RENDERED]["tools"] == {"mode": "render", "repair": True, "applies": "render"}
+    assert listed[UNTEMPLATED]["tools"]["applies"] == "render"

@@ -18,6 +18,7 @@ from slm_server.router.call.admission import Gate
 from slm_server.router.call.backend_state import StateSource
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.reload.in_force import InForce
+from slm_server.router.toolcalls.template_caps import TemplateCaps
 from slm_server.router.upstream.client import Transport
 from slm_server.router.watchdog.tripwire import Tripwire
 
@@ -48,6 +49,7 @@ class Info:
         self.tripwire = tripwire
         self.states = states
         self.started = int(time.time())
+        self.caps = TemplateCaps(upstream, states)
 
     def describe(self, spec: ModelSpec, name: str | None = None) -> dict[str, Any]:
         """One model as ``GET /v1/models/{id}`` shows it, by its id or, when ``name`` is
@@ -116,16 +118,39 @@ class Info:
         data = []
         for spec in self.registry.entries:
             model = self._model(spec)
+            model["tools"] = await self.tools(spec, None)
             data.append(model)
             if self.list_aliases:
-                data.extend(_as_alias(model, name) for name in spec.entry.alias_names)
+                for name in spec.entry.alias_names:
+                    data.append({**_as_alias(model, name), "tools": await self.tools(spec, name)})
         return JSONResponse({"object": "list", "data": data})
 
     async def model(self, request: Request) -> JSONResponse:
         """``GET /v1/models/{id}``: one enabled model by its id or an alias (which may
         contain ``/``); 404 ``model_not_found`` when there is none."""
         model_id: str = request.path_params["model_id"]
-        return JSONResponse(self.describe(self.registry.lookup(model_id), model_id))
+        spec = self.registry.lookup(model_id)
+        model = self.describe(spec, model_id)
+        alias = model_id if model_id in spec.entry.alias_names else None
+        model["tools"] = await self.tools(spec, alias)
+        return JSONResponse(model)
+
+    async def tools(self, spec: ModelSpec, alias: str | None) -> dict[str, Any] | None:
+        """A text model's tool policy as named by ``alias`` (None: by its id), and the
+        mode that applies (``auto`` decided by the running backend's template; None
+        while no process runs to say); None for other models."""
+        entry = spec.entry
+        if entry.model_type not in ("lm", "multimodal"):
+            return None
+        policy = entry.tool_policy(alias)
+        applies: str | None = policy.mode
+        if policy.mode == "auto":
+            planned = self.states.planned(spec.role, entry.port)
+            kind = planned.kind if planned is not None else None
+            running = entry.remote or (planned is not None and planned.state == "ready")
+            takes = await self.caps.takes_tools(spec, kind) if running else None
+            applies = None if not running else "render" if takes is False else "native"
+        return {"mode": policy.mode, "repair": policy.repair, "applies": applies}
 
     async def backends_health(self, _request: Request) -> JSONResponse:
         """``GET /v1/backends/health``: every backend probed at once, keyed by role."""

@@ -119,6 +119,35 @@ class Exchange:
     prompt_read: tuple[int, int] | None = None
 
     @property
+    def tool_outcome(self) -> str | None:
+        """What became of a guarded request's calls, in one word: ``text`` (a call was
+        due or made and could not be had: the answer is text, with the reason),
+        ``retried`` (a call asked again made it), ``repaired``, ``valid``, ``no_call``
+        (the model answered text where it could); None for a request not guarded."""
+        if self.tool_mode is None:
+            return None
+        if self.tool_failed is not None:
+            return "text"
+        if self.tool_retried:
+            return "retried"
+        if self.tool_repairs:
+            return "repaired"
+        return "valid" if self.tool_calls else "no_call"
+
+    @property
+    def tool_summary(self) -> str | None:
+        """The guard's work on this request in a few words, for the dashboard and the
+        access line: ``render valid calls=1``, ``native repaired calls=2
+        repairs=name,arguments_json``...; None for a request not guarded."""
+        outcome = self.tool_outcome
+        if outcome is None:
+            return None
+        summary = f"{self.tool_mode} {outcome} calls={self.tool_calls}"
+        if self.tool_repairs:
+            summary += " repairs=" + ",".join(dict.fromkeys(self.tool_repairs))
+        return summary
+
+    @property
     def emit_path(self) -> str:
         """One distinct value per emit site: chat, completions, responses, messages,
         count_tokens, embeddings, rerank, image_generations, image_edits,

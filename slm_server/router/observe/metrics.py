@@ -187,6 +187,20 @@ ROUTED: Final = (
     ["model", "replica", "rule"],
 )
 
+TOOL_ANSWERS: Final = (
+    "slm_tool_answers_total",
+    "Answers to requests offering tools whose calls the router settled, by what became of "
+    "them: valid, repaired, retried (asked again under a constraint), text (no valid call "
+    "could be had), no_call.",
+    ["model", "mode", "outcome"],
+)
+TOOL_REPAIRS: Final = (
+    "slm_tool_repairs_total",
+    "Repairs made to the models' tool calls, by kind (name, arguments_json, "
+    "arguments_schema, extracted).",
+    ["model", "repair"],
+)
+
 _F = TypeVar("_F", Counts, Spread)
 
 
@@ -213,6 +227,8 @@ class Metrics:
         self.queue_wait = family(Spread(*QUEUE_WAIT))
         self.watchdog_failures = family(Counts(*WATCHDOG_FAILURES))
         self.routed = family(Counts(*ROUTED))
+        self.tool_answers = family(Counts(*TOOL_ANSWERS))
+        self.tool_repairs = family(Counts(*TOOL_REPAIRS))
         self.registry.register(_Families(families))
         self.registry.register(LiveState(registry, states, self.live))
 
@@ -242,6 +258,11 @@ class Metrics:
         rule = exchange.routing_rule
         if rule is not None and exchange.spec is not None:
             self.routed.inc((model, str(exchange.spec.replica), rule))
+        tools = exchange.tool_outcome
+        if tools is not None:
+            self.tool_answers.inc((model, exchange.tool_mode or "", tools))
+            for repair in exchange.tool_repairs:
+                self.tool_repairs.inc((model, repair))
         first = exchange.time_to_first_chunk
         if first is not None:
             self.first_token.observe(by_model, first)

@@ -253,6 +253,10 @@ class RequestObserver:
             seconds = round(exchange.recovery_seconds or 0.0, 3)
             fields.update(recovery=recovery, recovery_seconds=seconds)
             message += f" recovery={recovery} recovery_seconds={seconds:g}"
+        tools = exchange.tool_summary
+        if tools is not None:  # the router settled the answer's tool calls
+            fields["tools"] = tools
+            message += f" tools={tools.replace(' ', ';')}"
         if exchange.dropped_tools:
             fields["dropped_tools"] = list(exchange.dropped_tools)
             message += f" dropped_tools={','.join(exchange.dropped_tools)}"

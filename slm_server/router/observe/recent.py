@@ -33,6 +33,7 @@ FIELDS: Final = (
     "error_type",
     "replica",
     "prefix_match_chars",
+    "tools",
 )
 
 Row = tuple[
@@ -51,6 +52,7 @@ Row = tuple[
     str | None,
     str | None,
     int | None,
+    str | None,
 ]
 
 
@@ -116,6 +118,7 @@ class RecentRequests:
                 # An entry with replicas: the one that served it, and its prefix match.
                 spec.role if spec is not None and exchange.routing_rule is not None else None,
                 exchange.prefix_match_chars,
+                exchange.tool_summary,
             )
         )
 

@@ -139,6 +139,11 @@ ROUTING_RULE: Final = "slm.routing.rule"
 PREFIX_MATCH: Final = "slm.routing.prefix_match_chars"
 RECOVERY: Final = "slm.recovery"
 RECOVERY_SECONDS: Final = "slm.recovery.seconds"
+TOOL_MODE: Final = "slm.tools.mode"
+TOOL_OUTCOME: Final = "slm.tools.outcome"
+TOOL_CALLS: Final = "slm.tools.calls"
+TOOL_REPAIRS: Final = "slm.tools.repairs"
+TOOL_FAILED: Final = "slm.tools.failed_reason"
 
 
 def _package_version() -> str:
@@ -528,10 +533,17 @@ def span_attributes(exchange: Exchange) -> dict[str, Any]:
         (HTTP_STATUS, exchange.status),
         (RECOVERY, exchange.recovery),
         (RECOVERY_SECONDS, exchange.recovery_seconds),
+        (TOOL_MODE, exchange.tool_mode),
+        (TOOL_OUTCOME, exchange.tool_outcome),
+        (TOOL_FAILED, exchange.tool_failed),
     )
     for key, value in optional:
         if value is not None:
             attributes[key] = value
     if exchange.finish_reasons:
         attributes[FINISH_REASONS] = tuple(exchange.finish_reasons)
+    if exchange.tool_mode is not None:
+        attributes[TOOL_CALLS] = exchange.tool_calls
+        if exchange.tool_repairs:
+            attributes[TOOL_REPAIRS] = tuple(dict.fromkeys(exchange.tool_repairs))
     return attributes

@@ -282,7 +282,14 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
     argv_lines = [
         shlex.split(line)
         for line in lines
-        if line.startswith("  ") and not line.startswith(("  memory: ", "  prompt cache "))
+        if line.startswith("  ")
+        and not line.startswith(("  memory: ", "  prompt cache ", "  tools: "))
+    ]
+    # The chat model's tool policy is said (the default: auto, repaired); not the embedder's.
+    tools = [line for line in lines if line.startswith("  tools")]
+    assert tools == [
+        "  tools: auto, the template's where llama-server says it takes tools "
+        "(GET /props), else written into the prompt by the router; calls checked and mended"
     ]
     # The chat model's slots are kept (its empty stand-in file cannot be read for a
     # sliding window); the embedder has no conversation to keep.

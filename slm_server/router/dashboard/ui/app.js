@@ -187,7 +187,7 @@ function renderRequests(list) {
     const named = r.alias ? r.alias + " \u2192 " + r.model : r.model;
     const model = r.replica ? named + " (" + r.replica + ")" : named;
     for (const value of [time, model, r.endpoint, r.status, r.queue_seconds,
-      r.ttft_seconds, r.duration_seconds, tokens]) {
+      r.ttft_seconds, r.duration_seconds, tokens, r.tools]) {
       row.appendChild(el("td", dash(value)));
     }
     return row;
