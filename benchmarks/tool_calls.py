@@ -30,13 +30,14 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 from jsonschema import Draft202012Validator
 
 from benchmarks.machine import ROOT
 from benchmarks.tool_cases import Case, cases
 from tests.integration.real_stack import example_registry, llama_server_bin
-from tests.integration.watched import watched
+from tests.integration.watched import fake_entry, watched
 from tests.processes import free_port
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -148,36 +149,44 @@ def run_real(count: int, workdir: Path, say: Callable[[str], None]) -> list[dict
         oc = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="x", max_retries=0, timeout=300)
         ac = anthropic.Anthropic(base_url=stack.url, api_key="x", max_retries=0, timeout=300)
         for model in MODELS:
-            for shape in SHAPES:
-                for stream in (False, True):
-                    seconds: list[float] = []
-                    failed: list[str] = []
-                    retried = repaired = 0
-                    for case in chosen:
+            # Each case through every shape and mode in turn: the six requests are one
+            # prompt to llama-server, read once and then from its prompt cache.
+            seconds: dict[tuple[str, bool], list[float]] = {}
+            failed: dict[tuple[str, bool], list[str]] = {}
+            retried: dict[tuple[str, bool], int] = {}
+            repaired: dict[tuple[str, bool], int] = {}
+            for case in chosen:
+                for shape in SHAPES:
+                    for stream in (False, True):
+                        key = (shape, stream)
                         started = time.perf_counter()
                         name, arguments, headers = ask(shape, stream, model, case, oc, ac)
-                        seconds.append(time.perf_counter() - started)
+                        seconds.setdefault(key, []).append(time.perf_counter() - started)
                         why = judge(case, name, arguments)
                         if why is not None:
-                            failed.append(f"{case.target}: {why}")
+                            failed.setdefault(key, []).append(f"{case.target}: {why}")
                         repairs = headers.get("x-slm-tool-repairs", "")
-                        retried += "retried" in repairs
-                        repaired += bool(repairs)
-                    row = {
+                        retried[key] = retried.get(key, 0) + ("retried" in repairs)
+                        repaired[key] = repaired.get(key, 0) + bool(repairs)
+            for shape in SHAPES:
+                for stream in (False, True):
+                    key = (shape, stream)
+                    lost = failed.get(key, [])
+                    row: dict[str, Any] = {
                         "model": model,
                         "shape": shape,
                         "stream": stream,
                         "cases": len(chosen),
-                        "valid": len(chosen) - len(failed),
-                        "failed": failed,
-                        "retried": retried if not stream else None,
-                        "repaired": repaired if not stream else None,
-                        "median_seconds": statistics.median(seconds),
+                        "valid": len(chosen) - len(lost),
+                        "failed": lost,
+                        "retried": None if stream else retried.get(key, 0),
+                        "repaired": None if stream else repaired.get(key, 0),
+                        "median_seconds": statistics.median(seconds[key]),
                     }
                     say(
                         f"  {model} {shape} {'stream' if stream else 'whole'}: "
                         f"{row['valid']}/{len(chosen)} valid, median {row['median_seconds']:.2f} s"
-                        + (f" — {'; '.join(failed)[:400]}" if failed else "")
+                        + (f" — {'; '.join(lost)[:400]}" if lost else "")
                     )
                     rows.append(row)
         backend_failures = len(stack.events("backend_failure"))
@@ -185,12 +194,97 @@ def run_real(count: int, workdir: Path, say: Callable[[str], None]) -> list[dict
     return rows
 
 
+COST_REQUESTS = 200
+VALID_CALL = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}
+# A call that cannot be mended (no city): asked again, the fake answering under the schema.
+BROKEN_CALL = {"name": "get_weather", "arguments": '{"unit": "celsius"}'}
+RETRY_ANSWER = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+
+
+def run_cost(requests: int, workdir: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """Seconds per whole chat request with a tool call, through the router to the fake
+    llama-server (published as llama-server, so the forced and retried paths are the
+    real ones): the guard off, on with a valid call, on with a call asked again."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    models = {"agent": fake_entry(workdir, "agent", default_timeout=30)}
+    found: dict[str, Any] = {}
+    with (
+        watched(workdir, models, SLM_OTEL_ENABLED="false") as stack,
+        httpx.Client(trust_env=False, timeout=30) as http,
+    ):
+        control = f"http://127.0.0.1:{stack.port('agent')}/_control"
+        url = f"{stack.url}/v1/chat/completions"
+        body = {
+            "model": "fake-agent",
+            "messages": [{"role": "user", "content": "Weather?"}],
+            "tools": tools,
+        }
+        kinds: tuple[tuple[str, dict[str, Any], dict[str, str]], ...] = (
+            ("guard_off", {"tool_calls": [VALID_CALL]}, {"x-slm-tool-guard": "off"}),
+            ("valid_call", {"tool_calls": [VALID_CALL]}, {}),
+            (
+                "retried_call",
+                {
+                    "tool_calls": [BROKEN_CALL],
+                    "body_lacks": "json_schema",
+                    "reply": RETRY_ANSWER,
+                    "chunks": 1,
+                    "chunk_text": RETRY_ANSWER,
+                },
+                {},
+            ),
+        )
+        for _round in range(3):
+            for kind, script, headers in kinds:
+                http.post(control, json=script).raise_for_status()
+                for _ in range(20):  # warm
+                    http.post(url, json=body, headers=headers).raise_for_status()
+                times = []
+                for _ in range(requests):
+                    started = time.perf_counter()
+                    answer = http.post(url, json=body, headers=headers)
+                    times.append(time.perf_counter() - started)
+                    assert answer.status_code == 200, answer.text[:200]
+                    calls = answer.json()["choices"][0]["message"].get("tool_calls")
+                    assert calls, answer.text[:300]
+                    if kind == "retried_call":
+                        assert "retried" in answer.headers.get("x-slm-tool-repairs", "")
+                found.setdefault(kind, []).append(statistics.median(times))
+        found["backend_failures"] = len(stack.events("backend_failure"))
+    for kind, *_ in kinds:
+        say(f"  {kind}: median {min(found[kind]) * 1000:.2f} ms per request (best of 3 rounds)")
+    return found
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--cases", type=int, default=100)
+    parser.add_argument("--cost-only", action="store_true")
     args = parser.parse_args(argv)
     with TemporaryDirectory() as tmp:
-        rows = run_real(args.cases, Path(tmp), lambda line: print(line, flush=True))
+        cost = run_cost(COST_REQUESTS, Path(tmp), say)
+    if args.cost_only:
+        day = time.strftime("%Y-%m-%d")
+        (RESULTS / f"tool_calls_cost-{day}.json").write_text(json.dumps(cost, indent=1) + "\n")
+        return 0
+    with TemporaryDirectory() as tmp:
+        rows = run_real(args.cases, Path(tmp), say)
     if args.cases == 100:
         day = time.strftime("%Y-%m-%d")
         (RESULTS / f"tool_calls-{day}.json").write_text(json.dumps(rows, indent=1) + "\n")
