@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -12,13 +13,13 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from slm_server.contracts import engine_paths
-from slm_server.errors import BackendTimeout, GatewayError
+from slm_server.errors import BackendTimeout, ClientDisconnected, GatewayError
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.gathered import ChatGathering
 from slm_server.router.answer.reply import Replies
 from slm_server.router.answer.tool_answers import ToolAnswers
 from slm_server.router.answer.translation import Translation
-from slm_server.router.call.admitted_call import Call
+from slm_server.router.call.admitted_call import Call, Deadline
 from slm_server.router.toolcalls.guard import GUARD_HEADER, tool_guard
 from slm_server.router.toolcalls.template_caps import TemplateCaps
 from slm_server.router.upstream.client import UpstreamResponse, iter_sse
@@ -26,6 +27,8 @@ from slm_server.router.upstream.sender import Sender
 from slm_server.router.upstream.sse import is_report
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 
+# How long before the call's deadline a call asked again must end (at most).
+RETRY_MARGIN_SECONDS = 2.0
 # An opened backend response, its stall timer and its progress record.
 Opened = tuple[UpstreamResponse, StallTimer, Progress | None]
 
@@ -120,7 +123,21 @@ class Relay:
         """``chat`` sent to the call's backend as a stream and gathered whole (a call
         asked again: judged as any stream is, its deadline the call's); None when no
         answer could be had."""
-        again = replace(call, judged=False, gathered=True, watch_progress=reports, keepalive=None)
+        remaining = call.deadline.remaining()
+        margin = min(RETRY_MARGIN_SECONDS, max(0.25, remaining * 0.1))
+        if remaining - margin <= 0:
+            return None  # no time left to ask: the first answer stands
+        # Ends before the call's own deadline, so that the first answer can still be
+        # given, and that deadline never cuts the call while its backend is asked again.
+        deadline = Deadline(remaining - margin, asyncio.get_running_loop().time)
+        again = replace(
+            call,
+            deadline=deadline,
+            judged=False,
+            gathered=True,
+            watch_progress=reports,
+            keepalive=None,
+        )
         body = {**chat, "stream": True, "stream_options": {"include_usage": True}}
         if reports:
             body["return_progress"] = True
@@ -128,6 +145,8 @@ class Relay:
         sent = json.dumps(body, ensure_ascii=False).encode()
         try:
             upstream, timer = await self.sender.open(again, engine_paths.CHAT, sent, None)
+        except ClientDisconnected:
+            raise
         except GatewayError:
             return None
         gathering = ChatGathering(self.sender.max_answer)
@@ -145,6 +164,8 @@ class Relay:
                         gathering.feed(chunk)
 
             await self.sender.guard(again, gather(), None)
+        except ClientDisconnected:
+            raise  # the client left: nothing more is written to it
         except GatewayError:
             return None
         finally:

@@ -22,7 +22,6 @@ class ToolAnswers:
         self.chat = chat
         self.ask = ask
         self.exchange = exchange
-        exchange.tool_mode = guard.mode
 
     async def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
         settled = await self.guard.whole(chat, self.chat, self.ask)
@@ -40,6 +39,7 @@ class ToolAnswers:
 
     def _note(self) -> None:
         verdict, exchange = self.guard.verdict, self.exchange
+        exchange.tool_mode = self.guard.label
         exchange.tool_calls = verdict.calls
         exchange.tool_repairs = tuple(verdict.repairs)
         exchange.tool_retried = verdict.retried

@@ -76,6 +76,10 @@ class HeldStream(Protocol):
         """The chunks to send now for one of the backend's."""
         ...
 
+    def unsettled(self) -> list[dict[str, Any]]:
+        """What was held, as text, for a stream that ends in an error."""
+        ...
+
 
 class Tools(Protocol):
     """What settles an answer's tool calls (:class:`~.tool_answers.ToolAnswers`)."""
@@ -161,6 +165,9 @@ class ChatTranslation(ABC, Generic[S]):
             error = chunk.get("error")
             if error is not None:
                 exchange.error_type = "backend_stream_error"
+                for shown in held.unsettled() if held is not None else ():
+                    for event in translator.feed(shown):
+                        yield event
                 for event in self.failed(error):
                     yield event
                 return

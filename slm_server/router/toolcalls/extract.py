@@ -25,6 +25,7 @@ from typing import Any, Final
 import json_repair
 
 from slm_server.router.toolcalls.render import CLOSE, OPEN
+from slm_server.router.toolcalls.repair import MAX_REPAIR_CHARS
 
 _FENCE: Final = re.compile(r"```([a-zA-Z_]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 # Where a call may begin: the tag, or a code block (of JSON: these languages, or none).
@@ -141,6 +142,8 @@ def _loads(text: str) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError):
         pass
+    if len(text) > MAX_REPAIR_CHARS:
+        return None  # json_repair's time grows faster than the text: not on the loop
     try:
         return json_repair.repair_json(text, return_objects=True)
     except (ValueError, TypeError, RecursionError):

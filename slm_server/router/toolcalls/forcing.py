@@ -22,9 +22,11 @@ SCHEMA_NAME: Final = "tool_call"
 # run out (Gemma 3 270M: 11 of 100 forced calls at the pin; 7 with it).
 LOOP_BREAKER: Final = {"dry_multiplier": 0.8}
 
-# The JSON Schema keywords llama.cpp's grammar conversion reads; a tool whose
-# parameters use others (or none at all) is constrained to an object and checked after.
-_KNOWN: Final = frozenset(
+# What of a tool's parameters goes into the grammar: the keywords llama.cpp's
+# conversion reads and cannot fail on. Every other one is left out of the grammar (a
+# ``pattern`` it cannot read fails the conversion; a large bound makes the grammar as
+# large), and the call is checked against the whole schema after.
+_STRUCTURE: Final = frozenset(
     {
         "type",
         "properties",
@@ -40,26 +42,15 @@ _KNOWN: Final = frozenset(
         "$ref",
         "$defs",
         "definitions",
-        "minItems",
-        "maxItems",
-        "minLength",
-        "maxLength",
         "minimum",
         "maximum",
         "exclusiveMinimum",
         "exclusiveMaximum",
-        "description",
-        "title",
-        "default",
-        "examples",
-        "$schema",
-        "$id",
-        "format",
-        "pattern",
-        "nullable",
-        "strict",
     }
 )
+_BOUNDS: Final = frozenset({"minItems", "maxItems", "minLength", "maxLength"})
+MAX_BOUND: Final = 64
+MAX_DEPTH: Final = 32
 
 
 def call_schema(offer: Offer) -> dict[str, Any]:
@@ -97,9 +88,8 @@ def forced_call(text: str) -> tuple[str, Any] | None:
 
 
 def _branch(tool: Tool) -> dict[str, Any]:
-    convertible = _convertible(tool.parameters)
-    arguments = _closed(tool.parameters) if convertible else {"type": "object"}
-    if not arguments:
+    arguments = _grammar(tool.parameters, 0, closing=True)
+    if not isinstance(arguments, dict) or not arguments:
         arguments = {"type": "object"}
     return {
         "type": "object",
@@ -109,51 +99,37 @@ def _branch(tool: Tool) -> dict[str, Any]:
     }
 
 
-def _closed(schema: Any) -> Any:
-    """``schema`` with every object that lists its properties and says nothing of others
-    closed to them (``additionalProperties: false``, as OpenAI's strict mode does): a
-    small model under a grammar that lets it add properties loops in one until its
-    tokens run out. (Not inside ``allOf``, whose branches would then refuse each
-    other's properties.)"""
-    if not isinstance(schema, dict):
-        return schema
-    closed: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            closed[key] = {name: _closed(part) for name, part in value.items()}
-        elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
-            closed[key] = [_closed(part) for part in value]
-        elif key == "items":
-            closed[key] = _closed(value)
-        else:
-            closed[key] = value
-    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
-        closed["additionalProperties"] = False
-    return closed
-
-
-def _convertible(schema: Any, depth: int = 0) -> bool:
-    """Whether the grammar conversion reads every keyword of ``schema``."""
-    if depth > 32:
-        return False
+def _grammar(schema: Any, depth: int, *, closing: bool) -> Any:
+    """What of ``schema`` goes into the grammar (:data:`_STRUCTURE`, and bounds up to
+    :data:`MAX_BOUND`); every object that lists its properties and says nothing of
+    others closed to them (``additionalProperties: false``, as OpenAI's strict mode
+    does: a small model under a grammar that lets it add properties loops in one until
+    its tokens run out) unless ``closing`` is off (inside ``allOf``, whose branches
+    would refuse each other's properties)."""
     if isinstance(schema, bool):
-        return True
-    if not isinstance(schema, dict):
-        return False
+        return schema
+    if not isinstance(schema, dict) or depth > MAX_DEPTH:
+        return {}
+    kept: dict[str, Any] = {}
     for key, value in schema.items():
-        if key not in _KNOWN:
-            return False
-        if key in ("properties", "$defs", "definitions"):
-            parts = list(value.values()) if isinstance(value, dict) else None
-        elif key in ("anyOf", "oneOf", "allOf", "prefixItems"):
-            parts = value if isinstance(value, list) else None
-        elif key in ("items", "additionalProperties"):
-            parts = [value]
-        else:
+        if key in _BOUNDS:
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BOUND:
+                kept[key] = value
+        elif key not in _STRUCTURE:
             continue
-        if parts is None or not all(_convertible(v, depth + 1) for v in parts):
-            return False
-    return True
+        elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            kept[key] = {n: _grammar(v, depth + 1, closing=closing) for n, v in value.items()}
+        elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
+            kept[key] = [_grammar(v, depth + 1, closing=closing) for v in value]
+        elif key == "allOf" and isinstance(value, list):
+            kept[key] = [_grammar(v, depth + 1, closing=False) for v in value]
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            kept[key] = _grammar(value, depth + 1, closing=closing)
+        else:
+            kept[key] = value
+    if closing and isinstance(kept.get("properties"), dict) and "additionalProperties" not in kept:
+        kept["additionalProperties"] = False
+    return kept
 
 
 __all__ = ["LOOP_BREAKER", "SCHEMA_NAME", "call_schema", "constrain", "forced_call"]

@@ -28,7 +28,8 @@ from slm_server.router.toolcalls.stream_guard import StreamGuard
 # The request header that turns the guard off for one request.
 GUARD_HEADER: Final = b"x-slm-tool-guard"
 # The servers that decode under a JSON schema (``response_format``).
-CONSTRAINED_KINDS: Final = frozenset({"llama-server", "llama_cpp.server"})
+# (llama-cpp-python's server reads only ``json_object`` with a schema: not among them.)
+CONSTRAINED_KINDS: Final = frozenset({"llama-server"})
 
 Mode = Literal["native", "render"]
 # Sends a chat request (rendered and constrained) to the backend: its whole answer,
@@ -49,6 +50,12 @@ class ToolGuard:
     # What a constrained request adds to the sampling (llama-server's loop breaker).
     sampling: dict[str, Any] = field(default_factory=dict)
     retry_seconds: float | None = None
+
+    @property
+    def label(self) -> str:
+        """The mode as metrics and spans name it: ``forced`` for a call decoded under
+        the schema (rendered whatever the mode), else the mode."""
+        return "forced" if self.forced else self.mode
 
     @property
     def forced(self) -> bool:
@@ -87,7 +94,10 @@ class ToolGuard:
         message = choice.get("message")
         if not isinstance(message, dict):
             return answer
-        settled = settle(message, self.offer, self.verdict, repair=self.repair, forced=self.forced)
+        cut = choice.get("finish_reason") == "length"
+        settled = settle(
+            message, self.offer, self.verdict, repair=self.repair, forced=self.forced, cut=cut
+        )
         settled = await self._settled(settled, chat, ask)
         finish = settled.finish or choice.get("finish_reason")
         return {
@@ -113,6 +123,15 @@ class ToolGuard:
             return settled
         again = await self._again(chat, settled.retry, ask)
         if again is None:
+            if settled.kept:  # the valid calls go on without the one that failed
+                self.verdict.calls += len(settled.kept)
+                self.verdict.repairs.append("dropped")
+                self.verdict.failed = None
+                return Settled(
+                    {**settled.message, "content": None, "tool_calls": list(settled.kept)},
+                    "tool_calls",
+                    None,
+                )
             return settled
         self.verdict.calls += len(settled.kept)
         return again.with_calls(settled.kept)
@@ -156,13 +175,13 @@ def tool_guard(
     offer = offer_of(chat)
     if offer is None or chat.get("n", 1) != 1:
         return None
-    if offer.choice == "none" and policy.mode != "render":
-        return None
     mode: Mode
     if policy.mode == "auto":
         mode = "render" if template_takes_tools is False else "native"
     else:
         mode = policy.mode
+    if offer.choice == "none" and mode != "render":
+        return None
     constrained = server_kind in CONSTRAINED_KINDS
     sampling = dict(LOOP_BREAKER) if server_kind == "llama-server" else {}
     repair = policy.repair and offer.choice != "none"

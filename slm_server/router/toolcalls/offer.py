@@ -33,6 +33,7 @@ class Offer:
     tools: tuple[Tool, ...]
     choice: Choice
     named: str | None = None
+    parallel: bool = True  # several calls in one answer (``parallel_tool_calls``)
 
     @property
     def schemas(self) -> dict[str, Any]:
@@ -52,7 +53,7 @@ class Offer:
 
     def only(self, name: str) -> Offer:
         """This offer forced to call ``name``."""
-        return Offer(self.tools, "named", name)
+        return Offer(self.tools, "named", name, self.parallel)
 
 
 def offer_of(chat: dict[str, Any]) -> Offer | None:
@@ -77,16 +78,17 @@ def offer_of(chat: dict[str, Any]) -> Offer | None:
         )
     if not offered:
         return None
+    parallel = chat.get("parallel_tool_calls") is not False
     choice = chat.get("tool_choice", "auto")
     if choice in ("auto", "none", "required"):
-        return Offer(tuple(offered), choice)
+        return Offer(tuple(offered), choice, None, parallel)
     if isinstance(choice, dict):
         function = choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         if isinstance(name, str) and any(tool.name == name for tool in offered):
-            return Offer(tuple(offered), "named", name)
+            return Offer(tuple(offered), "named", name, parallel)
         return None
-    return Offer(tuple(offered), "auto")
+    return Offer(tuple(offered), "auto", None, parallel)
 
 
 __all__ = ["Choice", "Offer", "Tool", "offer_of"]

@@ -39,6 +39,7 @@ _HOW: Final = (
     '<tool_call>\n{"name": "<function name>", "arguments": {<arguments>}}\n</tool_call>'
 )
 _MUST: Final = "\n\nAnswer with a function call now, and nothing else."
+_ONE: Final = "\n\nCall at most one function in your answer."
 _MUST_NAMED: Final = "\n\nAnswer with a call to the function {name} now, and nothing else."
 
 
@@ -46,6 +47,8 @@ def tools_text(offer: Offer) -> str:
     """The system text that offers ``offer``'s tools and says how to call them."""
     lines = "".join(_describe(tool) + "\n" for tool in offer.tools)
     text = _PREAMBLE + lines + _HOW
+    if not offer.parallel:
+        text += _ONE
     if offer.choice == "required":
         text += _MUST
     elif offer.choice == "named":
@@ -83,28 +86,33 @@ def _describe(tool: Tool) -> str:
 
 
 def _turns(messages: list[Any]) -> list[Any]:
-    """The messages with calls and results as text."""
+    """The messages with calls and results as text (new turns; the client's are not
+    changed)."""
     names: dict[str, str] = {}  # a call's id to its function's name
     turns: list[Any] = []
+    results_at: int | None = None  # the index of the turn of results being written
     for message in messages:
         if not isinstance(message, dict):
             turns.append(message)
+            results_at = None
             continue
         role = message.get("role")
+        if role == "tool":
+            response = _response(message, names)
+            if results_at is not None:
+                turns[results_at] = {
+                    "role": "user",
+                    "content": f"{turns[results_at]['content']}\n{response}",
+                }
+            else:
+                results_at = len(turns)
+                turns.append({"role": "user", "content": response})
+            continue
+        results_at = None
         if role == "assistant" and message.get("tool_calls"):
             turns.append(_assistant(message, names))
-        elif role == "tool":
-            response = _response(message, names)
-            last = turns[-1] if turns else None
-            if isinstance(last, dict) and last.get("_results"):
-                last["content"] += "\n" + response
-            else:
-                turns.append({"role": "user", "content": response, "_results": True})
         else:
             turns.append(message)
-    for turn in turns:
-        if isinstance(turn, dict):
-            turn.pop("_results", None)
     return turns
 
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import ast
 import difflib
-import functools
+import hashlib
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -40,7 +41,13 @@ NAME_CUTOFF: Final = 0.8
 NAME_MARGIN: Final = 0.1
 # Arguments longer than this that are not JSON are not mended (the repair's time grows
 # faster than their length, on the event loop): the call is asked again instead.
-MAX_REPAIR_CHARS: Final = 64 * 1024
+MAX_REPAIR_CHARS: Final = 16 * 1024
+# Names longer than this are not matched to an offered one, nor are names among more
+# offered tools than this (difflib against each, on the event loop).
+MAX_NAME_CHARS: Final = 128
+MAX_FUZZY_TOOLS: Final = 256
+# Schemas longer than this (as JSON) are not kept for the next call.
+MAX_CACHED_SCHEMA_CHARS: Final = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,9 @@ def check_call(name: str, arguments: Any, tools: Mapping[str, Any]) -> Checked:
         repairs.append("name")
     schema = tools[offered] or {}
     valid = _checker(schema)
+    if isinstance(arguments, str) and not arguments.strip():
+        arguments = {}  # no arguments at all: several servers send "" for a call without
+        repairs.append("arguments_json")
     parsed = _parsed(arguments)
     if isinstance(parsed, dict) and valid(parsed):
         if isinstance(arguments, str):
@@ -116,6 +126,8 @@ def _offered_name(name: str, tools: Mapping[str, Any]) -> str | None:
     or clearly the closest; None when there is none, or no clear one."""
     if name in tools:
         return name
+    if len(name) > MAX_NAME_CHARS or len(tools) > MAX_FUZZY_TOOLS:
+        return None
     folded = [offered for offered in tools if offered.casefold() == name.casefold()]
     if len(folded) == 1:
         return folded[0]
@@ -130,7 +142,22 @@ def _offered_name(name: str, tools: Mapping[str, Any]) -> str | None:
     return scored[0][1]
 
 
-@functools.lru_cache(maxsize=256)
+_VALIDATORS: OrderedDict[str, Draft202012Validator | None] = OrderedDict()
+MAX_CACHED_VALIDATORS: Final = 64
+
+
+def _cached_validator(digest: str, text: str) -> Draft202012Validator | None:
+    """The validator for ``text`` kept under its ``digest``, the least recently used
+    dropped past :data:`MAX_CACHED_VALIDATORS`."""
+    if digest in _VALIDATORS:
+        _VALIDATORS.move_to_end(digest)
+        return _VALIDATORS[digest]
+    validator = _VALIDATORS[digest] = _validator_of(text)
+    if len(_VALIDATORS) > MAX_CACHED_VALIDATORS:
+        _VALIDATORS.popitem(last=False)
+    return validator
+
+
 def _validator_of(text: str) -> Draft202012Validator | None:
     try:
         schema = json.loads(text)
@@ -141,15 +168,19 @@ def _validator_of(text: str) -> Draft202012Validator | None:
 
 
 def _validator(schema: Any) -> Draft202012Validator | None:
-    """The validator of ``schema`` (kept for the schemas seen last: an agent offers the
-    same tools on every turn); None when it is not a JSON Schema."""
+    """The validator of ``schema`` (kept, by its digest, for the schemas seen last: an
+    agent offers the same tools on every turn; a very large one is built each time);
+    None when it is not a JSON Schema."""
     if not isinstance(schema, dict):
         return None
     try:
         text = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
         return None
-    return _validator_of(text)
+    if len(text) > MAX_CACHED_SCHEMA_CHARS:
+        return _validator_of(text)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return _cached_validator(digest, text)
 
 
 def _checker(schema: Any) -> Callable[[Any], bool]:

@@ -20,7 +20,7 @@ from typing import Any
 from slm_server.router.toolcalls.extract import TextCall, extract_calls
 from slm_server.router.toolcalls.forcing import forced_call
 from slm_server.router.toolcalls.offer import Offer
-from slm_server.router.toolcalls.repair import Repaired, Unrepairable, check_call
+from slm_server.router.toolcalls.repair import Repaired, Unrepairable, Valid, check_call
 
 
 @dataclass(slots=True)
@@ -53,18 +53,28 @@ class Settled:
     kept: tuple[dict[str, Any], ...] = ()
 
     def with_calls(self, calls: tuple[dict[str, Any], ...]) -> Settled:
-        """This settled call answer with ``calls`` before its own."""
+        """This settled call answer with ``calls`` (the valid ones beside the call that
+        was asked again) before its own."""
         own = tuple(self.message.get("tool_calls") or ())
         return Settled({**self.message, "tool_calls": [*calls, *own]}, self.finish, None)
 
 
 def settle(
-    message: dict[str, Any], offer: Offer, verdict: Verdict, *, repair: bool, forced: bool
+    message: dict[str, Any],
+    offer: Offer,
+    verdict: Verdict,
+    *,
+    repair: bool,
+    forced: bool,
+    cut: bool = False,
 ) -> Settled:
     """``message`` (an assistant message of chat completions) with its calls settled;
     ``forced``: its content is a constrained call's JSON; ``repair`` False: calls pass as
-    the model wrote them (read out of text where the tools were rendered). A named
-    choice takes a call to that tool alone."""
+    the model wrote them (read out of text, however the tools reached the model);
+    ``cut``: the answer ended at its token limit, so a call whose JSON had to be closed
+    was cut off, not mended (a cut ``write_file`` would write half a file). A named
+    choice takes a call to that tool alone; without ``parallel_tool_calls`` only the
+    first call is kept."""
     text = message.get("content")
     text = text if isinstance(text, str) else ""
     written = message.get("tool_calls")
@@ -86,6 +96,9 @@ def settle(
         if offer.forced:
             return _failed(message, offer, verdict, "the model answered text, not a call", text)
         return Settled(message, None, None)
+    if not offer.parallel and len(calls) > 1:
+        calls = calls[:1]
+        verdict.repairs.append("dropped")
     schemas = offer.schemas
     if offer.choice == "named" and offer.named is not None:
         schemas = {offer.named: schemas[offer.named]}
@@ -95,7 +108,7 @@ def settle(
         if not repair:
             settled.append(_call(call_id, call.name, _as_text(call.arguments)))
             continue
-        checked = check_call(call.name, call.arguments, schemas)
+        checked = _checked(call, offer, schemas, cut)
         if isinstance(checked, Unrepairable):
             broken = broken or checked
             continue
@@ -106,14 +119,32 @@ def settle(
         retry = offer.only(broken.name) if broken.name in schemas else None
         if retry is None and offer.forced:
             retry = offer
-        original = message.get("content")
-        shown = original if isinstance(original, str) and original else _calls_text(calls)
-        failed = _failed(message, retry, verdict, broken.reason, shown)
-        return Settled(failed.message, failed.finish, failed.retry, tuple(settled))
+        if retry is None and settled:
+            # A call to no offered tool beside valid ones: those go on, it is dropped.
+            verdict.repairs.append("dropped")
+            broken = None
+        else:
+            original = message.get("content")
+            shown = original if isinstance(original, str) and original else _calls_text(calls)
+            failed = _failed(message, retry, verdict, broken.reason, shown)
+            return Settled(failed.message, failed.finish, failed.retry, tuple(settled))
     verdict.calls += len(settled)
     kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
     out = {**kept, "content": text.strip() or None, "tool_calls": settled}
     return Settled(out, "tool_calls", None)
+
+
+def _checked(
+    call: TextCall, offer: Offer, schemas: dict[str, Any], cut: bool
+) -> Valid | Repaired | Unrepairable:
+    """One call checked: a call to another offered tool than a named choice names is
+    not that tool misspelled; a call cut off at the token limit is not mended."""
+    if call.name in offer.schemas and call.name not in schemas:
+        return Unrepairable(call.name, f"the choice names {offer.named!r}, not {call.name!r}")
+    checked = check_call(call.name, call.arguments, schemas)
+    if cut and isinstance(checked, Repaired) and "arguments_json" in checked.repairs:
+        return Unrepairable(checked.name, "the call was cut off at the token limit")
+    return checked
 
 
 def _failed(

@@ -75,7 +75,20 @@ class StreamGuard:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self._held)}
         if self._calls:
             message["tool_calls"] = [_joined(self._calls[i]) for i in sorted(self._calls)]
-        return settle(message, self.offer, self.verdict, repair=self.repair, forced=self.forced)
+        return settle(
+            message,
+            self.offer,
+            self.verdict,
+            repair=self.repair,
+            forced=self.forced,
+            cut=self._finish == "length",
+        )
+
+    def unsettled(self) -> list[dict[str, Any]]:
+        """What was held, as text, for a stream that ends in an error before it could be
+        settled (the client keeps what the model wrote)."""
+        held = "".join(self._held)
+        return [self._chunk({"content": held})] if held else []
 
     def finish(self, settled: Settled) -> list[dict[str, Any]]:
         """The chunks that end the stream: the held part as ``settled`` gives it, the
@@ -124,8 +137,8 @@ class StreamGuard:
             call["id"] = piece["id"]
         function = piece.get("function")
         if isinstance(function, dict):
-            if isinstance(function.get("name"), str):
-                call["function"]["name"] += function["name"]
+            if isinstance(function.get("name"), str) and not call["function"]["name"]:
+                call["function"]["name"] = function["name"]  # sent once, with the id
             arguments = function.get("arguments")
             if isinstance(arguments, str):
                 call["function"]["arguments"].append(arguments)

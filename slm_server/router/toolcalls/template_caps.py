@@ -41,7 +41,8 @@ class TemplateCaps:
             return self._known[key]
         answer = await self.upstream.fetch(spec, "/props", PROPS_TIMEOUT, MAX_PROPS_BYTES)
         takes = _supports_tools(answer[1]) if answer is not None and answer[0] == 200 else None
-        if takes is not None:
+        if takes is not None or (state is not None and state.state == "ready"):
+            # Kept for the process (a ready one that cannot say is not asked each time).
             if len(self._known) > 1024:
                 self._known.clear()
             self._known[key] = takes
