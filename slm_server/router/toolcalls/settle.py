@@ -82,7 +82,14 @@ def settle(
     if forced:
         found = forced_call(text)
         if found is None:
-            return _failed(message, offer, verdict, "the forced answer is not a call", text)
+            # Under the grammar only the end can be missing (the token limit): closed.
+            mended = (
+                extract_calls(text, offer.schemas.keys())[1] if text.lstrip()[:1] == "{" else []
+            )
+            if len(mended) != 1:
+                return _failed(message, offer, verdict, "the forced answer is not a call", text)
+            verdict.repairs.extend(("arguments_json", "cut") if cut else ("arguments_json",))
+            found = (mended[0].name, mended[0].arguments)
         calls.append((None, TextCall(*found)))
         text = ""
     elif isinstance(written, list) and written:
@@ -108,7 +115,7 @@ def settle(
         if not repair:
             settled.append(_call(call_id, call.name, _as_text(call.arguments)))
             continue
-        checked = _checked(call, offer, schemas, cut)
+        checked = _checked(call, offer, schemas, cut, forced)
         if isinstance(checked, Unrepairable):
             broken = broken or checked
             continue
@@ -135,15 +142,20 @@ def settle(
 
 
 def _checked(
-    call: TextCall, offer: Offer, schemas: dict[str, Any], cut: bool
+    call: TextCall, offer: Offer, schemas: dict[str, Any], cut: bool, forced: bool
 ) -> Valid | Repaired | Unrepairable:
     """One call checked: a call to another offered tool than a named choice names is
-    not that tool misspelled; a call cut off at the token limit is not mended."""
+    not that tool misspelled; a call the model wrote freely and that was cut off at the
+    token limit is not mended (a forced one is, its last value cut: ``cut``)."""
     if call.name in offer.schemas and call.name not in schemas:
         return Unrepairable(call.name, f"the choice names {offer.named!r}, not {call.name!r}")
     checked = check_call(call.name, call.arguments, schemas)
     if cut and isinstance(checked, Repaired) and "arguments_json" in checked.repairs:
-        return Unrepairable(checked.name, "the call was cut off at the token limit")
+        if not forced:
+            return Unrepairable(checked.name, "the call was cut off at the token limit")
+        # Decoded under the call's grammar: only its last value was cut; closed, and
+        # said so.
+        return Repaired(checked.name, checked.arguments, (*checked.repairs, "cut"))
     return checked
 
 

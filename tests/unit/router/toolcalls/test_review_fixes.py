@@ -44,6 +44,12 @@ def test_a_call_cut_off_at_the_token_limit_is_asked_again_not_closed() -> None:
     cut = settle(message, Offer(TOOLS, "auto"), verdict, repair=True, forced=False, cut=True)
     assert "tool_calls" not in cut.message and cut.retry is not None
     assert verdict.failed == "the call was cut off at the token limit"
+    # Decoded under the grammar, only the last value was cut: closed, and said so.
+    forced = Offer(TOOLS, "required")
+    text = {"role": "assistant", "content": '{"name": "get_weather", "arguments": {"city": "Par'}
+    verdict = Verdict()
+    closed = settle(text, forced, verdict, repair=True, forced=True, cut=True)
+    assert closed.finish == "tool_calls" and "cut" in verdict.repairs
 
 
 def test_a_named_choice_is_not_met_by_renaming_another_offered_tool() -> None:
