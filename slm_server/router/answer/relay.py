@@ -18,7 +18,7 @@ from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.gathered import ChatGathering
 from slm_server.router.answer.reply import Replies
 from slm_server.router.answer.tool_answers import ToolAnswers
-from slm_server.router.answer.translation import Translation
+from slm_server.router.answer.translation import ChatTranslation, Translation
 from slm_server.router.call.admitted_call import Call, Deadline
 from slm_server.router.toolcalls.guard import GUARD_HEADER, tool_guard
 from slm_server.router.toolcalls.template_caps import TemplateCaps
@@ -94,7 +94,7 @@ class Relay:
                 raise
         return await self.replies.reply(call, *retried, translation)
 
-    async def tools(
+    async def _tools(
         self, call: Call, chat: dict[str, Any], alias: str | None, reports: bool
     ) -> ToolAnswers | None:
         """What settles the tool calls of the answer to ``chat`` (a chat request that
@@ -118,6 +118,22 @@ class Relay:
             return await self.ask(call, body, reports)
 
         return ToolAnswers(guard, chat, ask, call.exchange)
+
+    async def guarded(
+        self,
+        call: Call,
+        chat: dict[str, Any],
+        alias: str | None,
+        reports: bool,
+        translation: ChatTranslation[Any],
+    ) -> dict[str, Any] | None:
+        """``chat`` as its backend is sent it, its answer's tool calls to be settled by
+        ``translation`` (:meth:`_tools`); None when nothing settles them."""
+        tools = await self._tools(call, chat, alias, reports)
+        if tools is None:
+            return None
+        translation.guarded(tools)
+        return tools.guard.request(chat)
 
     async def ask(self, call: Call, chat: dict[str, Any], reports: bool) -> dict[str, Any] | None:
         """``chat`` sent to the call's backend as a stream and gathered whole (a call

@@ -13,7 +13,6 @@ cannot be mended is asked once more under a constraint, through ``ask``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -49,7 +48,6 @@ class ToolGuard:
     verdict: Verdict = field(default_factory=Verdict)
     # What a constrained request adds to the sampling (llama-server's loop breaker).
     sampling: dict[str, Any] = field(default_factory=dict)
-    retry_seconds: float | None = None
 
     @property
     def label(self) -> str:
@@ -63,13 +61,10 @@ class ToolGuard:
         return self.offer.forced and self.constrained
 
     def request(self, chat: dict[str, Any]) -> dict[str, Any]:
-        """``chat`` as the backend is sent it."""
-        return self._request(chat, self.offer)
-
-    def _request(self, chat: dict[str, Any], offer: Offer) -> dict[str, Any]:
-        forced = offer.forced and self.constrained
-        sent = render_request(chat, offer) if self.mode == "render" or forced else chat
-        return constrain(sent, offer, self.sampling) if forced else sent
+        """``chat`` as the backend is sent it (``chat`` itself when nothing changes)."""
+        if self.forced:
+            return constrain(render_request(chat, self.offer), self.offer, self.sampling)
+        return render_request(chat, self.offer) if self.mode == "render" else chat
 
     def retry_request(self, chat: dict[str, Any], offer: Offer) -> dict[str, Any]:
         """``chat`` asked again for a call ``offer`` forces: under the constraint where
@@ -139,10 +134,8 @@ class ToolGuard:
     async def _again(self, chat: dict[str, Any], offer: Offer, ask: Ask) -> Settled | None:
         """The call asked again, settled; None when no valid call could be had (the
         first answer's text stands, with its reason)."""
-        started = time.perf_counter()
         self.verdict.retried = True
         answer = await ask(self.retry_request(chat, offer))
-        self.retry_seconds = time.perf_counter() - started
         choices = answer.get("choices") if answer is not None else None
         choice = choices[0] if isinstance(choices, list) and choices else None
         message = choice.get("message") if isinstance(choice, dict) else None

@@ -107,11 +107,6 @@ class StreamGuard:
         out.append(self._chunk({}, finish))
         return out + self._after
 
-    @property
-    def holds(self) -> bool:
-        """Whether anything is held (a settle may change what the client sees)."""
-        return bool(self._held) or bool(self._calls) or self.forced
-
     def _text(self, text: str) -> str:
         """What of ``text`` goes to the client now; the rest is held."""
         if self._holding:  # pieces kept as they came: joined once, at the end

@@ -148,10 +148,9 @@ class MessagesApi:
             call.gathered = call.watch_progress = True
         apply_defaults(chat, self.chat, self.relay.sampling_defaults(call.spec))
         translation = MessagesTranslation(request, capped=call.capped)
-        tools = await self.relay.tools(call, chat, intake.alias, intake.reports)
-        if tools is not None:
-            translation.guarded(tools)
-            chat = tools.guard.request(chat)
+        chat = (
+            await self.relay.guarded(call, chat, intake.alias, intake.reports, translation) or chat
+        )
         return await self.relay.relay(call, self.chat.path, dumps_body(chat), translation)
 
 

@@ -39,11 +39,9 @@ class PassThrough:
         (:mod:`slm_server.router.toolcalls`): its answer passed on as parsed."""
         if self.shape.path == engine_paths.CHAT and intake.payload.get("tools"):
             chat = intake.payload
-            tools = await self.relay.tools(call, chat, intake.alias, intake.reports)
-            if tools is not None:
-                echo = ChatEcho(chat, hidden_usage=call.hidden_usage)
-                echo.guarded(tools)
-                sent = tools.guard.request(chat)
+            echo = ChatEcho(chat, hidden_usage=call.hidden_usage)
+            sent = await self.relay.guarded(call, chat, intake.alias, intake.reports, echo)
+            if sent is not None:
                 body = await intake.body() if sent is chat else dumps_body(sent)
                 return await self.relay.relay(call, self.shape.path, body, echo)
         return await self.relay.relay(call, self.shape.path, await intake.body())

@@ -102,10 +102,7 @@ class ResponsesApi:
             call.gathered = call.watch_progress = True
         apply_defaults(chat, self.chat, relay.sampling_defaults(spec))
         translation = ResponsesTranslation(payload, capped=call.capped)
-        tools = await relay.tools(call, chat, intake.alias, intake.reports)
-        if tools is not None:
-            translation.guarded(tools)
-            chat = tools.guard.request(chat)
+        chat = await relay.guarded(call, chat, intake.alias, intake.reports, translation) or chat
         return await relay.relay(call, self.chat.path, dumps_body(chat), translation)
 
 
