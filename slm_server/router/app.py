@@ -273,6 +273,7 @@ def wire(
         in_force,
         list_aliases=settings.serving.list_aliases,
         memory=pressure.report,
+        caps=proxy.caps,
     )
     deps.metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
     recent = RecentRequests()

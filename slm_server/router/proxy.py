@@ -74,9 +74,16 @@ class Proxy:
         self.sender = Sender(upstream, tripwire, gates, serving.max_answer_bytes)
         replies = Replies(self.sender, drain, serving.max_sse_event_bytes)
         recovery = Recovery(states, self.sender.waits)
-        caps = TemplateCaps(upstream, states)
+        # Whether each backend's template takes tools, asked once per process; shared
+        # with GET /v1/models.
+        self.caps = TemplateCaps(upstream, states)
         relay = Relay(
-            self.sender, replies, self.reception.sampling_defaults, self.server_kind, recovery, caps
+            self.sender,
+            replies,
+            self.reception.sampling_defaults,
+            self.server_kind,
+            recovery,
+            self.caps,
         )
         # Each row's endpoint, built once, by its shape.
         self.endpoints: dict[Shape, Endpoint] = {

@@ -15,16 +15,14 @@ from starlette.types import ASGIApp
 from slm_server.contracts import engine_paths
 from slm_server.errors import BackendTimeout, ClientDisconnected, GatewayError
 from slm_server.registry.schema import ModelSpec
-from slm_server.router.answer.gathered import ChatGathering
 from slm_server.router.answer.reply import Replies
 from slm_server.router.answer.tool_answers import ToolAnswers
 from slm_server.router.answer.translation import ChatTranslation, Translation
 from slm_server.router.call.admitted_call import Call, Deadline
 from slm_server.router.toolcalls.guard import GUARD_HEADER, tool_guard
 from slm_server.router.toolcalls.template_caps import TemplateCaps
-from slm_server.router.upstream.client import UpstreamResponse, iter_sse
+from slm_server.router.upstream.client import UpstreamResponse
 from slm_server.router.upstream.sender import Sender
-from slm_server.router.upstream.sse import is_report
 from slm_server.router.watchdog.tripwire import Progress, StallTimer
 
 # How long before the call's deadline a call asked again must end (at most).
@@ -137,8 +135,8 @@ class Relay:
 
     async def ask(self, call: Call, chat: dict[str, Any], reports: bool) -> dict[str, Any] | None:
         """``chat`` sent to the call's backend as a stream and gathered whole (a call
-        asked again: judged as any stream is, its deadline the call's); None when no
-        answer could be had."""
+        asked again: its stall timer any stream's, its deadline a little before the
+        call's and never judged); None when no answer could be had."""
         remaining = call.deadline.remaining()
         margin = min(RETRY_MARGIN_SECONDS, max(0.25, remaining * 0.1))
         if remaining - margin <= 0:
@@ -157,7 +155,6 @@ class Relay:
         body = {**chat, "stream": True, "stream_options": {"include_usage": True}}
         if reports:
             body["return_progress"] = True
-        exchange = call.exchange
         sent = json.dumps(body, ensure_ascii=False).encode()
         try:
             upstream, timer = await self.sender.open(again, engine_paths.CHAT, sent, None)
@@ -165,21 +162,12 @@ class Relay:
             raise
         except GatewayError:
             return None
-        gathering = ChatGathering(self.sender.max_answer)
         try:
             content_type = upstream.headers.get("content-type", "")
             if upstream.status_code != 200 or "event-stream" not in content_type:
                 return None
             noted = timer.watch if timer.watch is not None else Progress(time.perf_counter())
-            events = iter_sse(call.spec, upstream, self.replies.max_event)
-
-            async def gather() -> None:
-                async for chunk in self.sender.watched(again, events, timer, noted):
-                    timer.first_byte()
-                    if not is_report(exchange, chunk):
-                        gathering.feed(chunk)
-
-            await self.sender.guard(again, gather(), None)
+            gathering = await self.replies.gather(again, upstream, timer, noted, None)
         except ClientDisconnected:
             raise  # the client left: nothing more is written to it
         except GatewayError:

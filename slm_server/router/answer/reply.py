@@ -161,19 +161,12 @@ class Replies:
         stream the router asked for (:mod:`.gathered`), under the deadline, each chunk a
         sign of life; the engine's in-band error is its error answer. The admission slot
         is freed once the answer is whole."""
-        call, upstream = answer.call, answer.upstream
+        call = answer.call
         exchange = call.exchange
-        gathering = ChatGathering(self.sender.max_answer)
-        events = iter_sse(call.spec, upstream, self.max_event)
-        chunks = self.sender.watched(call, events, answer.timer, answer.noted)
-
-        async def gather() -> None:
-            async for chunk in chunks:
-                if not is_report(exchange, chunk):
-                    gathering.feed(chunk)
-
         try:
-            await self.sender.guard(call, gather(), answer.progress)
+            gathering = await self.gather(
+                call, answer.upstream, answer.timer, answer.noted, answer.progress
+            )
         finally:
             # The slot is kept when the gathering fails: the request may be sent again
             # (the relay's retry), and otherwise the orchestrator frees it.
@@ -190,6 +183,30 @@ class Replies:
             return await _whole(call, 200, JSON, None, _dumps(gathering.answer()), translation)
         finally:
             call.slot.release()
+
+    async def gather(
+        self,
+        call: Call,
+        upstream: UpstreamResponse,
+        timer: StallTimer,
+        noted: Progress,
+        progress: Progress | None,
+    ) -> ChatGathering:
+        """A chat stream gathered whole under the call's deadline (judged from
+        ``progress``), each chunk noted as a sign of life, the engine's progress reports
+        left out (the caller closes ``upstream``)."""
+        gathering = ChatGathering(self.sender.max_answer)
+        events = iter_sse(call.spec, upstream, self.max_event)
+        exchange = call.exchange
+
+        async def gather() -> None:
+            async for chunk in self.sender.watched(call, events, timer, noted):
+                timer.first_byte()  # a request sent again: its exchange began already
+                if not is_report(exchange, chunk):
+                    gathering.feed(chunk)
+
+        await self.sender.guard(call, gather(), progress)
+        return gathering
 
     def _relay(
         self,

@@ -38,6 +38,7 @@ class Info:
         *,
         list_aliases: bool = True,
         memory: Callable[[], dict[str, Any]] | None = None,
+        caps: TemplateCaps | None = None,
     ) -> None:
         self.list_aliases = list_aliases
         self.memory = memory
@@ -49,7 +50,7 @@ class Info:
         self.tripwire = tripwire
         self.states = states
         self.started = int(time.time())
-        self.caps = TemplateCaps(upstream, states)
+        self.caps = caps if caps is not None else TemplateCaps(upstream, states)
 
     def describe(self, spec: ModelSpec, name: str | None = None) -> dict[str, Any]:
         """One model as ``GET /v1/models/{id}`` shows it, by its id or, when ``name`` is

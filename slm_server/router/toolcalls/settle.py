@@ -133,8 +133,7 @@ def settle(
         else:
             original = message.get("content")
             shown = original if isinstance(original, str) and original else _calls_text(calls)
-            failed = _failed(message, retry, verdict, broken.reason, shown)
-            return Settled(failed.message, failed.finish, failed.retry, tuple(settled))
+            return _failed(message, retry, verdict, broken.reason, shown, tuple(settled))
     verdict.calls += len(settled)
     kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
     out = {**kept, "content": text.strip() or None, "tool_calls": settled}
@@ -160,12 +159,18 @@ def _checked(
 
 
 def _failed(
-    message: dict[str, Any], retry: Offer | None, verdict: Verdict, reason: str, text: str
+    message: dict[str, Any],
+    retry: Offer | None,
+    verdict: Verdict,
+    reason: str,
+    text: str,
+    valid: tuple[dict[str, Any], ...] = (),
 ) -> Settled:
-    """The answer as text, with the reason; the offer to ask again, when there is one."""
+    """The answer as text, with the reason; the offer to ask again, when there is one,
+    and the ``valid`` calls kept beside it."""
     verdict.failed = reason
     kept = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
-    return Settled({**kept, "content": text}, "stop", retry)
+    return Settled({**kept, "content": text}, "stop", retry, valid)
 
 
 def _native(written: list[Any]) -> list[tuple[str | None, TextCall]]:
