@@ -19,6 +19,7 @@ answer (``x-slm-tool-failed``), the repairs named in ``x-slm-tool-repairs``.
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import time
@@ -33,6 +34,7 @@ import jsonschema
 import openai
 import pytest
 
+from slm_server.router.toolcalls.forcing import RETRY_CHARS
 from tests import one_shot
 from tests.anthropic_shapes import strict_message
 from tests.fakes.control import FakeBackend
@@ -695,12 +697,19 @@ def test_an_unrepairable_call_is_asked_again_once_under_a_json_schema_without_to
     form = again["response_format"]
     assert form["type"] == "json_schema"
     schema = form["json_schema"]["schema"]
-    # One branch: the tool the model failed to call, its parameters as offered.
+    # One branch: the tool the model failed to call, its parameters as offered, each
+    # open string bounded (a grammar that must end: the first answer may have looped).
     assert schema["properties"]["name"] == {"const": "get_weather"}
-    assert schema["properties"]["arguments"] == WEATHER
+    bounded = copy.deepcopy(WEATHER)
+    for name in ("city", "note"):
+        bounded["properties"][name]["maxLength"] = RETRY_CHARS
+    assert schema["properties"]["arguments"] == bounded
     jsonschema.validate(json.loads(RETRY_CALL), schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "get_weather", "arguments": {"days": 3}}, schema)
+    long_city = {"city": "x" * (RETRY_CHARS + 1)}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_weather", "arguments": long_city}, schema)
     tools = system_text(again)
     assert "<tools>" in tools and '"name": "get_weather"' in tools
     assert again["messages"][1:] == first["messages"]

@@ -68,9 +68,10 @@ class ToolGuard:
 
     def retry_request(self, chat: dict[str, Any], offer: Offer) -> dict[str, Any]:
         """``chat`` asked again for a call ``offer`` forces: under the constraint where
-        the backend decodes under a schema, else by its own ``tool_choice``."""
+        the backend decodes under a schema (one that must end: the first answer may have
+        looped), else by its own ``tool_choice``."""
         if self.constrained:
-            return constrain(render_request(chat, offer), offer, self.sampling)
+            return constrain(render_request(chat, offer), offer, self.sampling, bounded=True)
         choice: Any = "required"
         if offer.choice == "named":
             choice = {"type": "function", "function": {"name": offer.named}}

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from slm_server.registry.tools import ToolPolicy
-from slm_server.router.toolcalls import repair
+from slm_server.router.toolcalls import forcing, repair
 from slm_server.router.toolcalls.extract import extract_calls
 from slm_server.router.toolcalls.forcing import call_schema
 from slm_server.router.toolcalls.guard import tool_guard
@@ -165,3 +165,53 @@ def test_tool_choice_none_where_auto_renders_sends_the_history_as_text() -> None
     assert "tools" not in sent and sent["messages"][0]["role"] == "user"
     native = tool_guard(chat, ToolPolicy(), template_takes_tools=True, server_kind="llama-server")
     assert native is None
+
+
+def test_a_call_asked_again_is_asked_under_a_grammar_that_must_end() -> None:
+    """The first answer may have looped until its tokens ran out: asked again, every
+    string and array the schema leaves open is bounded, within the schema's own bounds;
+    the first answer's grammar leaves the model free."""
+    parameters = {
+        "type": "object",
+        "properties": {
+            "to": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "many": {"type": "array", "minItems": 20},
+            "kind": {"type": "string", "enum": ["a", "b"]},
+            "note": {"type": ["string", "null"], "maxLength": 100},
+            "short": {"type": "string", "maxLength": 5},
+            "count": {"type": "integer"},
+        },
+        "required": ["to"],
+    }
+    chat = {
+        "messages": [{"role": "user", "content": "Mail bob"}],
+        "tools": [{"type": "function", "function": {"name": "mail", "parameters": parameters}}],
+        "tool_choice": "required",
+    }
+    guard = tool_guard(
+        chat,
+        ToolPolicy(mode="render", repair=True),
+        template_takes_tools=False,
+        server_kind="llama-server",
+    )
+    assert guard is not None
+
+    def arguments(request: dict[str, Any]) -> dict[str, Any]:
+        schema = request["response_format"]["json_schema"]["schema"]
+        found: dict[str, Any] = schema["properties"]["arguments"]["properties"]
+        return found
+
+    first = arguments(guard.request(chat))
+    assert "maxItems" not in first["to"] and "maxLength" not in first["to"]["items"]
+    again = arguments(guard.retry_request(chat, guard.offer))
+    assert again["to"]["maxItems"] == forcing.RETRY_ITEMS
+    assert again["to"]["items"]["maxLength"] == forcing.RETRY_CHARS
+    assert again["many"]["maxItems"] == 20  # never under the lower bound
+    assert "maxLength" not in again["kind"]  # a fixed set is bounded already
+    assert again["note"]["maxLength"] == 100  # too large for the grammar, not for this
+    assert again["short"]["maxLength"] == 5
+    assert again["count"] == {"type": "integer"}
+    assert (
+        guard.retry_request(chat, guard.offer)["dry_multiplier"]
+        == forcing.LOOP_BREAKER["dry_multiplier"]
+    )
