@@ -44,6 +44,7 @@ from tests.processes import free_port
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 SHAPES = ("chat", "responses", "messages")
 MAX_TOKENS = 400
+SLOW_SECONDS = 30.0  # an answer this slow is named as it comes
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -156,14 +157,27 @@ def run_real(count: int, workdir: Path, say: Callable[[str], None]) -> list[dict
             failed: dict[tuple[str, bool], list[str]] = {}
             retried: dict[tuple[str, bool], int] = {}
             repaired: dict[tuple[str, bool], int] = {}
-            for case in chosen:
+            for number, case in enumerate(chosen, 1):
+                if number % 10 == 0:
+                    say(f"  {model}: case {number} of {len(chosen)}")
                 for shape in SHAPES:
                     for stream in (False, True):
                         key = (shape, stream)
                         started = time.perf_counter()
-                        name, arguments, headers = ask(shape, stream, model, case, oc, ac)
-                        seconds.setdefault(key, []).append(time.perf_counter() - started)
-                        why = judge(case, name, arguments)
+                        try:
+                            name, arguments, headers = ask(shape, stream, model, case, oc, ac)
+                            why = judge(case, name, arguments)
+                        except (openai.APIError, anthropic.APIError) as exc:
+                            # Counted, not raised: an answer that is an error is no call.
+                            headers, why = {}, f"error: {str(exc)[:160]}"
+                        took = time.perf_counter() - started
+                        seconds.setdefault(key, []).append(took)
+                        if why is not None or took > SLOW_SECONDS:
+                            say(
+                                f"    {model} {shape} {'stream' if stream else 'whole'} "
+                                f"{case.target} ({len(case.tools)} tools): {took:.1f} s"
+                                + (f", {why}" if why else "")
+                            )
                         if why is not None:
                             failed.setdefault(key, []).append(f"{case.target}: {why}")
                         repairs = headers.get("x-slm-tool-repairs", "")
