@@ -12,6 +12,7 @@ call (:func:`forced_call`) and checks it like any other.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Final
 
 from slm_server.router.toolcalls.offer import Offer, Tool
@@ -56,13 +57,27 @@ MAX_DEPTH: Final = 32
 # leaves open is bounded — a call that validates, however the model loops.
 RETRY_CHARS: Final = 128
 RETRY_ITEMS: Final = 8
+# At most this many of a call's strings and arrays are bounded (llama.cpp writes a
+# bound of 128 as 128 grammar rules): those of a tool with thousands stay open.
+RETRY_MAX_BOUNDS: Final = 64
+
+
+@dataclass(slots=True)
+class _Budget:
+    """The bounds a retry's schema may still add."""
+
+    left: int
 
 
 def call_schema(offer: Offer, *, bounded: bool = False) -> dict[str, Any]:
     """The JSON Schema of a call to one of the tools ``offer`` forces; ``bounded``: its
     open strings and arrays bounded (:data:`RETRY_CHARS`, :data:`RETRY_ITEMS`)."""
-    branches = [_branch(tool, bounded) for tool in offer.required()]
-    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+    budget = _Budget(RETRY_MAX_BOUNDS) if bounded else None
+    tools = offer.required()
+    if len(tools) == 1:
+        return _branch(tools[0], budget, "#/properties/arguments")
+    at = "#/anyOf/{}/properties/arguments"
+    return {"anyOf": [_branch(t, budget, at.format(i)) for i, t in enumerate(tools)]}
 
 
 def constrain(
@@ -102,10 +117,13 @@ def forced_call(text: str) -> tuple[str, Any] | None:
     return value["name"], value.get("arguments", {})
 
 
-def _branch(tool: Tool, bounded: bool) -> dict[str, Any]:
-    arguments = _grammar(tool.parameters, 0, closing=True, bounded=bounded)
+def _branch(tool: Tool, budget: _Budget | None, at: str) -> dict[str, Any]:
+    """The branch of a call to ``tool``, whose arguments sit at ``at`` in the call's
+    schema."""
+    arguments = _grammar(tool.parameters, 0, closing=True, budget=budget)
     if not isinstance(arguments, dict) or not arguments:
         arguments = {"type": "object"}
+    arguments = _rebased(arguments, at, 0)
     return {
         "type": "object",
         "properties": {"name": {"const": tool.name}, "arguments": arguments},
@@ -114,14 +132,14 @@ def _branch(tool: Tool, bounded: bool) -> dict[str, Any]:
     }
 
 
-def _grammar(schema: Any, depth: int, *, closing: bool, bounded: bool = False) -> Any:
+def _grammar(schema: Any, depth: int, *, closing: bool, budget: _Budget | None = None) -> Any:
     """What of ``schema`` goes into the grammar (:data:`_STRUCTURE`, and bounds up to
     :data:`MAX_BOUND`); every object that lists its properties and says nothing of
     others closed to them (``additionalProperties: false``, as OpenAI's strict mode
     does: a small model under a grammar that lets it add properties loops in one until
     its tokens run out) unless ``closing`` is off (inside ``allOf``, whose branches
-    would refuse each other's properties); ``bounded``: every string and array without a
-    kept upper bound given one (:func:`_bounded`)."""
+    would refuse each other's properties); ``budget`` (a call asked again): each string
+    and array without a kept upper bound given one, while it lasts (:func:`_bounded`)."""
     if isinstance(schema, bool):
         return schema
     if not isinstance(schema, dict) or depth > MAX_DEPTH:
@@ -135,23 +153,39 @@ def _grammar(schema: Any, depth: int, *, closing: bool, bounded: bool = False) -
             continue
         elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
             kept[key] = {
-                n: _grammar(v, depth + 1, closing=closing, bounded=bounded)
-                for n, v in value.items()
+                n: _grammar(v, depth + 1, closing=closing, budget=budget) for n, v in value.items()
             }
         elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
-            kept[key] = [_grammar(v, depth + 1, closing=closing, bounded=bounded) for v in value]
+            kept[key] = [_grammar(v, depth + 1, closing=closing, budget=budget) for v in value]
         elif key == "allOf" and isinstance(value, list):
-            kept[key] = [_grammar(v, depth + 1, closing=False, bounded=bounded) for v in value]
+            kept[key] = [_grammar(v, depth + 1, closing=False, budget=budget) for v in value]
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            kept[key] = _grammar(value, depth + 1, closing=closing, bounded=bounded)
+            kept[key] = _grammar(value, depth + 1, closing=closing, budget=budget)
         else:
             kept[key] = value
     if closing and isinstance(kept.get("properties"), dict) and "additionalProperties" not in kept:
         kept["additionalProperties"] = False
-    return _bounded(kept, schema) if bounded else kept
+    return kept if budget is None else _bounded(kept, schema, budget)
 
 
-def _bounded(kept: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+def _rebased(schema: Any, at: str, depth: int) -> Any:
+    """``schema`` with each reference into its own document (``#``, ``#/$defs/...``)
+    made one into the call's schema, where the parameters sit at ``at``: llama.cpp
+    resolves a ``$ref`` from the root of the schema it is sent."""
+    if depth > MAX_DEPTH + 2:
+        return schema
+    if isinstance(schema, list):
+        return [_rebased(item, at, depth + 1) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rebased = {key: _rebased(value, at, depth + 1) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        rebased["$ref"] = at + ref[1:]
+    return rebased
+
+
+def _bounded(kept: dict[str, Any], schema: dict[str, Any], budget: _Budget) -> dict[str, Any]:
     """``kept`` with an upper bound on its length where it is a string or an array
     without one: the cap, or the schema's own bound where that is lower (one too large
     for the grammar), but never under the lower bound — a value the schema allows,
@@ -165,11 +199,14 @@ def _bounded(kept: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
         ("string", "minLength", "maxLength", RETRY_CHARS),
         ("array", "minItems", "maxItems", RETRY_ITEMS),
     ):
-        if kind in types and high not in kept:
-            own = schema.get(high)
+        if kind in types and high not in kept and budget.left > 0:
+            budget.left -= 1
+            own, floor = schema.get(high), schema.get(low)
             if isinstance(own, int) and not isinstance(own, bool) and own >= 0:
                 cap = min(cap, own)
-            kept[high] = max(cap, kept.get(low, 0))
+            if isinstance(floor, int) and not isinstance(floor, bool) and floor > cap:
+                cap = floor  # a lower bound the grammar left out as too large, too
+            kept[high] = cap
     return kept
 
 

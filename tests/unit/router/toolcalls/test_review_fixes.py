@@ -12,6 +12,9 @@ import json
 import time
 from typing import Any
 
+import jsonschema
+import pytest
+
 from slm_server.registry.tools import ToolPolicy
 from slm_server.router.toolcalls import forcing, repair
 from slm_server.router.toolcalls.extract import extract_calls
@@ -215,3 +218,64 @@ def test_a_call_asked_again_is_asked_under_a_grammar_that_must_end() -> None:
         guard.retry_request(chat, guard.offer)["dry_multiplier"]
         == forcing.LOOP_BREAKER["dry_multiplier"]
     )
+
+
+def test_a_lower_bound_the_grammar_leaves_out_still_bounds_the_retry_from_below() -> None:
+    """A ``minLength`` over the grammar's bounds is not in the grammar: the retry's cap
+    is raised to it, or nothing the grammar allows would validate."""
+    parameters = {
+        "type": "object",
+        "properties": {
+            "essay": {"type": "string", "minLength": 200},
+            "ids": {"type": "array", "items": {"type": "integer"}, "minItems": 70},
+        },
+    }
+    offer = Offer((Tool("t", "", parameters),), "required")
+    found = call_schema(offer, bounded=True)["properties"]["arguments"]["properties"]
+    assert found["essay"] == {"type": "string", "maxLength": 200}
+    assert found["ids"]["maxItems"] == 70
+
+
+@pytest.mark.parametrize("tools", [1, 2])
+def test_references_in_a_tools_parameters_point_into_the_calls_schema(tools: int) -> None:
+    """llama.cpp resolves a ``$ref`` from the root of the schema it is sent: the
+    parameters' own references (``$defs``, ``#`` for a recursive one) are made ones
+    into the call's schema, where they resolve to the same definitions."""
+    parameters = {
+        "type": "object",
+        "properties": {
+            "owner": {"$ref": "#/$defs/Person"},
+            "tree": {"$ref": "#"},
+        },
+        "required": ["owner"],
+        "$defs": {
+            "Person": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}},
+                "required": ["name"],
+            }
+        },
+    }
+    offered = tuple(Tool(f"t{i}", "", parameters) for i in range(tools))
+    schema = call_schema(Offer(offered, "required"))
+    call = {"name": "t0", "arguments": {"owner": {"name": "Ada"}, "tree": {"owner": {"name": "B"}}}}
+    jsonschema.validate(call, schema)
+    for wrong in ({"owner": {"age": 3}}, {"owner": {"name": "A"}, "tree": {"owner": 1}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"name": "t0", "arguments": wrong}, schema)
+    at = "#/properties/arguments" if tools == 1 else "#/anyOf/0/properties/arguments"
+    arguments = schema if tools == 1 else schema["anyOf"][0]
+    found = arguments["properties"]["arguments"]["properties"]
+    assert found["owner"] == {"$ref": f"{at}/$defs/Person"}
+    assert found["tree"] == {"$ref": at}
+
+
+def test_a_retry_bounds_so_many_strings_and_no_more() -> None:
+    """Each bound is 128 grammar rules in llama.cpp: a tool with thousands of strings
+    has only the first ones bounded on a retry, the rest left open as before."""
+    properties = {f"p{i}": {"type": "string"} for i in range(forcing.RETRY_MAX_BOUNDS + 10)}
+    parameters = {"type": "object", "properties": properties}
+    offer = Offer((Tool("t", "", parameters),), "required")
+    found = call_schema(offer, bounded=True)["properties"]["arguments"]["properties"]
+    bounded = [name for name, schema in found.items() if "maxLength" in schema]
+    assert len(bounded) == forcing.RETRY_MAX_BOUNDS
