@@ -9,10 +9,13 @@ backends."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
+import jsonschema
 import openai
 import pytest
 
@@ -60,3 +63,56 @@ def test_the_templates_take_no_tools_so_the_router_renders_them(stack: Watched) 
     for role in ("standard", "gemma"):
         props = one_shot.get(f"http://127.0.0.1:{stack.port(role)}/props", timeout=10).json()
         assert props["chat_template_caps"]["supports_tools"] is False
+
+
+def test_gemmas_template_keeps_turns_alternating(stack: Watched) -> None:
+    """Gemma's turns alternate: what comes after the user's text on the user's side (a
+    later system message, as Claude Code sends its environment; tool results rendered
+    as text) joins the user's turn instead of opening one the model would answer in
+    the user's place. A conversation that alternates is rendered as before."""
+    url = f"http://127.0.0.1:{stack.port('gemma')}/apply-template"
+
+    def prompt(*messages: tuple[str, str]) -> str:
+        turns = [{"role": role, "content": content} for role, content in messages]
+        found = one_shot.post(url, json={"messages": turns}, timeout=10).json()["prompt"]
+        assert isinstance(found, str)
+        return found
+
+    assert prompt(("system", "Be brief."), ("user", "Hi"), ("system", "Today is Monday.")) == (
+        "<start_of_turn>user\nBe brief.\n\nHi\n\nToday is Monday.<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    assert prompt(("user", "Hi"), ("assistant", "Hello"), ("user", "a"), ("user", "b")) == (
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+        "<start_of_turn>user\na\n\nb<end_of_turn>\n<start_of_turn>model\n"
+    )
+
+
+def test_a_tool_whose_parameters_use_defs_is_forced_on_llama_server(stack: Watched) -> None:
+    """Parameters as pydantic writes them (``$defs`` and ``$ref``, as the openai-agents
+    SDK sends a model's tools): llama.cpp reads the call's schema from its root, so the
+    references are made ones into it, and the call validates."""
+    parameters: dict[str, Any] = {
+        "$defs": {
+            "Person": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name"],
+            }
+        },
+        "type": "object",
+        "properties": {"person": {"$ref": "#/$defs/Person"}},
+        "required": ["person"],
+    }
+    oc = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="x", max_retries=0, timeout=120)
+    answer = oc.chat.completions.create(
+        model="gemma-3-270m",
+        messages=[{"role": "user", "content": "Add Ada, who is 36, to the team."}],
+        tools=[{"type": "function", "function": {"name": "add_member", "parameters": parameters}}],
+        tool_choice="required",
+        max_tokens=200,
+    )
+    calls = answer.choices[0].message.tool_calls or []
+    assert len(calls) == 1 and calls[0].type == "function", answer
+    assert calls[0].function.name == "add_member"
+    jsonschema.validate(json.loads(calls[0].function.arguments), parameters)
