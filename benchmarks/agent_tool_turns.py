@@ -79,14 +79,15 @@ def tool_call(agent: str, path: Path) -> tuple[str, dict[str, Any]]:
 
 
 def command(
-    agent: str, url: str, model: str, prompt: str, work: Path, *, short: bool
+    agent: str, url: str, model: str, prompt: str, work: Path, *, short: bool, system: str = SYSTEM
 ) -> tuple[list[str], dict[str, str]]:
-    """The agent's one-shot command line with JSON events, and its environment."""
+    """The agent's one-shot command line with JSON events, and its environment;
+    ``short``: with ``system`` as its system prompt and only its file-reading tool."""
     if agent == "claude":
         argv = ["claude", "-p", prompt, "--allowedTools", "Read", "--output-format"]
         argv += ["stream-json", "--verbose"]
         if short:
-            argv += ["--tools", "Read", "--system-prompt", SYSTEM]
+            argv += ["--tools", "Read", "--system-prompt", system]
         env = {
             "ANTHROPIC_BASE_URL": url,
             "ANTHROPIC_AUTH_TOKEN": "unused",
@@ -104,7 +105,7 @@ def command(
         )
         argv = ["codex", "exec", "--json", "--skip-git-repo-check", "--sandbox", "read-only"]
         if short:
-            (work / "instructions.md").write_text(SYSTEM)
+            (work / "instructions.md").write_text(system)
             argv += ["-c", f"model_instructions_file={work / 'instructions.md'}"]
         argv += ["-c", "model_provider=slm", "-m", model, "-c", f"model_providers.slm={provider}"]
         return [*argv, prompt], {"SLM_API_KEY": "unused"}
@@ -121,7 +122,7 @@ def command(
     }
     if short:
         others = ("bash", "edit", "write", "glob", "grep", "list", "patch", "webfetch", "task")
-        config["agent"] = {"build": {"prompt": SYSTEM, "tools": dict.fromkeys(others, False)}}
+        config["agent"] = {"build": {"prompt": system, "tools": dict.fromkeys(others, False)}}
         config["permission"] = {"read": "allow", "external_directory": "allow"}
     argv = ["opencode", "run", "--format", "json", prompt]
     return argv, {"OPENCODE_CONFIG_CONTENT": json.dumps(config)}
@@ -233,8 +234,9 @@ def one_turn(
     *,
     short: bool,
     window: float,
+    system: str = SYSTEM,
 ) -> Turn:
-    argv, env = command(agent, url, model, prompt, work, short=short)
+    argv, env = command(agent, url, model, prompt, work, short=short, system=system)
     ended, seconds, events = run_agent(agent, argv, {**base_env, **env}, work / "repo", window)
     calls, marked, sent_back, answer = read_events(agent, events)
     return Turn(agent, ended, round(seconds, 1), calls, marked, sent_back, answer)
@@ -249,6 +251,7 @@ def agent_home(agents_bin: Path) -> Iterator[tuple[Path, dict[str, str]]]:
         (work / "repo").mkdir()
         (work / "repo" / "hello.py").write_text(f'print("{MARK}")\n')
         (work / "home").mkdir()
+        (work / "stack").mkdir()
         env = {**os.environ, "HOME": str(work / "home")}
         env["PATH"] = f"{agents_bin}{os.pathsep}{env['PATH']}"
         yield work, env
@@ -294,7 +297,12 @@ def run_real(
     attempts: int,
     window: float,
     say: Callable[[str], None],
+    *,
+    call_first: bool = False,
 ) -> list[dict[str, Any]]:
+    """Each agent ``attempts`` times on the default Gemma model; ``call_first``: the
+    system prompt begins with the call, written as the router renders one (a 270M base
+    model tends to say its prompt's first lines again)."""
     rows: list[dict[str, Any]] = []
     registry = example_registry(
         {"standard": free_port(), "gemma": free_port(), "embeddings": 0}, roles=("gemma",)
@@ -306,12 +314,25 @@ def run_real(
         for agent in only:
             tool, arguments = tool_call(agent, work / "repo" / "hello.py")
             prompt = f"Call the {tool} tool with {json.dumps(arguments)}."
+            system = SYSTEM
+            if call_first:
+                call = json.dumps({"name": tool, "arguments": arguments})
+                system = f"<tool_call>{call}</tool_call>\n{SYSTEM}"
             for _ in range(attempts):
                 turn = one_turn(
-                    agent, stack.url, REAL_MODEL, prompt, work, env, short=True, window=window
+                    agent,
+                    stack.url,
+                    REAL_MODEL,
+                    prompt,
+                    work,
+                    env,
+                    short=True,
+                    window=window,
+                    system=system,
                 )
+                turn.calls = turn.calls[:12]
                 say(f"  {agent}: {json.dumps(asdict(turn))}")
-                rows.append({"backend": "real", **asdict(turn)})
+                rows.append({"backend": "real", "call_first": call_first, **asdict(turn)})
         rows.append({"backend_failures": len(stack.events("backend_failure"))})
     return rows
 
@@ -328,16 +349,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=list(AGENTS), choices=AGENTS)
     parser.add_argument("--attempts", type=int, default=3, help="real: runs per agent")
     parser.add_argument("--window", type=float, default=120.0, help="real: seconds per run")
+    parser.add_argument("--call-first", action="store_true", help="real: the call opens the prompt")
     parser.add_argument("--write", action="store_true", help="write benchmarks/results")
     args = parser.parse_args(argv)
     only = tuple(args.only)
     if args.backend == "fake":
         rows = run_fake(args.agents, only, args.broken, say)
     else:
-        rows = run_real(args.agents, only, args.attempts, args.window, say)
+        rows = run_real(
+            args.agents, only, args.attempts, args.window, say, call_first=args.call_first
+        )
     if args.write:
         day = time.strftime("%Y-%m-%d")
-        name = f"agent_tool_turns-{args.backend}{'-broken' if args.broken else ''}-{day}.json"
+        variant = "-broken" if args.broken else "-call-first" if args.call_first else ""
+        name = f"agent_tool_turns-{args.backend}{variant}-{day}.json"
         (RESULTS / name).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
