@@ -171,14 +171,19 @@ def _grammar(schema: Any, depth: int, *, closing: bool, budget: _Budget | None =
 def _rebased(schema: Any, at: str, depth: int) -> Any:
     """``schema`` with each reference into its own document (``#``, ``#/$defs/...``)
     made one into the call's schema, where the parameters sit at ``at``: llama.cpp
-    resolves a ``$ref`` from the root of the schema it is sent."""
-    if depth > MAX_DEPTH + 2:
+    resolves a ``$ref`` from the root of the schema it is sent. Values (``enum``,
+    ``const``) are left as they are. ``depth`` counts objects and lists: a schema level
+    of the grammar's is two to four of them."""
+    if depth > 4 * MAX_DEPTH + 8:
         return schema
     if isinstance(schema, list):
         return [_rebased(item, at, depth + 1) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    rebased = {key: _rebased(value, at, depth + 1) for key, value in schema.items()}
+    rebased = {
+        key: value if key in ("enum", "const") else _rebased(value, at, depth + 1)
+        for key, value in schema.items()
+    }
     ref = schema.get("$ref")
     if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
         rebased["$ref"] = at + ref[1:]

@@ -279,3 +279,23 @@ def test_a_retry_bounds_so_many_strings_and_no_more() -> None:
     found = call_schema(offer, bounded=True)["properties"]["arguments"]["properties"]
     bounded = [name for name, schema in found.items() if "maxLength" in schema]
     assert len(bounded) == forcing.RETRY_MAX_BOUNDS
+
+
+def test_a_reference_deep_in_the_parameters_is_rebased_and_values_are_not() -> None:
+    """A ``$ref`` as deep as the grammar goes still points into the call's schema; an
+    ``enum`` or ``const`` value that looks like a reference is a value, left alone."""
+    leaf: dict[str, Any] = {"$ref": "#/$defs/Leaf"}
+    for _ in range(forcing.MAX_DEPTH - 2):
+        leaf = {"type": "object", "properties": {"next": leaf}}
+    parameters = {
+        "type": "object",
+        "properties": {"deep": leaf, "kind": {"const": {"$ref": "#/x"}}},
+        "$defs": {"Leaf": {"type": "string"}},
+    }
+    schema = call_schema(Offer((Tool("t", "", parameters),), "required"))
+    found = schema["properties"]["arguments"]["properties"]
+    assert found["kind"] == {"const": {"$ref": "#/x"}}
+    node = found["deep"]
+    while "$ref" not in node:
+        node = node["properties"]["next"]
+    assert node == {"$ref": "#/properties/arguments/$defs/Leaf"}
