@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from slm_server.contracts import applied_registry, commands
+from tests.fakes.control import free_ports
 from tests.integration.test_reload import reload, stamp, write_registry
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import pid_alive, poll, start_command
@@ -381,7 +382,10 @@ def test_a_role_renamed_and_another_moved_onto_a_freed_port(tmp_path: Path) -> N
 def test_replicas_shifted_by_one_port(tmp_path: Path) -> None:
     """Attacks an entry of two replicas moved up by one port (replica 1 onto replica
     2's old port): once the old processes are gone, both replicas must serve."""
-    models = {"a": fake_entry(tmp_path, "a", replicas=2), "base": fake_entry(tmp_path, "base")}
+    # Three ports in a row (the replicas' and the one they move or grow onto), none of
+    # them another worker's: a replica on a port some other test holds never starts.
+    a = fake_entry(tmp_path, "a", port=free_ports(3), replicas=2)
+    models = {"a": a, "base": fake_entry(tmp_path, "base")}
     port = models["a"]["port"]
     with watched(tmp_path, models, router=False, SLM_DRAIN_TIMEOUT_SECONDS=LONG_DRAIN) as stack:
         stack.wait_ready("a.2")
@@ -403,7 +407,10 @@ def test_replicas_shifted_by_one_port(tmp_path: Path) -> None:
 def test_replicas_two_to_three_and_back(tmp_path: Path) -> None:
     """Attacks ``replicas`` changed 2 -> 3 -> 2: the first two replicas must keep their
     processes; the third is added on the next port, then retired."""
-    models = {"a": fake_entry(tmp_path, "a", replicas=2), "base": fake_entry(tmp_path, "base")}
+    # Three ports in a row (the replicas' and the one they move or grow onto), none of
+    # them another worker's: a replica on a port some other test holds never starts.
+    a = fake_entry(tmp_path, "a", port=free_ports(3), replicas=2)
+    models = {"a": a, "base": fake_entry(tmp_path, "base")}
     base_port = models["a"]["port"]
     with watched(tmp_path, models, router=False, SLM_DRAIN_TIMEOUT_SECONDS=QUICK_DRAIN) as stack:
         stack.wait_ready("a.2")
