@@ -120,10 +120,9 @@ def forced_call(text: str) -> tuple[str, Any] | None:
 def _branch(tool: Tool, budget: _Budget | None, at: str) -> dict[str, Any]:
     """The branch of a call to ``tool``, whose arguments sit at ``at`` in the call's
     schema."""
-    arguments = _grammar(tool.parameters, 0, closing=True, budget=budget)
+    arguments = _grammar(tool.parameters, 0, closing=True, budget=budget, at=at)
     if not isinstance(arguments, dict) or not arguments:
         arguments = {"type": "object"}
-    arguments = _rebased(arguments, at, 0)
     return {
         "type": "object",
         "properties": {"name": {"const": tool.name}, "arguments": arguments},
@@ -132,14 +131,20 @@ def _branch(tool: Tool, budget: _Budget | None, at: str) -> dict[str, Any]:
     }
 
 
-def _grammar(schema: Any, depth: int, *, closing: bool, budget: _Budget | None = None) -> Any:
+def _grammar(
+    schema: Any, depth: int, *, closing: bool, budget: _Budget | None = None, at: str = "#"
+) -> Any:
     """What of ``schema`` goes into the grammar (:data:`_STRUCTURE`, and bounds up to
     :data:`MAX_BOUND`); every object that lists its properties and says nothing of
     others closed to them (``additionalProperties: false``, as OpenAI's strict mode
     does: a small model under a grammar that lets it add properties loops in one until
     its tokens run out) unless ``closing`` is off (inside ``allOf``, whose branches
     would refuse each other's properties); ``budget`` (a call asked again): each string
-    and array without a kept upper bound given one, while it lasts (:func:`_bounded`)."""
+    and array without a kept upper bound given one, while it lasts (:func:`_bounded`);
+    ``at``: where the parameters sit in the call's schema, each reference into their
+    own document (``#``, ``#/$defs/...``) made one into the call's (llama.cpp resolves
+    a ``$ref`` from the root of the schema it is sent; values, ``enum`` and ``const``,
+    are copied as they are)."""
     if isinstance(schema, bool):
         return schema
     if not isinstance(schema, dict) or depth > MAX_DEPTH:
@@ -153,41 +158,24 @@ def _grammar(schema: Any, depth: int, *, closing: bool, budget: _Budget | None =
             continue
         elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
             kept[key] = {
-                n: _grammar(v, depth + 1, closing=closing, budget=budget) for n, v in value.items()
+                n: _grammar(v, depth + 1, closing=closing, budget=budget, at=at)
+                for n, v in value.items()
             }
         elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
-            kept[key] = [_grammar(v, depth + 1, closing=closing, budget=budget) for v in value]
+            kept[key] = [
+                _grammar(v, depth + 1, closing=closing, budget=budget, at=at) for v in value
+            ]
         elif key == "allOf" and isinstance(value, list):
-            kept[key] = [_grammar(v, depth + 1, closing=False, budget=budget) for v in value]
+            kept[key] = [_grammar(v, depth + 1, closing=False, budget=budget, at=at) for v in value]
+        elif key == "$ref" and isinstance(value, str) and (value == "#" or value[:2] == "#/"):
+            kept[key] = at + value[1:]
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            kept[key] = _grammar(value, depth + 1, closing=closing, budget=budget)
+            kept[key] = _grammar(value, depth + 1, closing=closing, budget=budget, at=at)
         else:
             kept[key] = value
     if closing and isinstance(kept.get("properties"), dict) and "additionalProperties" not in kept:
         kept["additionalProperties"] = False
     return kept if budget is None else _bounded(kept, schema, budget)
-
-
-def _rebased(schema: Any, at: str, depth: int) -> Any:
-    """``schema`` with each reference into its own document (``#``, ``#/$defs/...``)
-    made one into the call's schema, where the parameters sit at ``at``: llama.cpp
-    resolves a ``$ref`` from the root of the schema it is sent. Values (``enum``,
-    ``const``) are left as they are. ``depth`` counts objects and lists: a schema level
-    of the grammar's is two to four of them."""
-    if depth > 4 * MAX_DEPTH + 8:
-        return schema
-    if isinstance(schema, list):
-        return [_rebased(item, at, depth + 1) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    rebased = {
-        key: value if key in ("enum", "const") else _rebased(value, at, depth + 1)
-        for key, value in schema.items()
-    }
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-        rebased["$ref"] = at + ref[1:]
-    return rebased
 
 
 def _bounded(kept: dict[str, Any], schema: dict[str, Any], budget: _Budget) -> dict[str, Any]:
