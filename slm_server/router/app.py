@@ -77,21 +77,21 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     exchange = exchange_of(request.scope)
     exchange.error_type = exc.code
-    return error_response(exc, exchange.anthropic)
+    return error_response(exc, exchange.errors)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     error = HttpStatusError(exc.status_code, str(exc.detail), code)
-    response = error_response(error, exchange_of(request.scope).anthropic)
+    response = error_response(error, exchange_of(request.scope).errors)
     response.headers.update(exc.headers or {})
     return response
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error while handling a request", exc_info=exc)
-    return error_response(unexpected(), exchange_of(request.scope).anthropic)
+    return error_response(unexpected(), exchange_of(request.scope).errors)
 
 
 @dataclass(frozen=True)

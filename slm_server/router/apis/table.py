@@ -26,6 +26,7 @@ from slm_server.router.apis.messages.endpoint import CountTokensApi, MessagesApi
 from slm_server.router.apis.passthrough.endpoint import PassThrough
 from slm_server.router.apis.responses.endpoint import ResponsesApi
 from slm_server.router.call.admitted_call import Call
+from slm_server.router.call.error_shape import Dialect
 from slm_server.router.call.shape import PING, Shape
 from slm_server.router.intake.media_parts import check_chat_media, check_responses_media
 from slm_server.router.intake.payload import check_grammar, check_top_n
@@ -70,7 +71,7 @@ MESSAGES = Shape(
     "chat",
     TEXT,
     streams=True,
-    anthropic=True,
+    errors=Dialect.ANTHROPIC,
     translated_to=CHAT,
     keepalive=PING,
 )
@@ -79,7 +80,7 @@ COUNT_TOKENS = Shape(
     "/v1/messages/count_tokens",
     "count_tokens",
     TEXT,
-    anthropic=True,
+    errors=Dialect.ANTHROPIC,
     translated_to=CHAT,
 )
 EMBEDDINGS = Shape("embeddings", engine_paths.EMBEDDINGS, "embeddings", frozenset({"embeddings"}))
@@ -140,8 +141,16 @@ class Table:
     def __init__(self, *rows: Row) -> None:
         self.rows = rows
         self._shapes = {row.shape.path: row.shape for row in rows}
-        self._anthropic = frozenset(row.shape.path for row in rows if row.shape.anthropic)
-        self._under_anthropic = tuple(path + "/" for path in self._anthropic)
+        # The paths whose errors are not OpenAI's, longest first: each, and under it.
+        dialects = {row.shape.path: row.shape.errors for row in rows}
+        self._dialects = sorted(
+            (
+                (path, dialect)
+                for path, dialect in dialects.items()
+                if dialect is not Dialect.OPENAI
+            ),
+            key=lambda item: -len(item[0]),
+        )
 
     def __iter__(self) -> Iterator[Row]:
         return iter(self.rows)
@@ -150,10 +159,14 @@ class Table:
         """The shape served at ``path`` exactly; None for any other path."""
         return self._shapes.get(path)
 
-    def anthropic_at(self, path: str) -> bool:
-        """Whether errors on ``path`` take the Messages API's shape: at an Anthropic
-        shape's path, or anywhere under it."""
-        return path in self._anthropic or path.startswith(self._under_anthropic)
+    def dialect_at(self, path: str) -> Dialect:
+        """The shape errors on ``path`` take: that of the shape served there, or of the
+        shape whose path ``path`` is under (the Messages API's for
+        ``/v1/messages/batches``); OpenAI's elsewhere."""
+        for prefix, dialect in self._dialects:
+            if path == prefix or path.startswith(prefix + "/"):
+                return dialect
+        return Dialect.OPENAI
 
     @property
     def emit_sites(self) -> tuple[str, ...]:

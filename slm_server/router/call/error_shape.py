@@ -1,9 +1,10 @@
-"""Which shape an error takes: Anthropic's on the Messages API's routes (and every path
-under them, as the table of shapes says: ``Exchange.anthropic``), OpenAI's everywhere
-else."""
+"""Which shape an error takes (its :class:`Dialect`): Anthropic's on the Messages API's
+routes (and every path under them), OpenAI's everywhere else, as the table of shapes
+says for each path (``Exchange.errors``, set at the door)."""
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -11,17 +12,25 @@ from starlette.responses import JSONResponse
 from slm_server.errors import GatewayError
 
 
-def error_body(error: GatewayError, anthropic: bool) -> dict[str, Any]:
-    """``error``'s JSON body as the client expects it (``anthropic``: on the Messages
-    API's routes)."""
-    return error.anthropic_body() if anthropic else error.body()
+class Dialect(Enum):
+    """The error shape of one family of routes."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
 
 
-def error_response(error: GatewayError, anthropic: bool) -> JSONResponse:
+def error_body(error: GatewayError, dialect: Dialect) -> dict[str, Any]:
+    """``error``'s JSON body as the clients of ``dialect``'s routes expect it."""
+    if dialect is Dialect.ANTHROPIC:
+        return error.anthropic_body()
+    return error.body()
+
+
+def error_response(error: GatewayError, dialect: Dialect) -> JSONResponse:
     """``error`` as a whole JSON answer."""
     return JSONResponse(
-        error_body(error, anthropic), status_code=error.status, headers=error.headers()
+        error_body(error, dialect), status_code=error.status, headers=error.headers()
     )
 
 
-__all__ = ["error_body", "error_response"]
+__all__ = ["Dialect", "error_body", "error_response"]

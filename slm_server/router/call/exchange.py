@@ -19,6 +19,7 @@ from typing import Any, Final
 from starlette.types import Scope
 
 from slm_server.registry.schema import ModelSpec
+from slm_server.router.call.error_shape import Dialect
 from slm_server.router.call.shape import Shape
 
 _SCOPE_KEY = "slm.exchange"
@@ -58,10 +59,10 @@ class Exchange:
     method: str
     path: str
     started: float = field(default_factory=time.perf_counter)
-    # The API shape served at ``path`` (None for the router's own routes), and whether
-    # errors take the Messages API's shape there; set at the door.
+    # The API shape served at ``path`` (None for the router's own routes), and the
+    # shape errors take there; set at the door.
     shape: Shape | None = None
-    anthropic: bool = False
+    errors: Dialect = Dialect.OPENAI
     spec: ModelSpec | None = None
     model: str | None = None
     stream: bool = False

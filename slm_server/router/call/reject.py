@@ -1,7 +1,7 @@
 """Answering a request with a :class:`~slm_server.errors.GatewayError` from pure-ASGI
 middleware, before any route runs (the routes' own errors go through Starlette's
 exception handlers), in the shape its path's clients expect (OpenAI's, or Anthropic's
-on the Messages API)."""
+on the Messages API: :class:`~slm_server.router.call.error_shape.Dialect`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ async def reject(scope: Scope, send: Send, error: GatewayError) -> None:
     """Send ``error`` as the whole response, noted on the request's exchange."""
     exchange = exchange_of(scope)
     exchange.error_type = error.code
-    body = json.dumps(error_body(error, exchange.anthropic)).encode()
+    body = json.dumps(error_body(error, exchange.errors)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

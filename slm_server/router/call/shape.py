@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from slm_server.router.call.error_shape import Dialect
+
 # A check of a request body before it is admitted, given the model's ``model_type``:
 # raises a 4xx naming the field for what the backend would fail on.
 Check = Callable[[dict[str, Any], str], None]
@@ -35,8 +37,8 @@ class Shape:
     and arms no first-byte timer); ``token_stream``: a streamed answer is OpenAI's
     chunks of tokens (emitted as ``streaming``, asked for its usage chunk);
     ``samples``: the backend's sampling defaults that it cannot take as flags apply;
-    ``form``: its body is a multipart form, forwarded byte for byte; ``anthropic``: its
-    errors (and those of every path under it) take the Messages API's shape;
+    ``form``: its body is a multipart form, forwarded byte for byte; ``errors``: the
+    shape its errors (and those of every path under it) take;
     ``checks``: what its body is checked for before it is admitted, in order;
     ``translated_to``: the shape its requests are translated to for a backend without
     its own (the Messages API's, the Responses API's: chat completions), None when
@@ -53,7 +55,7 @@ class Shape:
     token_stream: bool = False
     samples: bool = False
     form: bool = False
-    anthropic: bool = False
+    errors: Dialect = Dialect.OPENAI
     checks: tuple[Check, ...] = ()
     translated_to: Shape | None = None
     keepalive: bytes = COMMENT

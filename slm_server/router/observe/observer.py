@@ -95,7 +95,7 @@ def arriving(scope: Scope) -> tuple[Exchange, Inbound]:
         method=scope["method"],
         path=path,
         shape=shape,
-        anthropic=shape.anthropic if shape is not None else TABLE.anthropic_at(path),
+        errors=shape.errors if shape is not None else TABLE.dialect_at(path),
     )
     return exchange, Inbound(traceparent, tracestate, legacy)
 

@@ -5,6 +5,7 @@ translated shape naming the shape it is sent as."""
 from __future__ import annotations
 
 from slm_server.router.apis.table import CHAT, COUNT_TOKENS, MESSAGES, RESPONSES, TABLE
+from slm_server.router.call.error_shape import Dialect
 
 
 def test_each_path_is_one_row() -> None:
@@ -16,12 +17,12 @@ def test_each_path_is_one_row() -> None:
 
 
 def test_errors_take_the_messages_shape_on_its_routes_and_under_them() -> None:
-    assert TABLE.anthropic_at("/v1/messages")
-    assert TABLE.anthropic_at("/v1/messages/count_tokens")
-    assert TABLE.anthropic_at("/v1/messages/batches")
-    assert not TABLE.anthropic_at("/v1/messagesx")
-    assert not TABLE.anthropic_at("/v1/chat/completions")
-    assert not TABLE.anthropic_at("/v1/models")
+    assert TABLE.dialect_at("/v1/messages") is Dialect.ANTHROPIC
+    assert TABLE.dialect_at("/v1/messages/count_tokens") is Dialect.ANTHROPIC
+    assert TABLE.dialect_at("/v1/messages/batches") is Dialect.ANTHROPIC
+    assert TABLE.dialect_at("/v1/messagesx") is Dialect.OPENAI
+    assert TABLE.dialect_at("/v1/chat/completions") is Dialect.OPENAI
+    assert TABLE.dialect_at("/v1/models") is Dialect.OPENAI
 
 
 def test_the_emit_sites_are_the_shapes_then_streaming() -> None:
