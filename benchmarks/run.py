@@ -6,6 +6,7 @@
     uv run python -m benchmarks.run real recovery        # llama-server with the default models
     uv run python -m benchmarks.run frozen --against HEAD~1 --rounds 2  # SIGSTOP, defaults
     uv run python -m benchmarks.run progress_cost --against HEAD~1  # progress, router CPU
+    uv run python -m benchmarks.run api_shapes           # /api/chat beside chat completions
     uv run python -m benchmarks.run swap                 # models on demand: a cold load, a swap
     uv run python -m benchmarks.run reload               # reloading the registry under load
     uv run python -m benchmarks.run resume               # a 6k-token prefix after a swap
@@ -39,6 +40,7 @@ from typing import Any
 from benchmarks import (
     affinity,
     agent_request,
+    api_shapes,
     body_burst,
     frozen,
     overhead,
@@ -227,6 +229,19 @@ def run_progress_cost(quick: bool, rounds: int, workdir: Path, say: Say) -> Outc
     )
 
 
+def run_api_shapes(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
+    plan = api_shapes.Plan(rounds=1 if quick else rounds, blocks=2 if quick else 10)
+    trials = api_shapes.run_trials(plan, workdir, say)
+    return Outcome(
+        "Ollama's /api/chat beside chat completions through the router (fake llama-server)",
+        asdict(plan) | {"chunks": api_shapes.CHUNKS, "block": api_shapes.BLOCK},
+        trials,
+        api_shapes.checks(trials),
+        api_shapes.tables(trials),
+        trials,
+    )
+
+
 def run_swap(quick: bool, rounds: int, workdir: Path, say: Say) -> Outcome:
     plan = swap.Plan(trials=1 if quick else max(rounds, 5))
     trials = swap.run_trials(plan, workdir, say)
@@ -323,6 +338,7 @@ SCENARIOS: dict[str, Callable[[bool, int, Path, Say], Outcome]] = {
     "recovery": run_recovery,
     "frozen": run_frozen,
     "progress_cost": run_progress_cost,
+    "api_shapes": run_api_shapes,
     "swap": run_swap,
     "reload": run_reload,
     "resume": run_resume,

@@ -21,7 +21,9 @@ Each error renders two ways: an HTTP status with an OpenAI-shaped JSON body befo
 first byte of a response, and an in-band ``data: {"error": ...}`` SSE event after it.
 On the Anthropic Messages API's routes the same error takes Anthropic's shape instead
 (:meth:`GatewayError.anthropic_body`, :meth:`GatewayError.anthropic_sse_event`): the same
-status, the type named by :func:`anthropic_error_type`. Built-in exceptions are never
+status, the type named by :func:`anthropic_error_type`; on Ollama's routes (``/api/...``)
+Ollama's (:meth:`GatewayError.ollama_body`, :meth:`GatewayError.ollama_line`):
+``{"error": "<message>"}`` and the same status. Built-in exceptions are never
 mapped to 4xx: only these classes are.
 """
 
@@ -95,6 +97,14 @@ class GatewayError(Exception):
     def anthropic_body(self) -> dict[str, Any]:
         """The error in the Anthropic Messages API's shape, the code kept in the message."""
         return anthropic_error_body(self.status, f"{self.message} ({self.code})")
+
+    def ollama_body(self) -> dict[str, Any]:
+        """The error in Ollama's shape: ``{"error": "<message>"}``."""
+        return {"error": self.message}
+
+    def ollama_line(self) -> bytes:
+        """The in-band end of an Ollama stream: the error object as one JSON line."""
+        return json.dumps(self.ollama_body(), ensure_ascii=False).encode() + b"\n"
 
     def anthropic_sse_event(self) -> bytes:
         """The Anthropic stream's in-band ``error`` event."""

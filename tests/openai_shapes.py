@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
@@ -45,6 +46,35 @@ def strict_chat_chunks(raw: list[dict[str, Any]]) -> list[ChatCompletionChunk]:
     for index, chunk in enumerate(chunks):
         _no_unknown_fields(chunk, f"chunk {index}", LLAMA_SERVER_EXTRAS)
     finished = [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason]
+    assert len(finished) == 1, finished
+    return chunks
+
+
+def strict_completion(raw: dict[str, Any]) -> Completion:
+    """``raw`` as a legacy :class:`Completion` (``POST /v1/completions``), validated
+    strictly."""
+    completion = Completion.model_validate(raw, strict=True)
+    _no_unknown_fields(completion, "completion")
+    return completion
+
+
+def strict_completion_chunks(raw: list[dict[str, Any]]) -> list[Completion]:
+    """A completions stream's chunks, each a :class:`Completion` validated strictly (the
+    openai package reads a stream's chunks as that type, whose ``finish_reason`` is not
+    optional: it is null until the last choice, which is checked here and validated
+    as ``stop``), exactly one choice finished, a usage chunk only after it."""
+    chunks = []
+    finished = []
+    for index, chunk in enumerate(raw):
+        choices = [
+            {**c, "finish_reason": c["finish_reason"] or "stop"} for c in chunk.get("choices", [])
+        ]
+        finished += [c["finish_reason"] for c in chunk.get("choices", []) if c["finish_reason"]]
+        completion = Completion.model_validate({**chunk, "choices": choices}, strict=True)
+        _no_unknown_fields(completion, f"chunk {index}")
+        if not choices:
+            assert completion.usage is not None and finished, f"chunk {index}: usage first"
+        chunks.append(completion)
     assert len(finished) == 1, finished
     return chunks
 

@@ -25,6 +25,7 @@ from slm_server.contracts.records import (
 from slm_server.launch.footprint import NoEstimate, estimate_entry
 from slm_server.launch.plan import Toolchain, plan_registry
 from slm_server.registry import remote
+from slm_server.registry.infill import infill_summary
 from slm_server.registry.schema import (
     ConfigError,
     ModelEntry,
@@ -99,6 +100,7 @@ def cmd_check(settings: Settings) -> int:
         if spec.entry.model_type in ("lm", "multimodal"):
             for line in _tools_lines(spec.entry):
                 print("  " + line)
+            print("  " + infill_summary(spec.entry))
         if plan.slot_cache_key is not None:
             print(f"  prompt cache kept across unloads (key {plan.slot_cache_key})")
         elif spec.entry.backend == "llamacpp" and spec.entry.model_type in ("lm", "multimodal"):

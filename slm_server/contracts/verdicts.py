@@ -69,6 +69,26 @@ def classify_status(status: int) -> Outcome:
     return Outcome(Verdict.IGNORE, status=status)
 
 
+def classify_engine_status(status: int) -> Outcome:
+    """The verdict on a status the engine answered a request relayed as the client
+    wrote it (``/upstream/<model>/<path>``), whose path and body the router never
+    checked: any answer below 500 is health (the engine answered whatever it was
+    asked); a 5xx neither counts nor resets (a malformed body makes llama-server
+    answer 500, and the router cannot tell that from a failure of its own)."""
+    if 100 <= status < 500:
+        return Outcome(Verdict.HEALTH, status=status)
+    return Outcome(Verdict.IGNORE, status=status)
+
+
+def classify_infill_status(status: int) -> Outcome:
+    """:func:`classify_status`, except a 501: the engine saying the model cannot fill
+    in the middle (an entry that says ``infill: true`` of one without the tokens)
+    describes the registry, not the engine's health."""
+    if status == 501:
+        return Outcome(Verdict.IGNORE, status=status)
+    return classify_status(status)
+
+
 HEALTHY = Outcome(Verdict.HEALTH)
 UNREACHABLE = Outcome(Verdict.FAILURE, FailureClass.UNREACHABLE)
 TIMED_OUT = Outcome(Verdict.FAILURE, FailureClass.TIMEOUT)

@@ -8,7 +8,11 @@ is read, through a small buffer, so a model of many GB costs a few MB of reads a
 Values come back as Python scalars (``int``, ``float``, ``bool``), ``str``, a ``tuple``
 for a short array of scalars (a per-layer head count, say), or a :class:`GgufArray`
 that records only the element type and length of a long or string array (the
-tokenizer's vocabulary: we never need it, so it is skipped, not kept).
+tokenizer's vocabulary is skipped, not kept). A caller that needs to know whether the
+vocabulary holds a few given token texts (:mod:`.fill_in`: the fill-in-the-middle tokens
+llama.cpp finds by their text) names them, and the vocabulary is streamed past them:
+each string is compared where its length is one of theirs and never kept, so the memory
+it costs does not grow with the vocabulary.
 
 Like llama.cpp's own reader (``ggml/src/gguf.cpp``, ``gguf_init_from_file_impl``) we
 refuse version 1, a file of the other endianness, nested arrays and duplicate keys.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -41,6 +45,8 @@ MAX_HEADER_BYTES: Final = 64 << 20
 # What one header may make us keep in all; beyond it values are skipped like long ones.
 MAX_KEPT_STRING_BYTES: Final = 16 << 20
 MAX_KEPT_ARRAY_VALUES: Final = 1 << 18
+# The array of the tokenizer's vocabulary, the token texts by id.
+VOCABULARY_KEY: Final = "tokenizer.ggml.tokens"
 
 _BUFFER_BYTES: Final = 1 << 16
 _U64: Final = struct.Struct("<Q")
@@ -96,21 +102,27 @@ GgufValue = Scalar | tuple[int | float | bool, ...] | GgufArray
 
 @dataclass(frozen=True)
 class GgufHeader:
-    """What the header says: its version, how many tensors follow, and the metadata."""
+    """What the header says: its version, how many tensors follow, the metadata, and
+    which of the token texts the caller asked about are in the vocabulary."""
 
     version: int
     tensor_count: int
     metadata: Mapping[str, GgufValue]
+    found_tokens: frozenset[str] = frozenset()
 
 
 class _Reader:
     """Sequential reads from the header through one buffer, each checked against the
     bytes the file has left and the header cap."""
 
-    def __init__(self, handle: BinaryIO, size: int, path: Path) -> None:
+    def __init__(
+        self, handle: BinaryIO, size: int, path: Path, wanted: frozenset[bytes] = frozenset()
+    ) -> None:
         self._handle = handle
         self._size = size
         self._path = path
+        self.wanted = wanted  # token texts looked for in the vocabulary
+        self.found: set[bytes] = set()
         self._buffer = b""
         self._pos = 0  # in the buffer
         self.offset = 0  # in the file
@@ -167,6 +179,26 @@ class _Reader:
             self.offset += 8
             self.skip(length, what)
 
+    def find_strings(self, count: int, what: str) -> None:
+        """Skip ``count`` length-prefixed strings as :meth:`skip_strings` does, noting
+        in ``found`` each that is one of ``wanted``: only a string of a wanted length is
+        looked at, in the buffer, and none is kept."""
+        self.claim(count * 8, what)
+        wanted = self.wanted
+        lengths = {len(text) for text in wanted}
+        for _ in range(count):
+            if self._pos + 8 > len(self._buffer):
+                self._fill(8, what)
+            (length,) = _U64.unpack_from(self._buffer, self._pos)
+            self._pos += 8
+            self.offset += 8
+            if length in lengths:
+                text = self.read(length, what)
+                if text in wanted:
+                    self.found.add(text)
+            else:
+                self.skip(length, what)
+
     def unpack(self, fmt: str, what: str) -> int | float | bool:
         size = struct.calcsize("<" + fmt)
         value: int | float | bool = struct.unpack("<" + fmt, self.read(size, what))[0]
@@ -204,7 +236,10 @@ def _read_array(reader: _Reader, key: str) -> GgufValue:
     if element == TYPE_ARRAY:
         raise reader.fail(f"{key!r} is a nested array, which GGUF readers refuse")
     if element == TYPE_STRING:
-        reader.skip_strings(length, f"the {length} strings of {key!r}")
+        if key == VOCABULARY_KEY and reader.wanted:
+            reader.find_strings(length, f"the {length} strings of {key!r}")
+        else:
+            reader.skip_strings(length, f"the {length} strings of {key!r}")
         return GgufArray("string", length)
     fmt = _SCALAR_FORMATS.get(element)
     if fmt is None:
@@ -229,17 +264,19 @@ def _read_value(reader: _Reader, key: str, value_type: int) -> GgufValue | None:
     return reader.unpack(fmt, f"the value of {key!r}")
 
 
-def read_header(path: Path) -> GgufHeader:
-    """The header of the GGUF file at ``path``.
+def read_header(path: Path, find_tokens: Collection[str] = ()) -> GgufHeader:
+    """The header of the GGUF file at ``path``, and which of the token texts
+    ``find_tokens`` its vocabulary holds (``found_tokens``).
 
     Raises :class:`GgufError` for a file that is missing, unreadable, not GGUF, of an
     unsupported version or corrupt; string values longer than ``MAX_STRING_BYTES``
     (or past ``MAX_KEPT_STRING_BYTES`` in all) are left out of ``metadata``.
     """
+    wanted = frozenset(text.encode("utf-8") for text in find_tokens)
     try:
         with open(path, "rb", buffering=0) as handle:
             size = os.fstat(handle.fileno()).st_size
-            return _parse(_Reader(handle, size, path))
+            return _parse(_Reader(handle, size, path, wanted))
     except OSError as exc:
         raise GgufError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
@@ -269,4 +306,5 @@ def _parse(reader: _Reader) -> GgufHeader:
         value = _read_value(reader, key, value_type)
         if value is not None:
             metadata[key] = value
-    return GgufHeader(version=version, tensor_count=tensor_count, metadata=metadata)
+    found = frozenset(text.decode("utf-8") for text in reader.found)
+    return GgufHeader(version, tensor_count, metadata, found)

@@ -39,6 +39,7 @@ from pydantic import (
 
 from slm_server.registry.presets import Alias, Preset, alias_items
 from slm_server.registry.tools import DEFAULT_TOOLS, ToolPolicy, tools_items
+from slm_server.registry.upstream_paths import parse_rule
 
 Backend = Literal["llamacpp", "mlx", "mlx-rerank", "remote"]
 ModelType = Literal[
@@ -170,6 +171,14 @@ class ModelEntry(BaseModel):
     # One more replica of the entry with this YAML key (same id, same model_type): how
     # entries on other hosts, or of another backend, join one model's replicas.
     replica_of: str | None = Field(default=None, min_length=1)
+    # Request-side: whether the model fills in the middle (llama-server's /infill and
+    # completions' ``suffix``; null: as its GGUF vocabulary says, see
+    # slm_server.memory.fill_in), whether /infill requests that name no model go to it,
+    # and the engine paths /upstream/<model>/... reaches beyond the router's own
+    # defaults (slm_server.registry.upstream_paths).
+    infill: bool | None = None
+    infill_default: bool = False
+    upstream_paths: list[str] = Field(default_factory=list)
 
     # Remote only: an OpenAI-compatible server this gateway starts nothing for.
     url: str | None = Field(default=None, pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?/v1/?$")
@@ -233,6 +242,14 @@ class ModelEntry(BaseModel):
     def alias_tools(self, name: str) -> ToolPolicy | None:
         """The tool policy alias ``name`` writes over the entry's (None: none)."""
         return next((a.tools for a in self.aliases if a.name == name), None)
+
+    @field_validator("upstream_paths")
+    @classmethod
+    def _path_rules(cls, rules: list[str]) -> list[str]:
+        """Each rule must parse (``[METHOD ]/path[/*]``)."""
+        for rule in rules:
+            parse_rule(rule)
+        return rules
 
     @field_validator("url")
     @classmethod
@@ -483,6 +500,15 @@ def _remote_problems(source: str, spec: ModelSpec) -> list[Problem]:
         )
     if entry.load != "always":
         problems.append(Problem(source, spec.label, "load", "a remote is never loaded or unloaded"))
+    if entry.upstream_paths:
+        problems.append(
+            Problem(
+                source,
+                spec.label,
+                "upstream_paths",
+                "a remote is not reached through /upstream/ (only the engines the gateway runs)",
+            )
+        )
     if entry.replicas > 1:
         problems.append(
             Problem(
@@ -552,6 +578,10 @@ def _applicability_problems(source: str, spec: ModelSpec) -> list[Problem]:
             )
         )
     problems.extend(_own_alias_problems(source, spec))
+    if entry.infill_default and entry.model_type not in PRESET_MODEL_TYPES:
+        problems.append(
+            Problem(source, spec.label, "infill_default", "applies to model_type lm only")
+        )
     if entry.model_type == "multimodal" and entry.backend == "llamacpp" and not entry.mmproj_path:
         problems.append(
             Problem(source, spec.label, "mmproj_path", "required when model_type is multimodal")
@@ -624,6 +654,21 @@ def _alias_clashes(source: str, firsts: list[ModelSpec]) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _infill_default_problems(source: str, firsts: list[ModelSpec]) -> list[Problem]:
+    """At most one enabled entry is the default for /infill requests that name no
+    model: one line on each after the first, naming it."""
+    chosen = [spec for spec in firsts if spec.entry.infill_default]
+    return [
+        Problem(
+            source,
+            spec.label,
+            "infill_default",
+            f"model {chosen[0].label} is the default for /infill already; only one may be",
+        )
+        for spec in chosen[1:]
+    ]
 
 
 def _entries(source: str, data: Any) -> list[tuple[str, Any]]:
@@ -875,6 +920,7 @@ def inspect_registry(text: str, path: Path) -> RegistryFile:
     warnings: list[Problem] = []
     firsts = [s for s in enabled if s.replica == 1]
     problems.extend(_alias_clashes(source, [s for s in cross if s.replica == 1]))
+    problems.extend(_infill_default_problems(source, firsts))
     id_counts = Counter(s.entry.id for s in firsts)
     for spec in firsts:
         if id_counts[spec.entry.id] > 1:

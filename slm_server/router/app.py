@@ -39,6 +39,7 @@ from slm_server.registry.schema import (
     read_registry_text,
 )
 from slm_server.router.apis.models_and_health import Info
+from slm_server.router.apis.ollama.catalog import OllamaCatalog
 from slm_server.router.apis.table import TABLE
 from slm_server.router.call.admission import Gate
 from slm_server.router.call.backend_state import StateSource, StateView
@@ -200,6 +201,7 @@ class Wired:
     models_api: ModelsApi
     recent: RecentRequests
     dashboard: Dashboard
+    ollama: OllamaCatalog
 
 
 def pressure_watch(settings: Settings, deps: Dependencies) -> PressureWatch:
@@ -274,11 +276,19 @@ def wire(
         list_aliases=settings.serving.list_aliases,
         memory=pressure.report,
         caps=proxy.caps,
+        infill=proxy.infill,
     )
     deps.metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
     recent = RecentRequests()
     dashboard = Dashboard(
         registry, deps.states, recent, settings.watchdog.log_path, settings.log_dir
+    )
+    ollama = OllamaCatalog(
+        registry,
+        loader.status,
+        proxy.caps,
+        proxy.server_kind,
+        list_aliases=settings.serving.list_aliases,
     )
     return Wired(
         proxy,
@@ -290,6 +300,7 @@ def wire(
         ModelsApi(registry, loader, info.describe),
         recent,
         dashboard,
+        ollama,
     )
 
 
@@ -331,12 +342,27 @@ def lifespan_of(
     return lifespan
 
 
+# What a raw request (``/upstream/<model>/<path>``) may be sent with (HEAD follows GET,
+# and is refused by its endpoint).
+RAW_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+def raw_routes(proxy: Proxy) -> list[Route]:
+    """The raw shapes' routes: every path under theirs, every method."""
+    return [
+        Route(f"{row.shape.path}{{target:path}}", proxy.handler(row.shape), methods=RAW_METHODS)
+        for row in TABLE
+        if row.shape.raw
+    ]
+
+
 def routes_of(direct: dict[str, Handler], deps: Dependencies, wired: Wired) -> list[Route]:
     """Every route: the API shapes' (``direct``), then the router's own."""
     info, dashboard = wired.info, wired.dashboard
     routes = [Route(path, handler, methods=["POST"]) for path, handler in direct.items()]
     return [
         *routes,
+        *raw_routes(wired.proxy),
         Route("/v1/models", info.models, methods=["GET"]),
         Route("/v1/models/load", wired.models_api.load, methods=["POST"]),
         Route("/v1/models/unload", wired.models_api.unload, methods=["POST"]),
@@ -351,7 +377,27 @@ def routes_of(direct: dict[str, Handler], deps: Dependencies, wired: Wired) -> l
         Route("/v1/ui/logs/{role}", dashboard.logs, methods=["GET"]),
         Route("/ui", dashboard.page, methods=["GET"]),
         Route("/ui/{asset}", dashboard.page, methods=["GET"]),
+        *ollama_routes(wired.ollama),
     ]
+
+
+def ollama_routes(ollama: OllamaCatalog) -> list[Route]:
+    """Ollama's own routes that the router answers (its model routes are the table's)."""
+    refused = ollama.refused
+    return [
+        Route("/", ollama.root, methods=["GET", "HEAD"]),
+        Route("/api/version", ollama.version, methods=["GET"]),
+        Route("/api/tags", ollama.tags, methods=["GET"]),
+        Route("/api/ps", ollama.ps, methods=["GET"]),
+        Route("/api/show", ollama.show, methods=["POST"]),
+        *(Route(f"/api/{name}", refused, methods=["POST"]) for name in OLLAMA_REFUSED),
+        Route("/api/delete", refused, methods=["DELETE"]),
+        Route("/api/blobs/{digest}", refused, methods=["HEAD", "POST"]),
+    ]
+
+
+# Ollama's routes that add or change models: here the registry does.
+OLLAMA_REFUSED = ("pull", "push", "create", "copy")
 
 
 def create_app(
@@ -370,7 +416,9 @@ def create_app(
     wired = wire(settings, registry_file, deps, registry, version, follow_seconds)
     # The proxied POST paths go straight to their handlers (see router/edge/screening.py); the
     # routes stay for every other method, and as the one list of what is served.
-    direct: dict[str, Handler] = {row.shape.path: wired.proxy.handler(row.shape) for row in TABLE}
+    direct: dict[str, Handler] = {
+        row.shape.path: wired.proxy.handler(row.shape) for row in TABLE if not row.shape.raw
+    }
     serving = settings.serving
     app = Starlette(
         routes=routes_of(direct, deps, wired),

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.errors import BackendUnavailable, GatewayError
+from slm_server.registry.infill import InfillCache
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.in_band import InBand, going_on
 from slm_server.router.answer.relay import Relay
@@ -77,6 +78,7 @@ class Proxy:
         # Whether each backend's template takes tools, asked once per process; shared
         # with GET /v1/models.
         self.caps = TemplateCaps(upstream, states)
+        self.infill = InfillCache()  # whether each model fills in the middle, likewise
         relay = Relay(
             self.sender,
             replies,
@@ -84,6 +86,8 @@ class Proxy:
             self.server_kind,
             recovery,
             self.caps,
+            self.keep_alive,
+            self.infill,
         )
         # Each row's endpoint, built once, by its shape.
         self.endpoints: dict[Shape, Endpoint] = {
@@ -99,6 +103,12 @@ class Proxy:
         launcher has said."""
         planned = self.reception.states.planned(spec.role, spec.entry.port)
         return planned.kind if planned is not None else None
+
+    def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
+        """Keep ``spec``'s on-demand model loaded ``seconds`` after its last request
+        (None: as its entry says); nothing for a model loaded for good."""
+        if self.loader is not None:
+            self.loader.keep_alive(spec, seconds)
 
     def cancel_waiting(self) -> None:
         """End every request still waiting on a backend (the drain period is over)."""
@@ -185,6 +195,7 @@ class Proxy:
         if (
             not (exchange.stream and shape.streams and streams_tokens)
             or self.keepalive_seconds <= 0
+            or shape.keepalive is None
         ):
             return None
         report = asks_progress(header_value(request.scope["headers"], PROGRESS_HEADER))
@@ -255,7 +266,9 @@ class Proxy:
             if loader is not None and loader.on_demand(spec):
                 # Holding the slot: the line behind it waits in order, within its limits.
                 exchange.enter(LOADING)
+                loading_from = time.perf_counter()
                 await loader.until_ready(spec, client, deadline.at)
+                exchange.load_seconds = time.perf_counter() - loading_from
             headers = forward_headers(request.scope["headers"])
             headers.update(exchange.upstream_headers)
             headers["x-request-id"] = exchange.request_id

@@ -6,6 +6,8 @@
 The second form (used by tests/fakes/fake-llama-server) takes llama-server's flags and
 reads start-up behaviour from the --model file: see ``tests.fakes.startup``.
 
+llama-server's own routes (``tests.fakes.native_routes``): /infill, /completion,
+/tokenize, /detokenize, /apply-template, and /echo/... (any method) for passthrough tests.
 Proxied endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank,
 /v1/responses (404 unless scripted), /v1/images/generations (JSON), /v1/images/edits and
 /v1/audio/transcriptions (multipart/form-data, answered like mlx-openai-server: b64 images;
@@ -50,6 +52,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from tests.fakes import native_routes as native
 from tests.fakes import startup
 
 JSON = dict[str, Any]
@@ -127,6 +130,9 @@ class Script:
     # What GET /props answers (llama-server's server properties, e.g.
     # ``{"chat_template_caps": {"supports_tools": false}}``); None: 404, as before.
     props: dict[str, Any] | None = None
+    # Whether the model has the fill-in-the-middle tokens: /infill answers (False: 501,
+    # as llama-server answers for a model without them).
+    infill: bool = True
 
     @classmethod
     def parse(cls, data: Any) -> Script:
@@ -151,6 +157,7 @@ class Script:
             responses=self.responses,
             reply=self.reply,
             reasoning=self.reasoning,
+            infill=self.infill,
         )
 
     def applies_to(self, path: str, raw: bytes = b"") -> bool:
@@ -197,6 +204,7 @@ class Record:
     body_size: int = 0
     body_sha256: str = ""
     form: list[JSON] | None = None  # the parts of a multipart form, in order
+    query: str = ""
 
 
 @dataclass
@@ -738,6 +746,7 @@ async def proxied(request: Request) -> Response:
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
     record = Record(state.seq, path, request.method, headers, body, time.monotonic())
     record.content_type = request.headers.get("content-type")
+    record.query = request.url.query
     record.body_size = len(raw)
     record.body_sha256 = hashlib.sha256(raw).hexdigest()
     if path in FORM_PATHS:
@@ -780,6 +789,10 @@ async def proxied(request: Request) -> Response:
     status = script.next_status()
     if status is not None and status != 200:
         return answer(status, error_body(status))
+    if path.startswith("/echo/"):
+        return answer(payload=native.echo(request.method, path, record.query, raw, headers))
+    if path in native.NATIVE_PATHS:
+        return native_answer(path, body, script, state.model_id, answer)
     if request.method == "GET":
         return answer(
             payload={
@@ -814,6 +827,39 @@ async def proxied(request: Request) -> Response:
     if events is not None and body.get("return_progress") is True:
         progress = progress_reports(path, body, model, record.seq)
     return answer(payload=payload, events=events, progress=progress)
+
+
+def native_answer(
+    path: str, body: Any, script: Script, model: str, answer: Callable[..., Response]
+) -> Response:
+    """llama-server's own routes (``tests.fakes.native_routes``)."""
+    if not isinstance(body, dict):
+        return answer(400, native.error(400, "request body must be a JSON object", "invalid"))
+    simple = {
+        "/tokenize": native.tokenize,
+        "/detokenize": native.detokenize,
+        "/apply-template": native.apply_template,
+    }.get(path)
+    if simple is not None:
+        payload = simple(body)
+        return answer(400 if "error" in payload else 200, payload)
+    if path == "/infill":
+        if not script.infill:
+            return answer(501, native.error(501, native.NO_FIM, "not_supported_error"))
+        invalid = native.invalid_infill(body)
+        if invalid is not None:
+            return answer(500, invalid)
+    if not body.get("stream"):
+        return answer(payload=native.whole(path, body, model, script.reply))
+    events = native.native_events(path, body, model, script.chunks, script.reply)
+    total = max(1, len(json.dumps(body)) // 4)
+    progress = None
+    if body.get("return_progress") is True:
+
+        def progress(per_mille: int) -> bytes:
+            return native.progress_report(per_mille, total)
+
+    return answer(events=([], events[:-1], events[-1:]), progress=progress)
 
 
 def progress_reports(path: str, body: JSON, model: str, seq: int) -> Callable[[int], bytes]:
@@ -1003,6 +1049,8 @@ async def control_api(request: Request) -> Response:
 
 def build_app(model_id: str) -> Starlette:
     routes = [Route(p, proxied, methods=["POST"]) for p in PROXIED_POST]
+    routes += [Route(p, proxied, methods=["POST"]) for p in native.NATIVE_PATHS]
+    routes += [Route("/echo/{rest:path}", proxied, methods=["GET", "POST", "PUT", "DELETE"])]
     routes += [
         Route("/v1/models", proxied, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -433,6 +433,12 @@ def test_effective_config_reports_the_live_exporter(
             "image_generations",
             "image_edits",
             "transcriptions",
+            "infill",
+            "upstream",
+            "ollama_chat",
+            "ollama_generate",
+            "ollama_embed",
+            "ollama_embeddings",
             "streaming",
         ],
     }

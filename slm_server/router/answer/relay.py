@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 
 from slm_server.contracts import engine_paths
 from slm_server.errors import BackendTimeout, ClientDisconnected, GatewayError
+from slm_server.registry.infill import InfillCache
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.reply import Replies
 from slm_server.router.answer.tool_answers import ToolAnswers
@@ -49,8 +50,9 @@ class Stranded(Protocol):
 class Relay:
     """What every API shape's endpoint is built from: the one sender and the replies of
     the router, the sampling defaults the launcher published for a backend, the
-    server it runs for an entry (None when no launcher has said), and what decides
-    whether a stranded request is sent again."""
+    server it runs for an entry (None when no launcher has said), what decides
+    whether a stranded request is sent again, what knows whether a template takes
+    tools, and what keeps an on-demand model loaded as a client asks."""
 
     sender: Sender
     replies: Replies
@@ -58,6 +60,11 @@ class Relay:
     server_kind: Callable[[ModelSpec], str | None]
     recovery: Stranded
     caps: TemplateCaps
+    # Sets an on-demand model's idle TTL for its process (Ollama's ``keep_alive``, in
+    # seconds; None: its entry's again); nothing for a model loaded for good.
+    keep_alive: Callable[[ModelSpec, float | None], None]
+    # Whether a model fills in the middle (its GGUF read once); shared with GET /v1/models.
+    infill: InfillCache
 
     async def relay(
         self, call: Call, path: str, body: bytes, translation: Translation | None = None

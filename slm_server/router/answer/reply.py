@@ -21,6 +21,7 @@ from slm_server.router.answer.answer_fields import answer_fields
 from slm_server.router.answer.gathered import ChatGathering
 from slm_server.router.answer.stream_relay import StreamRelay
 from slm_server.router.answer.stream_splice import Splice
+from slm_server.router.answer.translated_tap import Tap
 from slm_server.router.answer.translation import Translation
 from slm_server.router.answer.whole_answer import WholeAnswer
 from slm_server.router.call.admitted_call import Call
@@ -243,20 +244,32 @@ class Replies:
         def raw(response: UpstreamResponse) -> AsyncIterator[bytes]:
             return iter_raw(spec, response)
 
+        tap: Tap
+        translated: dict[str, Any] = {}
         if translation is not None:
-            parsed = self._resumable(answer, events(upstream), events, reopen)
-            return relay(translation.stream(parsed, exchange), error_event=translation.stream_error)
-        if encoding is not None:  # the bytes as they came: the client decodes them
+            translating = translation.tap(exchange, max_event)
+            if translating is None:
+                parsed = self._resumable(answer, events(upstream), events, reopen)
+                return relay(
+                    translation.stream(parsed, exchange),
+                    error_event=translation.stream_error,
+                    media_type=translation.media_type,
+                )
+            # Translated as it is spliced, event by event: as a stream relayed as it came.
+            tap, content_type = translating, translation.media_type
+            translated["error_event"] = translation.stream_error
+        elif encoding is not None:  # the bytes as they came: the client decodes them
             chunks = self.sender.watched(call, raw(upstream), timer, noted)
             # No keep-alive: it would be plain text inside the encoded body.
             headers = {"content-encoding": encoding}
             return relay(chunks, media_type=content_type, headers=headers, keepalive=None)
-        tap = SseTap(
-            exchange,
-            drop_usage_chunk=call.hidden_usage,
-            max_event_bytes=max_event,
-            drop_progress=call.hidden_progress,
-        )
+        else:
+            tap = SseTap(
+                exchange,
+                drop_usage_chunk=call.hidden_usage,
+                max_event_bytes=max_event,
+                drop_progress=call.hidden_progress,
+            )
         spliced = None
         source = upstream.spliceable()
         if source is not None:
@@ -272,6 +285,7 @@ class Replies:
             media_type=content_type,
             splice=spliced,
             resume=resume if reopen is not None else None,
+            **translated,
         )
 
     async def _resumable(
@@ -357,7 +371,7 @@ def _dumps(answer: dict[str, Any]) -> bytes:
     return json.dumps(answer, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
 
 
-async def _tapped(chunks: AsyncIterator[bytes], tap: SseTap) -> AsyncIterator[bytes]:
+async def _tapped(chunks: AsyncIterator[bytes], tap: Tap) -> AsyncIterator[bytes]:
     """The stream as the client gets it: each event checked and noted on the way."""
     async for chunk in chunks:
         forward = tap.feed(chunk)

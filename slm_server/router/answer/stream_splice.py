@@ -27,12 +27,12 @@ from slm_server.contracts.verdicts import HEALTHY, outcome_of
 from slm_server.errors import GatewayError
 from slm_server.http1 import HttpError
 from slm_server.registry.schema import ModelSpec
+from slm_server.router.answer.translated_tap import Tap
 from slm_server.router.call.exchange import ANSWERING, Exchange
 from slm_server.router.call.fast_path import PieceWriter, SpliceSource
 from slm_server.router.call.keepalive import KeepAlive
 from slm_server.router.call.waits import running_loop
 from slm_server.router.upstream.client import translate
-from slm_server.router.upstream.sse import SseTap
 from slm_server.router.watchdog.tripwire import Progress, StallTimer, Tripwire
 
 
@@ -58,7 +58,7 @@ class Splice:
         spec: ModelSpec,
         exchange: Exchange,
         upstream: SpliceSource,
-        tap: SseTap,
+        tap: Tap,
         timer: StallTimer,
         progress: Progress,
         tripwire: Tripwire,

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from slm_server.errors import GatewayError
+from slm_server.router.answer.translated_tap import Tap, TranslatingTap
 from slm_server.router.call.exchange import Exchange
 from slm_server.router.upstream.sse import is_report
 
@@ -29,6 +30,11 @@ class Translation(Protocol):
     @property
     def api(self) -> str:
         """The API's name, as errors name it: "the Responses API"."""
+        ...
+
+    @property
+    def media_type(self) -> str:
+        """The content type of the translated stream."""
         ...
 
     async def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +53,11 @@ class Translation(Protocol):
 
     def stream_error(self, error: GatewayError) -> bytes:
         """The in-band end of a stream cut by ``error``."""
+        ...
+
+    def tap(self, exchange: Exchange, max_event_bytes: int) -> Tap | None:
+        """What translates the stream as it is spliced (:mod:`.translated_tap`); None
+        when it is walked piece by piece (:meth:`stream`)."""
         ...
 
 
@@ -124,6 +135,9 @@ class ChatTranslation(ABC, Generic[S]):
     is a finished turn, :func:`cap_ends_turn`)."""
 
     api: ClassVar[str]  # named in errors: "the Responses API"
+    media_type: ClassVar[str] = "text/event-stream"  # its stream's
+    # Whether its stream may be translated as it is spliced (:meth:`tap`).
+    splices: ClassVar[bool] = False
 
     def __init__(self, request: dict[str, Any], translator: S, *, capped: bool) -> None:
         self.request = request
@@ -142,6 +156,15 @@ class ChatTranslation(ABC, Generic[S]):
     @abstractmethod
     def failed(self, error: Any) -> list[bytes]:
         """The events that end the stream when the backend sent ``error`` in band."""
+
+    def tap(self, exchange: Exchange, max_event_bytes: int) -> Tap | None:
+        """The stream translated as it is spliced, unless its tool calls are held."""
+        if not self.splices or self.tools is not None:
+            return None
+        return TranslatingTap(exchange, self.translator, self.failed, self._shown, max_event_bytes)
+
+    def _shown(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        return cap_ends_turn(chunk) if self.capped else chunk
 
     async def whole(self, chat: dict[str, Any]) -> dict[str, Any]:
         if self.tools is not None:

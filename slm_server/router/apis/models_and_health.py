@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 
 from slm_server.contracts.records import budget_view
 from slm_server.registry import remote
+from slm_server.registry.infill import InfillCache
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.admission import Gate
 from slm_server.router.call.backend_state import StateSource
@@ -39,6 +40,7 @@ class Info:
         list_aliases: bool = True,
         memory: Callable[[], dict[str, Any]] | None = None,
         caps: TemplateCaps | None = None,
+        infill: InfillCache | None = None,
     ) -> None:
         self.list_aliases = list_aliases
         self.memory = memory
@@ -51,6 +53,7 @@ class Info:
         self.states = states
         self.started = int(time.time())
         self.caps = caps if caps is not None else TemplateCaps(upstream, states)
+        self.infill = infill if infill is not None else InfillCache()
 
     def describe(self, spec: ModelSpec, name: str | None = None) -> dict[str, Any]:
         """One model as ``GET /v1/models/{id}`` shows it, by its id or, when ``name`` is
@@ -120,6 +123,7 @@ class Info:
         for spec in self.registry.entries:
             model = self._model(spec)
             model["tools"] = await self.tools(spec, None)
+            model["infill"] = await self.takes_infill(spec)
             data.append(model)
             if self.list_aliases:
                 for name in spec.entry.alias_names:
@@ -134,7 +138,16 @@ class Info:
         model = self.describe(spec, model_id)
         alias = model_id if model_id in spec.entry.alias_names else None
         model["tools"] = await self.tools(spec, alias)
+        model["infill"] = await self.takes_infill(spec)
         return JSONResponse(model)
+
+    async def takes_infill(self, spec: ModelSpec) -> bool | None:
+        """Whether the model fills in the middle (``/infill``, completions' ``suffix``;
+        :mod:`slm_server.memory.fill_in`): None when the gateway cannot tell (and
+        refuses it), false for a model that generates no text."""
+        if spec.entry.model_type not in ("lm", "multimodal"):
+            return False
+        return (await self.infill.of(spec.entry)).takes
 
     async def tools(self, spec: ModelSpec, alias: str | None) -> dict[str, Any] | None:
         """A text model's tool policy as named by ``alias`` (None: by its id), and the

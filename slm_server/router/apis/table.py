@@ -12,19 +12,30 @@ Adding a shape is a folder under ``apis/`` with its endpoint, and one row here (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from slm_server.contracts import engine_paths
+from slm_server.contracts.verdicts import classify_engine_status, classify_infill_status
 from slm_server.errors import GatewayError
 from slm_server.router.answer.relay import Relay
+from slm_server.router.apis.infill.endpoint import InfillApi, SuffixCompletions
+from slm_server.router.apis.infill.to_infill import check_infill
 from slm_server.router.apis.messages.endpoint import CountTokensApi, MessagesApi
+from slm_server.router.apis.ollama.endpoint import (
+    OllamaChatApi,
+    OllamaEmbedApi,
+    OllamaEmbeddingsApi,
+    OllamaGenerateApi,
+)
 from slm_server.router.apis.passthrough.endpoint import PassThrough
 from slm_server.router.apis.responses.endpoint import ResponsesApi
+from slm_server.router.apis.upstream.endpoint import UpstreamApi
 from slm_server.router.call.admitted_call import Call
 from slm_server.router.call.error_shape import Dialect
 from slm_server.router.call.shape import PING, Shape
@@ -104,6 +115,72 @@ TRANSCRIPTIONS = Shape(
     streams=True,
     form=True,
 )
+# Ollama's API: its errors, and those of every path under /api (its own routes too:
+# /api/tags, /api/show, ...), are Ollama's; its answers stream by default, as JSON
+# lines, which have no keep-alive a client would skip.
+OLLAMA = "/api"
+OLLAMA_CHAT = Shape(
+    "ollama_chat",
+    "/api/chat",
+    "chat",
+    TEXT,
+    streams=True,
+    errors=Dialect.OLLAMA,
+    translated_to=CHAT,
+    keepalive=None,
+    stream_default=True,
+)
+OLLAMA_GENERATE = Shape(
+    "ollama_generate",
+    "/api/generate",
+    "text_completion",
+    TEXT,
+    streams=True,
+    errors=Dialect.OLLAMA,
+    translated_to=CHAT,
+    keepalive=None,
+    stream_default=True,
+)
+OLLAMA_EMBED = Shape(
+    "ollama_embed",
+    "/api/embed",
+    "embeddings",
+    frozenset({"embeddings"}),
+    errors=Dialect.OLLAMA,
+)
+OLLAMA_EMBEDDINGS = Shape(
+    "ollama_embeddings",
+    "/api/embeddings",
+    "embeddings",
+    frozenset({"embeddings"}),
+    errors=Dialect.OLLAMA,
+)
+
+# llama-server's fill-in-the-middle route (llama.vscode's), a streamed answer in its own
+# events; a request that names no model goes to the registry's infill_default.
+INFILL = Shape(
+    "infill",
+    engine_paths.INFILL,
+    "text_completion",
+    TEXT,
+    streams=True,
+    token_stream=True,
+    checks=(check_infill,),
+    defaults_model=True,
+    statuses=classify_infill_status,
+)
+# Raw passthrough: /upstream/<model>/<engine path>, any method, to every kind of model.
+UPSTREAM = Shape(
+    "upstream",
+    "/upstream/",
+    "upstream",
+    frozenset(
+        {"lm", "multimodal", "embeddings", "rerank", "image-generation", "image-edit", "whisper"}
+    ),
+    streams=True,
+    raw=True,
+    statuses=classify_engine_status,
+)
 
 
 class Endpoint(Protocol):
@@ -138,26 +215,29 @@ class Row:
 class Table:
     """The rows, and each shape by its path."""
 
-    def __init__(self, *rows: Row) -> None:
+    def __init__(self, *rows: Row, prefixes: Mapping[str, Dialect] | None = None) -> None:
         self.rows = rows
         self._shapes = {row.shape.path: row.shape for row in rows}
-        # The paths whose errors are not OpenAI's, longest first: each, and under it.
-        dialects = {row.shape.path: row.shape.errors for row in rows}
-        self._dialects = sorted(
-            (
-                (path, dialect)
-                for path, dialect in dialects.items()
-                if dialect is not Dialect.OPENAI
-            ),
-            key=lambda item: -len(item[0]),
-        )
+        self._raw = tuple(row.shape for row in rows if row.shape.raw)  # served under their path
+        # The paths whose errors are not OpenAI's, longest first: each, and under it;
+        # ``prefixes`` adds whole families of routes (Ollama's ``/api``).
+        own = [(row.shape.path, row.shape.errors) for row in rows]
+        own += list((prefixes or {}).items())
+        own = [(path, dialect) for path, dialect in own if dialect is not Dialect.OPENAI]
+        self._dialects = sorted(own, key=lambda item: -len(item[0]))
 
     def __iter__(self) -> Iterator[Row]:
         return iter(self.rows)
 
     def at(self, path: str) -> Shape | None:
-        """The shape served at ``path`` exactly; None for any other path."""
-        return self._shapes.get(path)
+        """The shape served at ``path`` exactly, or under it for a raw shape's
+        (``/upstream/...``); None for any other path."""
+        found = self._shapes.get(path)
+        if found is None:
+            for shape in self._raw:
+                if path.startswith(shape.path):
+                    return shape
+        return found
 
     def dialect_at(self, path: str) -> Dialect:
         """The shape errors on ``path`` take: that of the shape served there, or of the
@@ -177,7 +257,7 @@ class Table:
 
 TABLE = Table(
     Row(CHAT, PassThrough),
-    Row(COMPLETIONS, PassThrough),
+    Row(COMPLETIONS, SuffixCompletions),
     Row(RESPONSES, ResponsesApi),
     Row(MESSAGES, MessagesApi),
     Row(COUNT_TOKENS, CountTokensApi),
@@ -186,6 +266,13 @@ TABLE = Table(
     Row(IMAGE_GENERATIONS, PassThrough),
     Row(IMAGE_EDITS, PassThrough),
     Row(TRANSCRIPTIONS, PassThrough),
+    Row(INFILL, InfillApi),
+    Row(UPSTREAM, UpstreamApi),
+    Row(OLLAMA_CHAT, OllamaChatApi),
+    Row(OLLAMA_GENERATE, partial(OllamaGenerateApi, completions=COMPLETIONS, infill=INFILL)),
+    Row(OLLAMA_EMBED, OllamaEmbedApi),
+    Row(OLLAMA_EMBEDDINGS, OllamaEmbeddingsApi),
+    prefixes={OLLAMA: Dialect.OLLAMA},
 )
 
 __all__ = [
@@ -195,12 +282,18 @@ __all__ = [
     "EMBEDDINGS",
     "IMAGE_EDITS",
     "IMAGE_GENERATIONS",
+    "INFILL",
     "MESSAGES",
+    "OLLAMA_CHAT",
+    "OLLAMA_EMBED",
+    "OLLAMA_EMBEDDINGS",
+    "OLLAMA_GENERATE",
     "RERANK",
     "RESPONSES",
     "TABLE",
     "TEXT",
     "TRANSCRIPTIONS",
+    "UPSTREAM",
     "Endpoint",
     "EndpointClass",
     "Row",

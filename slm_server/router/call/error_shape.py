@@ -1,5 +1,6 @@
 """Which shape an error takes (its :class:`Dialect`): Anthropic's on the Messages API's
-routes (and every path under them), OpenAI's everywhere else, as the table of shapes
+routes (and every path under them), Ollama's on its routes (``/api/...``), OpenAI's
+everywhere else, as the table of shapes
 says for each path (``Exchange.errors``, set at the door)."""
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ class Dialect(Enum):
 
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+    OLLAMA = "ollama"
 
 
 def error_body(error: GatewayError, dialect: Dialect) -> dict[str, Any]:
     """``error``'s JSON body as the clients of ``dialect``'s routes expect it."""
     if dialect is Dialect.ANTHROPIC:
         return error.anthropic_body()
+    if dialect is Dialect.OLLAMA:
+        return error.ollama_body()
     return error.body()
 
 

@@ -111,6 +111,8 @@ class Exchange:
     # took.
     recovery: str | None = None
     recovery_seconds: float | None = None
+    # How long the request waited for its model's on-demand load (None: it did not).
+    load_seconds: float | None = None
     # Where the request waits for its answer (one of STAGES; None before it is routed),
     # since when, its place in the admission queue (asked when reported) and the prompt
     # tokens its engine has read of the total (from the engine's progress reports).
@@ -181,7 +183,8 @@ class Exchange:
         model = payload.get("model")
         self.model = model if isinstance(model, str) else None
         shape = self.shape
-        self.stream = payload.get("stream") is True and shape is not None and shape.streams
+        asked = payload.get("stream", shape is not None and shape.stream_default)
+        self.stream = asked is True and shape is not None and shape.streams
         self.note_sampling(payload)
 
     def note_sampling(self, payload: dict[str, Any]) -> None:
@@ -194,7 +197,7 @@ class Exchange:
     def note_response(self, body: dict[str, Any]) -> None:
         """Fold in what a response object (or one stream chunk) says: id, model,
         finish reasons and token usage, in the chat, completions, embeddings,
-        Responses-API or Messages-API shapes."""
+        Responses-API or Messages-API shapes, or llama-server's own."""
         if self.response_id is None and isinstance(body.get("id"), str):
             self.response_id = body["id"]
         if self.response_model is None and isinstance(body.get("model"), str):
@@ -222,6 +225,22 @@ class Exchange:
                 self.input_tokens = prompt
             if completion is not None:
                 self.output_tokens = completion
+        if body.get("stop") is True and "stop_type" in body:
+            self._note_native_end(body)
+
+    def _note_native_end(self, body: dict[str, Any]) -> None:
+        """llama-server's own answer (``/infill``, ``/completion``), whole or its
+        stream's last event: its token counts, and why it ended (``limit`` is
+        OpenAI's ``length``)."""
+        prompt = _count(body.get("tokens_evaluated"))
+        completion = _count(body.get("tokens_predicted"))
+        if prompt is not None:
+            self.input_tokens = prompt
+        if completion is not None:
+            self.output_tokens = completion
+        stop = body.get("stop_type")
+        if isinstance(stop, str):
+            self.finish_reasons.append("length" if stop == "limit" else "stop")
 
     def enter(self, stage: str) -> None:
         """The request waits at ``stage`` (one of :data:`STAGES`) from now."""

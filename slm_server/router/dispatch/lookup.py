@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from slm_server.errors import AmbiguousModel, ModelNotFound, UnsupportedEndpoint
+from slm_server.errors import AmbiguousModel, InvalidRequest, ModelNotFound, UnsupportedEndpoint
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.shape import Shape
+
+# Ollama's default tag.
+LATEST = ":latest"
 
 
 class Registry:
@@ -54,6 +57,8 @@ class Registry:
         }
         # The enabled entries, each by its first replica: one per model id unless ambiguous.
         self.entries = tuple(s for s in enabled if s.replica == 1)
+        # Where /infill requests that name no model go (the registry allows one).
+        self.infill_default = next((s for s in self.entries if s.entry.infill_default), None)
 
     def holds(self, spec: ModelSpec) -> bool:
         """Whether ``spec`` is one of this registry's (not one a request was routed by
@@ -77,13 +82,23 @@ class Registry:
         """How many replicas ``spec``'s model has: its entry's and those joining it."""
         return len(self.replicas(spec))
 
+    def named(self, name: str) -> str:
+        """``name`` as the registry knows it: an Ollama client's ``<name>:latest`` (its
+        default tag, which Ollama's clients add to a bare name) is ``<name>`` when no
+        entry or alias is called ``<name>:latest`` itself."""
+        if name.endswith(LATEST) and name not in self._by_alias and name not in self._by_id:
+            return name[: -len(LATEST)]
+        return name
+
     def alias(self, name: str) -> str | None:
         """``name`` when it is an alias (of the entry :meth:`lookup` gives), else None."""
+        name = self.named(name)
         return name if name in self._by_alias else None
 
     def lookup(self, model_id: str) -> ModelSpec:
-        """The one enabled entry with this id or alias, by its first replica; 404 if
-        none, 409 if several entries have the id."""
+        """The one enabled entry with this id or alias (:meth:`named`), by its first
+        replica; 404 if none, 409 if several entries have the id."""
+        model_id = self.named(model_id)
         aliased = self._by_alias.get(model_id)
         if aliased is not None:
             return aliased
@@ -102,6 +117,19 @@ class Registry:
                 param="model",
             )
         return found[0]
+
+    def default_model(self) -> str:
+        """The id of the model a request that names none goes to, where its shape
+        allows (``/infill``: the entry with ``infill_default: true``); 400 when no
+        enabled entry is the default."""
+        if self.infill_default is None:
+            raise InvalidRequest(
+                "The request has no 'model' field and no model of the registry is the "
+                "default for it (infill_default: true); name one of GET /v1/models",
+                code="missing_model",
+                param="model",
+            )
+        return self.infill_default.entry.id
 
     def route(self, model_id: str, shape: Shape | None) -> ModelSpec:
         """The entry for ``model_id``, checked to serve ``shape`` (None: unchecked)."""

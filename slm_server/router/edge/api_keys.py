@@ -1,8 +1,8 @@
 """Optional API keys (``SLM_API_KEYS`` / ``SLM_API_KEYS_FILE``): when any is set, every
-``/v1/*`` route needs ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` (the
-Anthropic clients' header), and so does ``/metrics`` (it names every model) unless
-``SLM_METRICS_NEED_KEY=false``; ``/health`` stays open. Keys are compared in constant
-time and never logged."""
+model route (``/v1/*``, Ollama's ``/api/*``, ``/upstream/*``, ``/infill``) needs
+``Authorization: Bearer <key>`` or ``x-api-key: <key>`` (the Anthropic clients' header),
+and so does ``/metrics`` (it names every model) unless ``SLM_METRICS_NEED_KEY=false``;
+``/health`` and ``/`` stay open. Keys are compared in constant time and never logged."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slm_server.errors import GatewayError, Unauthorized
+from slm_server.router.apis.table import INFILL, UPSTREAM
 from slm_server.router.call.reject import reject
+
+# The model routes: OpenAI's and Anthropic's (``/v1/``), Ollama's (``/api/``), a
+# backend's own (``/upstream/``) and llama-server's infill.
+GUARDED_PREFIXES = ("/v1/", "/api/", UPSTREAM.path, INFILL.path)
 
 
 class Keys:
@@ -22,7 +27,7 @@ class Keys:
         self.metrics_need_key = metrics_need_key
 
     def guarded(self, path: str) -> bool:
-        return path.startswith("/v1/") or (self.metrics_need_key and path == "/metrics")
+        return path.startswith(GUARDED_PREFIXES) or (self.metrics_need_key and path == "/metrics")
 
     def allowed(self, header: bytes | None, api_key: bytes | None = None) -> bool:
         """Whether the ``Authorization`` header (a Bearer key) or, failing that, the

@@ -4,6 +4,7 @@ its ``model`` field, checked and given the model's defaults."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from slm_server.router.call.fast_path import fast_path_of
 from slm_server.router.call.shape import Shape
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.intake.body_budget import Held
+from slm_server.router.intake.engine_target import EngineTarget, engine_target
 from slm_server.router.intake.forms import read_form_fields
 from slm_server.router.intake.parsed_cost import parsed_cost
 from slm_server.router.intake.payload import (
@@ -69,6 +71,11 @@ class Intake:
     hidden_progress: bool = False
     reports: bool = False
     gathered: bool = False
+    # What the endpoint made of the request before it was admitted, for its ``send``
+    # (an Ollama request's translation).
+    prepared: object | None = None
+    # A raw request's method, engine path and query (``/upstream/<model>/...``).
+    target: EngineTarget | None = None
 
     async def body(self) -> bytes:
         """The request in its own shape as the backend is sent it: the bytes as they
@@ -150,6 +157,8 @@ class Reception:
                 code="shutting_down",
                 retry_after=RETRY_AFTER_SECONDS,
             )
+        if shape.raw:
+            return await self._take_raw(request, shape, exchange, held)
         if not shape.form:
             check_json_type(header_value(request.scope["headers"], b"content-type"))
         raw = await self.body(request, held)
@@ -164,13 +173,16 @@ class Reception:
         else:
             payload = parse_body(raw)
         exchange.note_request(payload)
-        name = model_field(payload)
+        if shape.defaults_model and payload.get("model") is None:
+            name = self.registry.default_model()  # llama.vscode's /infill names none
+        else:
+            name = model_field(payload)
         spec = self.registry.route(name, shape)
         alias = self.registry.alias(name)
         exchange.spec = spec
         changed = capped = False
         if not shape.form:
-            if alias is not None:  # the backend knows the model by its id
+            if name != spec.entry.id:  # an alias, a tag: the backend knows it by its id
                 payload["model"] = spec.entry.id
                 changed = True
             names = SHAPES.get(shape.name)
@@ -208,6 +220,21 @@ class Reception:
             gathered=gathered,
         )
 
+    async def _take_raw(
+        self, request: Request, shape: Shape, exchange: Exchange, held: Held
+    ) -> Intake:
+        """A request relayed as the client wrote it (``/upstream/<model>/<path>``,
+        :mod:`.engine_target`): routed by the model its path names, its body read within
+        the limits and passed on unchanged, looked at only for ``"stream": true``."""
+        target = engine_target(request.scope, shape.path, self.registry.lookup)
+        raw = await self.body(request, held)
+        spec = self.registry.route(target.model, shape)
+        exchange.spec = spec
+        held.take_parsed(parsed_cost(raw))
+        exchange.note_request({"model": target.model, "stream": await _asks_stream(raw)})
+        alias = self.registry.alias(target.model)
+        return Intake(spec, {}, raw, False, alias, target=target)
+
     async def for_backend(self, intake: Intake, spec: ModelSpec, shape: Shape) -> Intake:
         """The request as ``spec``'s backend is sent it: a remote that knows the model
         by another name (``remote_model``) gets its name in ``model``. A multipart form
@@ -219,6 +246,21 @@ class Reception:
             return intake
         payload = {**intake.payload, "model": entry.upstream_model}
         return replace(intake, payload=payload, rewritten=True)
+
+
+async def _asks_stream(raw: bytes) -> bool:
+    """Whether a raw body is a JSON object asking ``"stream": true`` (a body that is
+    not, malformed or nested past the parser's depth, streams nothing)."""
+    if b'"stream"' not in raw:
+        return False
+    try:
+        if len(raw) > OFF_LOOP_BYTES:  # a large body is parsed off the event loop
+            value = await asyncio.to_thread(json.loads, raw)
+        else:
+            value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and value.get("stream") is True
 
 
 def _defaults(planned: BackendState | None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -93,6 +94,15 @@ class Model:
     # "unloaded" only between two of its own looks (a waiting request loads it again
     # within one turn).
     gone_seen: int = 0
+    # The idle TTL a client set for the process loaded now (Ollama's ``keep_alive``):
+    # seconds, ``inf`` to keep it; None: the entry's ``idle_ttl``.
+    keep_alive: float | None = None
+
+    @property
+    def idle_ttl(self) -> float | None:
+        """The idle TTL in force: the client's, else the entry's (None: kept)."""
+        ttl = self.spec.entry.idle_ttl if self.keep_alive is None else self.keep_alive
+        return None if ttl is None or ttl == math.inf else ttl
 
 
 class Loader:
@@ -142,6 +152,17 @@ class Loader:
 
     def on_demand(self, spec: ModelSpec) -> bool:
         return spec.role in self.models
+
+    def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
+        """Keep ``spec``'s on-demand model loaded ``seconds`` after its last request
+        (Ollama's ``keep_alive``: 0 unloads it once idle, ``inf`` keeps it), until it is
+        unloaded; None: its entry's ``idle_ttl`` again."""
+        model = self.models.get(spec.role)
+        if model is None:
+            return
+        model.keep_alive = seconds
+        if seconds is not None and seconds != math.inf:
+            self.wake()  # the planner looks at once: 0 unloads it when it is idle
 
     def state_of(self, spec: ModelSpec) -> BackendState | None:
         return self.states.get(spec.role, spec.entry.port)
@@ -471,7 +492,7 @@ class Loader:
 
     async def _expire_idle(self, states: Mapping[str, BackendState | None], now: float) -> None:
         for role, model in list(self.models.items()):  # a reload may change them
-            ttl = model.spec.entry.idle_ttl
+            ttl = model.idle_ttl
             state = states.get(role)
             if ttl is None or state is None or state.state != "ready" or model.unload_sent:
                 continue
@@ -528,6 +549,7 @@ class Loader:
         gate = model.gate
         gate.pause()
         model.unload_sent = True
+        model.keep_alive = None  # the client's TTL was for the process that goes
         reply = await self._send(Command("unload", model.spec.role, reason, for_model))
         if reply is None or not reply.ok:
             model.unload_sent = False
@@ -613,9 +635,11 @@ class Loader:
         name = state.state if state is not None else ("unloaded" if self.on_demand(spec) else None)
         entry = spec.entry
         ttl_remaining = None
-        if entry.idle_ttl is not None and name == "ready" and gate is not None and gate.idle:
+        model = self.models.get(spec.role)
+        ttl = model.idle_ttl if model is not None else entry.idle_ttl
+        if ttl is not None and name == "ready" and gate is not None and gate.idle:
             last = self._last_used(spec.role)
-            ttl_remaining = round(max(0.0, entry.idle_ttl - (self.clock() - last)), 1)
+            ttl_remaining = round(max(0.0, ttl - (self.clock() - last)), 1)
         last_used_at = None
         if gate is not None:
             last_used_at = round(self.wall() - (self.clock() - gate.last_release), 3)
@@ -636,7 +660,7 @@ class Loader:
             },
             "loaded_at": state.loaded_at if state is not None else None,
             "last_used_at": last_used_at,
-            "idle_ttl": entry.idle_ttl,
+            "idle_ttl": ttl,
             "idle_ttl_remaining": ttl_remaining,
         }
 

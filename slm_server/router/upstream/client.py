@@ -159,10 +159,15 @@ class Transport(Protocol):
     production one is :class:`Upstream`; tests hand the router a scripted fake."""
 
     async def open(
-        self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
+        self,
+        spec: ModelSpec,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        method: str = "POST",
     ) -> UpstreamResponse:
-        """POST ``body`` and return once status and headers arrived; transport
-        failures raised as gateway errors."""
+        """Send ``body`` (POST, or ``method``: a raw request's own) and return once
+        status and headers arrived; transport failures raised as gateway errors."""
         ...
 
     async def probe(self, spec: ModelSpec) -> Probe:
@@ -304,15 +309,21 @@ class Upstream:
             pool.close()
 
     async def open(
-        self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
+        self,
+        spec: ModelSpec,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        method: str = "POST",
     ) -> UpstreamResponse:
-        """POST ``body`` to the backend and return once its status and headers arrived;
-        the caller reads (or relays) the body and must close the response."""
+        """Send ``body`` to the backend (POST, or ``method``) and return once its status
+        and headers arrived; the caller reads (or relays) the body and must close the
+        response."""
         target = self._reach(spec)
         if target.auth:
             headers = {**headers, **target.auth}
         try:
-            return await target.pool.request("POST", target.prefix + path, headers, body)
+            return await target.pool.request(method, target.prefix + path, headers, body)
         except HttpError as exc:
             raise translate(exc, spec) from exc
 

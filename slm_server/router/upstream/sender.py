@@ -74,16 +74,22 @@ class Sender:
         return Progress(time.perf_counter(), call.watch_progress) if call.judged else None
 
     def open(
-        self, call: Call, path: str, body: bytes, progress: Progress | None
+        self,
+        call: Call,
+        path: str,
+        body: bytes,
+        progress: Progress | None,
+        method: str = "POST",
     ) -> Coroutine[Any, Any, tuple[UpstreamResponse, StallTimer]]:
-        """Send ``body`` to ``path`` under the deadline; a stream gets its stall timer
-        armed before sending, watching ``progress`` (or a record of its own, the timer's
-        ``watch``, when the deadline is not judged). (A plain function returning the
-        guarded work, to be awaited: one coroutine fewer per request.)"""
-        return self.guard(call, self._open(call, path, body, progress), progress)
+        """Send ``body`` to ``path`` (POST, or a raw request's ``method``) under the
+        deadline; a stream gets its stall timer armed before sending, watching
+        ``progress`` (or a record of its own, the timer's ``watch``, when the deadline
+        is not judged). (A plain function returning the guarded work, to be awaited:
+        one coroutine fewer per request.)"""
+        return self.guard(call, self._open(call, path, body, progress, method), progress)
 
     async def _open(
-        self, call: Call, path: str, body: bytes, progress: Progress | None
+        self, call: Call, path: str, body: bytes, progress: Progress | None, method: str
     ) -> tuple[UpstreamResponse, StallTimer]:
         spec, exchange = call.spec, call.exchange
         if exchange.stream or call.gathered:
@@ -94,7 +100,7 @@ class Sender:
             timer = StallTimer()
         started = time.perf_counter()
         try:
-            return await self.upstream.open(spec, path, body, call.headers), timer
+            return await self.upstream.open(spec, path, body, call.headers, method), timer
         except GatewayError as error:
             timer.cancel()
             self.tripwire.observe(spec, outcome_of(error), error.message)
@@ -136,7 +142,9 @@ class Sender:
             raise
         finally:
             exchange.upstream_seconds += time.perf_counter() - started
-        self.tripwire.observe(spec, classify_status(upstream.status_code))
+        shape = exchange.shape  # how its engine's statuses are judged
+        judge = shape.statuses if shape is not None else classify_status
+        self.tripwire.observe(spec, judge(upstream.status_code))
         return content
 
     async def _gather(

@@ -32,6 +32,7 @@ PROGRESS_FIELD: Final = "prompt_progress"
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _FINISH_REASON: Final = b'"finish_reason"'
+_STOP_TYPE: Final = b'"stop_type"'
 _JSON_SPACE: Final = b" \t\n\r\f\v"  # what a regex's \s is in bytes
 
 
@@ -228,13 +229,17 @@ def data_object(event: bytes) -> dict[str, Any] | None:
 
 
 def _worth_parsing(event: bytes) -> bool:
-    """Whether ``event`` may say something the router records: usage, an error, or a
-    finish reason that is a string (not null), which ends a choice. Searched for with
+    """Whether ``event`` may say something the router records: usage, an error, a
+    finish reason that is a string (not null), which ends a choice, or the end of
+    llama-server's own stream (``/infill``, ``/completion``: its ``stop_type``, with
+    the token counts). Searched for with
     ``bytes.find`` (a regular expression for the same cost a third of a streamed
     piece's instructions: every chunk carries ``"finish_reason":null``), and never
     with ``in``, which for bytes first tries its operand as an integer and makes and
     drops a TypeError each time."""
     if event.find(b'"usage"') >= 0 or event.find(b'"error"') >= 0:
+        return True
+    if event.find(_STOP_TYPE) >= 0:
         return True
     size = len(event)
     at = event.find(_FINISH_REASON)

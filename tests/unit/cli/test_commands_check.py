@@ -283,8 +283,13 @@ def test_valid_registry_prints_the_argv(checks: dict[str, tuple[Sandbox, Run]]) 
         shlex.split(line)
         for line in lines
         if line.startswith("  ")
-        and not line.startswith(("  memory: ", "  prompt cache ", "  tools: "))
+        and not line.startswith(("  memory: ", "  prompt cache ", "  tools: ", "  infill "))
     ]
+    # Whether the chat model fills in the middle, and why (its stand-in file is no GGUF).
+    infill = [line for line in lines if line.startswith("  infill ")]
+    assert len(infill) == 1 and infill[0].startswith(
+        "  infill (/infill, suffix): unknown (refused): its GGUF header cannot be read"
+    ), infill
     # The chat model's tool policy is said (the default: auto, repaired); not the embedder's.
     tools = [line for line in lines if line.startswith("  tools")]
     assert tools == [

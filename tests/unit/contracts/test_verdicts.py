@@ -16,6 +16,8 @@ from slm_server.contracts.verdicts import (
     FailureClass,
     Outcome,
     Verdict,
+    classify_engine_status,
+    classify_infill_status,
     classify_status,
     deadline_outcome,
 )
@@ -217,3 +219,19 @@ def test_a_cut_that_was_progressing_neither_counts_nor_resets() -> None:
     assert PROGRESSING.verdict is Verdict.IGNORE
     assert PROGRESSING.failure is None
     assert PROGRESSING.status is None
+
+
+@pytest.mark.parametrize("status", [200, 204, 301, 400, 401, 403, 404, 405, 413, 422, 429, 499])
+def test_an_engine_status_below_500_on_a_raw_request_is_health(status: int) -> None:
+    assert classify_engine_status(status).verdict is Verdict.HEALTH
+
+
+@pytest.mark.parametrize("status", [500, 501, 502, 503, 599])
+def test_an_engine_5xx_on_a_raw_request_neither_counts_nor_resets(status: int) -> None:
+    assert classify_engine_status(status).verdict is Verdict.IGNORE
+
+
+def test_an_infill_501_is_the_registry_s_not_the_engine_s() -> None:
+    assert classify_infill_status(501).verdict is Verdict.IGNORE
+    assert classify_infill_status(500) == classify_status(500)
+    assert classify_infill_status(200) == classify_status(200)

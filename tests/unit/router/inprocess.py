@@ -57,6 +57,7 @@ class Sent:
     path: str
     body: bytes
     headers: Mapping[str, str]
+    method: str = "POST"
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -181,9 +182,14 @@ class FakeTransport:
         self.targets: list[tuple[ModelSpec, ...]] = []  # what each reload retargeted to
 
     async def open(
-        self, spec: ModelSpec, path: str, body: bytes, headers: Mapping[str, str]
+        self,
+        spec: ModelSpec,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        method: str = "POST",
     ) -> UpstreamResponse:
-        sent = Sent(spec, path, body, dict(headers))
+        sent = Sent(spec, path, body, dict(headers), method)
         self.sent.append(sent)
         response = await self.script(sent)
         self.responses.append(response)

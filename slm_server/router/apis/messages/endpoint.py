@@ -75,6 +75,7 @@ class TokenCount:
     """A backend's own ``count_tokens`` answer, checked; its errors in Anthropic's shape."""
 
     api = "the Messages API"
+    media_type = "text/event-stream"
 
     async def whole(self, answer: dict[str, Any]) -> dict[str, Any]:
         tokens = answer.get("input_tokens")
@@ -87,6 +88,9 @@ class TokenCount:
 
     def stream_error(self, error: GatewayError) -> bytes:  # never a stream
         return error.anthropic_sse_event()
+
+    def tap(self, exchange: Exchange, max_event_bytes: int) -> None:  # never a stream
+        return None
 
     async def stream(
         self, chunks: AsyncIterator[dict[str, Any]], exchange: Exchange

@@ -188,3 +188,25 @@ def test_the_tap_reads_crlf_events_and_forwards_their_bytes_untouched() -> None:
     assert sse.feed(crlf[1] + crlf[2]) == crlf[1]
     assert exchange.finish_reasons == ["length"]
     assert exchange.output_tokens == 2
+
+
+def test_the_end_of_llama_server_s_own_stream_is_read_for_the_record() -> None:
+    """/infill and /completion stream llama-server's own events: the last one carries
+    the token counts and why it stopped, with no usage and no finish_reason."""
+    exchange = Exchange(request_id="r", method="POST", path="/infill", shape=TABLE.at("/infill"))
+    sse = SseTap(exchange, drop_usage_chunk=False, max_event_bytes=1 << 20)
+    piece = event({"index": 0, "content": "a", "stop": False, "tokens_predicted": 1})
+    end = event(
+        {
+            "content": "",
+            "stop": True,
+            "stop_type": "limit",
+            "tokens_predicted": 4,
+            "tokens_evaluated": 9,
+        }
+    )
+    assert sse.feed(piece) == piece
+    assert sse.feed(piece) == piece
+    assert sse.feed(end) == end
+    assert (exchange.input_tokens, exchange.output_tokens) == (9, 4)
+    assert exchange.finish_reasons == ["length"]

@@ -1,0 +1,1 @@
+"""Ollama's own API (``/api/...``), over the same backends as every other shape."""
