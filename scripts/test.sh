@@ -30,6 +30,13 @@ fi
 
 bin_line=$(bash scripts/setup.sh --for-tests | tail -n 1)
 export SLM_LLAMA_SERVER_BIN=${bin_line#SLM_LLAMA_SERVER_BIN=}
+# The coding agents `launch` starts in its real test (config/agents.pin), from npm into
+# ~/.cache/slm_server/agents. Without them that test fails (it never skips); the rest runs.
+if agents_line=$(bash scripts/install_agents.sh | tail -n 1); then
+  export SLM_AGENTS_BIN=${agents_line#SLM_AGENTS_BIN=}
+else
+  echo "[test] the coding agents could not be installed: test_launch_real.py will fail" >&2
+fi
 
 uv_cmd=$(find_uv)
 run() { "$uv_cmd" run --frozen "$@"; }

@@ -1,2 +1,3 @@
 """``python -m slm_server <command>``: the commands (``commands``), the log viewer
-(``logview``) and the collector's tuning for the serving processes (``gc_tuning``)."""
+(``logview``), the collector's tuning for the serving processes (``gc_tuning``), and a
+coding agent started against the gateway (``launch``)."""

@@ -1,4 +1,4 @@
-"""Command line: ``python -m slm_server backends|router|check|status|reload``.
+"""Command line: ``python -m slm_server backends|router|check|status|reload|launch|...``.
 
 Argument parsing and wiring only; the work lives in the modules each command calls.
 """
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from slm_server import logging_setup
+from slm_server.cli.launch import gateway
 from slm_server.contracts.records import (
     HOLDING_STATES,
     BackendState,
@@ -252,19 +253,14 @@ def cmd_router(settings: Settings) -> int:
 def _router_view(settings: Settings) -> dict[str, dict[str, Any]]:
     """Each model's ``status`` object as the running router sees it (idle TTL left),
     by id; empty when the router does not answer within a second."""
-    import httpx  # only here: the launcher and the other commands start 0.2 s sooner
-
-    host = settings.router_host if settings.router_host not in ("0.0.0.0", "::") else "127.0.0.1"
-    host = f"[{host}]" if ":" in host else host
-    headers = {}
-    if settings.serving.api_keys:
-        headers["Authorization"] = f"Bearer {settings.serving.api_keys[0]}"
+    url = f"{gateway.router_url(settings)}/v1/models"
     try:
-        answer = httpx.get(
-            f"http://{host}:{settings.router_port}/v1/models", headers=headers, timeout=1.0
-        )
-        data = answer.json().get("data", []) if answer.status_code == 200 else []
-    except (httpx.HTTPError, ValueError, AttributeError):
+        answer = gateway.get_json(url, gateway.settings_key(settings), timeout=1.0)
+    except gateway.Unreachable:
+        return {}
+    body = answer.body if answer.status == 200 else None
+    data = body.get("data", []) if isinstance(body, dict) else []
+    if not isinstance(data, list):
         return {}
     return {
         str(m.get("id")): m["status"]
@@ -536,10 +532,22 @@ COMMANDS: dict[str, str] = {
     "clear-slots": "delete every saved prompt cache (SLM_SLOT_CACHE_DIR)",
     "logs": "show start.out and the watchdog log (server, watchdog, all or raw)",
     "mlx-rerank": "serve one Qwen3-Reranker-style model with MLX (started by `backends`)",
+    "launch": "start a coding agent (claude, codex, opencode) against the running gateway",
 }
 
 
+def split_agent_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The command's own arguments, and for ``launch`` the agent's: everything after
+    the first ``--``."""
+    args = list(argv)
+    if args[:1] == ["launch"] and "--" in args:
+        cut = args.index("--")
+        return args[:cut], args[cut + 1 :]
+    return args, []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    own, agent_args = split_agent_args(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="python -m slm_server",
         description="slm_server: one registry, one server process per model, one router.",
@@ -551,6 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             command.add_argument("names", nargs="+", metavar="NAME")
         if name == "mlx-rerank":
             _add_mlx_rerank_arguments(command)
+        if name == "launch" and own[:1] == ["launch"]:  # the other commands never import it
+            from slm_server.cli.launch.command import add_arguments
+
+            add_arguments(command)
         if name == "status":
             command.add_argument(
                 "--wait",
@@ -576,9 +588,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             command.add_argument(
                 "-f", "--follow", action="store_true", help="keep printing appended lines"
             )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(own)
     try:
         settings = Settings.from_env()
+        if args.command == "launch":
+            from slm_server.cli.launch.command import cmd_launch
+
+            return cmd_launch(settings, args, agent_args)
         if args.command == "status":
             return cmd_status(settings, args.wait, args.launcher)
         if args.command == "settings":
