@@ -41,15 +41,16 @@ def stream_script(raw: Raw, events: int) -> None:
     raw.script(*repeated_stream(MODEL, events))
 
 
-def ask(raw: Raw, stream: bool, buffer: int = 4096) -> socket.socket:
-    """A request sent on a socket with a small receive buffer, nothing read."""
+def ask(raw: Raw, stream: bool, buffer: int = 4096, path: str = CHAT) -> socket.socket:
+    """A request (to ``path``: chat completions, or Ollama's chat) sent on a socket with
+    a small receive buffer, nothing read."""
     host, port = raw.url.removeprefix("http://").split(":")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
     sock.settimeout(30)
     sock.connect((host, int(port)))
     body = json.dumps({"model": MODEL, "messages": HELLO, "stream": stream}).encode()
-    head = f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
     sock.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     return sock
 
@@ -81,12 +82,15 @@ def cut_within(raw: Raw, sock: socket.socket, seconds: float) -> float:
         assert raw.healthy_within(1.0)
 
 
-def test_a_stream_nobody_reads_is_cut_with_its_backend_after_the_write_stall(raw: Raw) -> None:
+@pytest.mark.parametrize("path", [CHAT, "/api/chat"], ids=["chat", "ollama"])
+def test_a_stream_nobody_reads_is_cut_with_its_backend_after_the_write_stall(
+    raw: Raw, path: str
+) -> None:
     stream_script(raw, 200_000)  # about 30 MB: far more than the socket buffers hold
     before_rss = raw.rss_mb()
     before_fds = psutil.Process(raw.router_pid).num_fds()
     started = time.monotonic()
-    sock = ask(raw, stream=True)
+    sock = ask(raw, stream=True, path=path)
     try:
         cut_within(raw, sock, STALL + 5.0)
         took = time.monotonic() - started

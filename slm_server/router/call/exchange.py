@@ -183,7 +183,9 @@ class Exchange:
         model = payload.get("model")
         self.model = model if isinstance(model, str) else None
         shape = self.shape
-        asked = payload.get("stream", shape is not None and shape.stream_default)
+        asked = payload.get("stream")
+        if asked is None:  # not given, or null: the shape's default (Ollama's: a stream)
+            asked = shape is not None and shape.stream_default
         self.stream = asked is True and shape is not None and shape.streams
         self.note_sampling(payload)
 

@@ -105,6 +105,8 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from slm_server.errors import HttpStatusError
+from slm_server.router.apis.table import TABLE
+from slm_server.router.call.error_shape import error_body
 from slm_server.router.call.fast_path import FAST_PATH
 from slm_server.router.edge.alarm import Alarm
 from slm_server.settings import DoorLimits
@@ -114,8 +116,10 @@ log = logging.getLogger("slm_server.router")
 REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 
 
-def refusal_bytes(refusal: HttpStatusError) -> bytes:
-    body = json.dumps(refusal.body()).encode()
+def refusal_bytes(refusal: HttpStatusError, target: bytes = b"") -> bytes:
+    """The whole response to a request the door refuses, its body in the error shape of
+    the path the request ``target`` names (as far as it arrived)."""
+    body = json.dumps(error_body(refusal, TABLE.dialect_at(_path_of(target)))).encode()
     reason = REASONS.get(refusal.status, b"Bad Request")
     return b"".join(
         [
@@ -126,6 +130,14 @@ def refusal_bytes(refusal: HttpStatusError) -> bytes:
             body,
         ]
     )
+
+
+def _path_of(target: bytes) -> str:
+    """The path of a request target (origin or absolute form), without its query."""
+    if target[:8].lower().startswith((b"http://", b"https://")):
+        parts = target.split(b"/", 3)
+        target = b"/" + parts[3] if len(parts) > 3 else b"/"
+    return target.split(b"?", 1)[0].decode("latin-1")
 
 
 class HeldTransport:
@@ -448,7 +460,7 @@ class _Door(HttpToolsProtocol):
         else:
             answer = self.cycle is None or not self.cycle.response_started
         if answer:
-            self.transport.write(refusal_bytes(refusal))
+            self.transport.write(refusal_bytes(refusal, self.url))
         # The write-stall alarm stays: a close waits for a buffer the client may never
         # take, and only that alarm ends the wait.
         self._alarm.cancel()

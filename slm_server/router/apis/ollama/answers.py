@@ -86,7 +86,8 @@ def final_fields(
     prompt_ms, answer_ms = _ms(timings.get("prompt_ms")), _ms(timings.get("predicted_ms"))
     if answer_ms is None:
         prompt_ms, answer_ms = 0.0, (total - load) * 1000
-    reason = "stop" if called else DONE_REASONS.get(finish_reason, "stop")
+    found = DONE_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
+    reason = "stop" if called else (found or "stop")
     return {
         "done": True,
         "done_reason": reason,
@@ -181,7 +182,7 @@ def whole_answer(answer: dict[str, Any], kind: Kind, model: str, clock: Clock) -
                     ollama_call(call_id, index, function["name"], function.get("arguments"))
                 )
     out = _piece(kind, model, text if isinstance(text, str) else "", thought)
-    if calls:
+    if calls and kind.chat:  # /api/generate offers no tools: a call is no answer of its
         out["message"]["tool_calls"] = calls
     logprobs = _logprobs(choice)
     if logprobs is not None:
@@ -341,7 +342,7 @@ class OllamaLines:
             return []
         self._closed = True
         lines: list[bytes] = []
-        if self._calls:
+        if self._calls and self.kind.chat:
             calls = [
                 ollama_call(c.call_id, i, c.name or "unnamed", "".join(c.arguments))
                 for i, c in enumerate(self._calls[k] for k in sorted(self._calls))

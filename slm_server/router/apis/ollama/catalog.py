@@ -235,7 +235,11 @@ def _expiry(status: dict[str, Any]) -> str:
         return FOREVER
     remaining = status.get("idle_ttl_remaining")
     left = remaining if isinstance(remaining, int | float) else ttl
-    return (datetime.now(UTC) + timedelta(seconds=left)).isoformat().replace("+00:00", "Z")
+    try:
+        until = datetime.now(UTC) + timedelta(seconds=left)
+    except (OverflowError, ValueError):  # past the calendar: for good
+        return FOREVER
+    return until.isoformat().replace("+00:00", "Z")
 
 
 async def _small_json(request: Request) -> dict[str, Any]:

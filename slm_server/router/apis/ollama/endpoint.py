@@ -105,6 +105,13 @@ class OllamaTranslation(ChatTranslation[OllamaLines]):
         return error.ollama_line()
 
 
+def ignored_header(names: tuple[str, ...]) -> str:
+    """The options left alone, as a header value: each name as JSON writes it in ASCII
+    (no byte a header cannot carry), at most 1000 characters."""
+    shown = ",".join(json.dumps(name)[1:-1] for name in names)
+    return shown[:1000]
+
+
 def _translated(intake: Intake) -> Translated:
     found = intake.prepared
     if not isinstance(found, Translated):
@@ -230,7 +237,7 @@ class _OllamaApi:
             body = guarded or body
         answer = await self.relay.relay(call, shape.path, dumps_body(body), translation)
         if translated.ignored and isinstance(answer, Response):
-            answer.headers[IGNORED_HEADER] = ",".join(translated.ignored)[:1000]
+            answer.headers[IGNORED_HEADER] = ignored_header(translated.ignored)
         return answer
 
     def relay_shape(self, kind: str) -> Shape:

@@ -67,6 +67,7 @@ LOAD_OPTIONS: Final = frozenset(
     }
 )
 THINK_LEVELS: Final = frozenset({"low", "medium", "high"})
+MAX_KEEP_ALIVE: Final = 100 * 365 * 86400.0  # seconds; longer is for good
 # A Go duration as Ollama's keep_alive takes it: "5m", "1h30m", "-1s", "300ms".
 _DURATION = re.compile(r"^-?(\d+(\.\d*)?(ns|us|µs|ms|s|m|h))+$")
 _UNIT_SECONDS: Final[Mapping[str, float]] = {
@@ -229,8 +230,8 @@ def keep_alive_seconds(value: Any) -> float | None:
             f"{json.dumps(value)[:40]}",
             "keep_alive",
         )
-    if not math.isfinite(seconds) or seconds < 0:
-        return math.inf
+    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_KEEP_ALIVE:
+        return math.inf  # kept loaded (beyond a century is for good)
     return seconds
 
 

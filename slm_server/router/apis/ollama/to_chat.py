@@ -157,6 +157,9 @@ def _answered(message: dict[str, Any], param: str, open_calls: list[_Call]) -> s
     """The id of the call a ``tool`` message answers."""
     by_id = message.get("tool_call_id")
     name = message.get("tool_name", message.get("name"))
+    for field, value in (("tool_call_id", by_id), ("tool_name", name)):
+        if value is not None and not isinstance(value, str):
+            raise _bad(f"{param}.{field} must be a string", f"{param}.{field}")
     waiting = [call for call in open_calls if not call.answered]
     found = None
     if isinstance(by_id, str) and by_id:
@@ -189,7 +192,7 @@ def chat_messages(value: Any, takes_images: bool) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise _bad(f"{param} must be an object", param)
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise _bad(
                 f"{param}.role must be one of system, user, assistant, tool", f"{param}.role"
             )
@@ -203,10 +206,11 @@ def chat_messages(value: Any, takes_images: bool) -> list[dict[str, Any]]:
             thought = _text(message.get("thinking"), f"{param}.thinking")
             if thought:
                 said["reasoning_content"] = thought
-            if message.get("tool_calls"):
-                said["tool_calls"] = _tool_calls(
-                    message["tool_calls"], f"{param}.tool_calls", at, open_calls
-                )
+            calls = message.get("tool_calls")
+            if calls is not None:
+                made = _tool_calls(calls, f"{param}.tool_calls", at, open_calls)
+                if made:
+                    said["tool_calls"] = made
             if images:
                 raise _bad("an assistant message cannot carry images", f"{param}.images")
             messages.append(said)
@@ -288,7 +292,10 @@ def generate_request(
     think = thinking(body.get("think"))
     prompt = _text(body.get("prompt"), "prompt")
     system = _text(body.get("system"), "system")
-    if body.get("template"):
+    template = body.get("template")
+    if template is not None and not isinstance(template, str):
+        raise _bad("template must be a string", "template")
+    if template:
         raise _bad(
             "template is not supported: the model's own template is used (set "
             "chat_template_file in the registry to change it), or send raw: true with the "
@@ -296,6 +303,11 @@ def generate_request(
             "template",
         )
     context = body.get("context")
+    if context is not None and not (
+        isinstance(context, list)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in context)
+    ):
+        raise _bad("context must be a list of token ids", "context")
     if context:
         raise _bad(
             "context (the token list of an earlier answer) is not supported: send the "
