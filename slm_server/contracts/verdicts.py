@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 from slm_server.errors import AnswerTooLarge, BackendTimeout, BackendUnavailable, GatewayError
 
@@ -42,6 +43,9 @@ class FailureClass(enum.Enum):
     STALL = "stall"
 
 
+NOT_IMPLEMENTED = 501
+
+
 @dataclass(frozen=True)
 class Outcome:
     """A classified outcome: the verdict, and for failures their class."""
@@ -58,9 +62,13 @@ class Outcome:
 
 
 def classify_status(status: int) -> Outcome:
-    """The verdict on a status code the backend answered with."""
+    """The verdict on a status code the backend answered with. A 501 (the engine has no
+    such feature: a model without fill-in-the-middle tokens asked to fill in) says what
+    the engine can do, not how it is: neither counts nor resets."""
     if 200 <= status < 300 or status in HEALTH_STATUSES:
         return Outcome(Verdict.HEALTH, status=status)
+    if status == NOT_IMPLEMENTED:
+        return Outcome(Verdict.IGNORE, status=status)
     if 500 <= status <= 599:
         return Outcome(Verdict.FAILURE, FailureClass.SERVER_ERROR, status)
     if status in FAILURE_4XX:
@@ -69,14 +77,27 @@ def classify_status(status: int) -> Outcome:
     return Outcome(Verdict.IGNORE, status=status)
 
 
+# What llama-server says, with a 500, of an input longer than its batch or its context
+# (server-context.cpp, an embedding or rerank request that cannot be split): the size
+# of what the client sent, not the engine's health.
+INPUT_TOO_LARGE: Final = (b"is too large to process", b"is larger than the max context size")
+
+
+def judged_answer(outcome: Outcome, content: bytes) -> Outcome:
+    """``outcome`` (of the answer's status), unless the answer is an engine's 500 that
+    says the client's input is too large for it: that neither counts nor resets."""
+    if outcome.status == 500 and any(content.find(mark) >= 0 for mark in INPUT_TOO_LARGE):
+        return Outcome(Verdict.IGNORE, status=500)
+    return outcome
+
+
 def classify_engine_status(status: int) -> Outcome:
     """The verdict on a status the engine answered a request relayed as the client
     wrote it (``/upstream/<model>/<path>``), whose path and body the router never
-    checked: any answer below 500 is health (the engine answered whatever it was
-    asked); a 5xx neither counts nor resets (a malformed body makes llama-server
-    answer 500, and the router cannot tell that from a failure of its own)."""
-    if 100 <= status < 500:
-        return Outcome(Verdict.HEALTH, status=status)
+    checked: none, whatever it is. A 5xx may be the engine's answer to a malformed
+    body (llama-server answers one with 500), and a 200 may come from a path its HTTP
+    thread answers while generation is wedged (``/health``), which must not reset a
+    streak the model's own routes are building."""
     return Outcome(Verdict.IGNORE, status=status)
 
 

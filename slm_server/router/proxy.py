@@ -277,7 +277,8 @@ class Proxy:
                 spec,
                 exchange,
                 deadline,
-                judged=not shortened,
+                # A raw request's deadline is never the backend's to answer for.
+                judged=not shortened and not shape.raw,
                 headers=headers,
                 slot=slot,
                 hidden_usage=intake.hidden_usage,

@@ -36,7 +36,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
     )
     registry["models"]["embeddings"].update({"load": "on_demand", "idle_ttl": 600})
     tmp: Path = tmp_path_factory.mktemp("ollama-real")
-    with watched(tmp, registry["models"], llama_server=llama_server_bin()) as running:
+    with watched(
+        tmp, registry["models"], llama_server=llama_server_bin(), SLM_MAX_BODY_MB="1"
+    ) as running:
         yield running
 
 
@@ -124,6 +126,9 @@ def test_errors_are_typed(client: ollama.Client, stack: Watched) -> None:
     with pytest.raises(ollama.ResponseError) as bad:
         client.chat(model=CHAT_MODEL, messages=[{"role": "robot", "content": "x"}])
     assert bad.value.status_code == 400
+    with pytest.raises(ollama.ResponseError) as oversized:
+        client.generate(model=CHAT_MODEL, prompt="x" * (2 << 20), stream=False)
+    assert oversized.value.status_code == 413
     with pytest.raises(ollama.ResponseError) as kept:
         client.generate(model=CHAT_MODEL, prompt="", keep_alive=0)
     assert kept.value.status_code == 409 and "load: always" in kept.value.error

@@ -159,7 +159,11 @@ class Splice:
                 self.upstream.pause()
             if tap.owed is not None:  # an event past the limit: the stream ends now
                 self._fail(tap.owed)
-        except Exception as error:  # a refusal, or a bug of ours: the relay reports it in band
+        except GatewayError as error:  # what the backend sent broke the stream
+            exchange.error_type = error.code
+            self.tripwire.observe(self.spec, outcome_of(error), error.message)
+            self._fail(error)
+        except Exception as error:  # a bug of ours: the relay reports it in band
             self._fail(error)
         self._mark = now = time.perf_counter()
         self.progress.came(now)

@@ -165,7 +165,7 @@ INFILL = Shape(
     TEXT,
     streams=True,
     token_stream=True,
-    checks=(check_infill,),
+    checks=(check_infill, check_grammar),
     defaults_model=True,
     statuses=classify_infill_status,
 )

@@ -160,6 +160,9 @@ class Loader:
         model = self.models.get(spec.role)
         if model is None:
             return
+        state = self.state_of(spec)
+        if state is None or state.state in GONE:
+            return  # no process to keep: the next one starts with its entry's TTL
         model.keep_alive = seconds
         if seconds is not None and seconds != math.inf:
             self.wake()  # the planner looks at once: 0 unloads it when it is idle
@@ -230,6 +233,8 @@ class Loader:
         for role, model in list(self.models.items()):
             spec = wanted.get(role)
             if spec is not None:
+                if spec.entry != model.spec.entry:
+                    model.keep_alive = None  # the entry changed: its own TTL again
                 model.spec, model.gate = spec, self.gates[role]
                 continue
             del self.models[role]
@@ -334,6 +339,7 @@ class Loader:
         name = state.state if state is not None else "unloaded"
         if name in GONE:
             model.gone_seen += 1
+            model.keep_alive = None  # a client's TTL was for the process that went
         if name == "ready" and model.ready_seen_at is None:
             model.ready_seen_at = now
         if name != "ready":

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from slm_server.contracts.verdicts import HEALTHY, classify_status, outcome_of
+from slm_server.contracts.verdicts import HEALTHY, classify_status, judged_answer, outcome_of
 from slm_server.errors import BackendTimeout, GatewayError, ModelNotFound
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.admission import Gate, Slot
@@ -92,7 +92,11 @@ class Sender:
         self, call: Call, path: str, body: bytes, progress: Progress | None, method: str
     ) -> tuple[UpstreamResponse, StallTimer]:
         spec, exchange = call.spec, call.exchange
-        if exchange.stream or call.gathered:
+        raw = exchange.shape is not None and exchange.shape.raw
+        # A raw request's wait is the client's to answer for (an engine path that answers
+        # only when its work is done, a slot the request asked for that is busy): no
+        # stall timer.
+        if (exchange.stream or call.gathered) and not raw:
             if progress is None:
                 progress = Progress(time.perf_counter(), call.watch_progress)
             timer = self.tripwire.stall_timer(spec, progress)
@@ -144,7 +148,7 @@ class Sender:
             exchange.upstream_seconds += time.perf_counter() - started
         shape = exchange.shape  # how its engine's statuses are judged
         judge = shape.statuses if shape is not None else classify_status
-        self.tripwire.observe(spec, judge(upstream.status_code))
+        self.tripwire.observe(spec, judged_answer(judge(upstream.status_code), content))
         return content
 
     async def _gather(

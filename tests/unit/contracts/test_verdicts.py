@@ -20,6 +20,7 @@ from slm_server.contracts.verdicts import (
     classify_infill_status,
     classify_status,
     deadline_outcome,
+    judged_answer,
 )
 
 HEALTH = [200, 201, 202, 204, 206, 250, 299, 400, 404, 422]
@@ -28,7 +29,6 @@ FAILURES = {
     425: FailureClass.SATURATED,
     429: FailureClass.SATURATED,
     500: FailureClass.SERVER_ERROR,
-    501: FailureClass.SERVER_ERROR,
     502: FailureClass.SERVER_ERROR,
     503: FailureClass.SERVER_ERROR,
     504: FailureClass.SERVER_ERROR,
@@ -103,7 +103,7 @@ def test_every_status_from_100_to_599_has_the_documented_verdict() -> None:
         verdict = classify_status(status).verdict
         if 200 <= status <= 299 or status in (400, 404, 422):
             assert verdict is Verdict.HEALTH, status
-        elif status in (408, 425, 429) or 500 <= status <= 599:
+        elif status in (408, 425, 429) or (500 <= status <= 599 and status != 501):
             assert verdict is Verdict.FAILURE, status
         else:
             assert verdict is Verdict.IGNORE, status
@@ -221,17 +221,34 @@ def test_a_cut_that_was_progressing_neither_counts_nor_resets() -> None:
     assert PROGRESSING.status is None
 
 
-@pytest.mark.parametrize("status", [200, 204, 301, 400, 401, 403, 404, 405, 413, 422, 429, 499])
-def test_an_engine_status_below_500_on_a_raw_request_is_health(status: int) -> None:
-    assert classify_engine_status(status).verdict is Verdict.HEALTH
-
-
-@pytest.mark.parametrize("status", [500, 501, 502, 503, 599])
-def test_an_engine_5xx_on_a_raw_request_neither_counts_nor_resets(status: int) -> None:
+@pytest.mark.parametrize(
+    "status", [200, 204, 301, 400, 401, 403, 404, 405, 408, 413, 422, 429, 499, 500, 503, 599]
+)
+def test_no_engine_status_on_a_raw_request_counts_or_resets(status: int) -> None:
+    """A raw path's 200 may be /health answered while generation is wedged; its 500 a
+    malformed body the router never read."""
     assert classify_engine_status(status).verdict is Verdict.IGNORE
 
 
-def test_an_infill_501_is_the_registry_s_not_the_engine_s() -> None:
+def test_a_501_says_what_the_engine_can_do_not_how_it_is() -> None:
+    assert classify_status(501).verdict is Verdict.IGNORE
     assert classify_infill_status(501).verdict is Verdict.IGNORE
     assert classify_infill_status(500) == classify_status(500)
     assert classify_infill_status(200) == classify_status(200)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"error":{"code":500,"message":"input (900 tokens) is too large to process. '
+        b'increase the physical batch size (current batch size: 512)","type":"server_error"}}',
+        b'{"error":{"code":500,"message":"input (9000 tokens) is larger than the max '
+        b'context size (2048 tokens). skipping","type":"server_error"}}',
+    ],
+)
+def test_an_input_too_large_for_the_engine_is_the_client_s(content: bytes) -> None:
+    """An embedding longer than the batch (as Ollama's clients send RAG chunks, counting
+    on truncation) makes llama-server answer 500: it must not count."""
+    assert judged_answer(classify_status(500), content).verdict is Verdict.IGNORE
+    assert judged_answer(classify_status(500), b'{"error":"boom"}').verdict is Verdict.FAILURE
+    assert judged_answer(classify_status(200), content).verdict is Verdict.HEALTH

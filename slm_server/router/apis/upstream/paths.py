@@ -59,7 +59,19 @@ LLAMA_SERVER: Final = _rules(
     "POST /reranking",
     "GET /v1/health",
     "GET /v1/models",
-    "POST /v1/*",
+    # Named one by one, not /v1/*: the engine adds routes under /v1 that are not
+    # computations (a generation's control, stream lookups), and more may come.
+    "POST /v1/completions",
+    "POST /v1/chat/completions",
+    "POST /v1/chat/completions/input_tokens",
+    "POST /v1/responses",
+    "POST /v1/responses/input_tokens",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
+    "POST /v1/embeddings",
+    "POST /v1/rerank",
+    "POST /v1/reranking",
+    "POST /v1/audio/transcriptions",
 )
 # Any other engine (llama-cpp-python's server, mlx-openai-server, the MLX reranker):
 # its OpenAI-compatible routes.
