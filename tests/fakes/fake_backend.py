@@ -97,6 +97,8 @@ class Script:
 
     status: int | None = None
     statuses: list[int] = field(default_factory=list)
+    # The message of a scripted error status's body (None: "scripted <status>").
+    error_message: str | None = None
     delay_seconds: float = 0.0
     stall: bool = False
     chunks: int = 8
@@ -788,7 +790,7 @@ async def proxied(request: Request) -> Response:
         return ScriptedResponse(state, record, script, stall=True)
     status = script.next_status()
     if status is not None and status != 200:
-        return answer(status, error_body(status))
+        return answer(status, error_body(status, script.error_message))
     if path.startswith("/echo/"):
         return answer(payload=native.echo(request.method, path, record.query, raw, headers))
     if path in native.NATIVE_PATHS:
