@@ -16,7 +16,6 @@ process's CPU time (user + system) per request.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ import psutil
 
 from benchmarks.machine import ROOT
 from benchmarks.report import Check, show, spread, table
-from benchmarks.servers import free_port, launcher, router_for
+from benchmarks.servers import launcher, router_for, scripted_fake_entry
 
 ROLE = "standard"
 MODEL = "fake-shapes"
@@ -65,17 +64,8 @@ class Plan:
 
 
 def _models(workdir: Path) -> dict[str, dict[str, Any]]:
-    behaviour = workdir / "fake-shapes.gguf"  # its content scripts the fake
-    behaviour.write_text(json.dumps({"script": {"chunks": CHUNKS, "chunk_text": "tok "}}))
-    entry = {
-        "id": MODEL,
-        "backend": "llamacpp",
-        "port": free_port(),
-        "model_path": str(behaviour),
-        "default_timeout": 60,
-        "quantization": "Q4_0",
-    }
-    return {ROLE: entry}
+    script = {"chunks": CHUNKS, "chunk_text": "tok "}
+    return {ROLE: scripted_fake_entry(workdir, MODEL, script)}
 
 
 def _cpu(pid: int) -> float:

@@ -16,7 +16,6 @@ time (user + system) per request and per chunk of the answer.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import psutil
 from benchmarks.machine import ROOT
 from benchmarks.overhead import AGAINST
 from benchmarks.report import show, spread, table
-from benchmarks.servers import free_port, launcher, router_for
+from benchmarks.servers import launcher, router_for, scripted_fake_entry
 
 ROLE = "standard"
 MODEL = "fake-progress"
@@ -57,17 +56,7 @@ def targets() -> tuple[str, ...]:
 
 
 def _models(workdir: Path) -> dict[str, dict[str, Any]]:
-    behaviour = workdir / "fake-progress.gguf"  # its content scripts the fake
-    behaviour.write_text(json.dumps({"script": _script(SHORT_READ_SECONDS, 1.0)}))
-    entry = {
-        "id": MODEL,
-        "backend": "llamacpp",
-        "port": free_port(),
-        "model_path": str(behaviour),
-        "default_timeout": 60,
-        "quantization": "Q4_0",
-    }
-    return {ROLE: entry}
+    return {ROLE: scripted_fake_entry(workdir, MODEL, _script(SHORT_READ_SECONDS, 1.0))}
 
 
 def _script(read: float, every: float) -> dict[str, Any]:

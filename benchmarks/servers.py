@@ -451,6 +451,21 @@ def router_for(workdir: Path, env: Mapping[str, str], tree: Path = ROOT) -> Iter
         yield Server("slm_server", router.pid, url, "")
 
 
+def scripted_fake_entry(workdir: Path, model_id: str, script: dict[str, Any]) -> dict[str, Any]:
+    """A registry entry the launcher serves with the scriptable fake llama-server
+    (``tests/fakes/fake-llama-server``): its "model file" is the fake's ``script``."""
+    behaviour = workdir / f"{model_id}.gguf"  # its content scripts the fake
+    behaviour.write_text(json.dumps({"script": script}))
+    return {
+        "id": model_id,
+        "backend": "llamacpp",
+        "port": free_port(),
+        "model_path": str(behaviour),
+        "default_timeout": 60,
+        "quantization": "Q4_0",
+    }
+
+
 __all__ = [
     "BENCH_MODEL",
     "Launched",
@@ -463,5 +478,6 @@ __all__ = [
     "litellm_proxy",
     "litellm_venv",
     "router_for",
+    "scripted_fake_entry",
     "slm_router",
 ]

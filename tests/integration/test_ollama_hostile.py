@@ -31,6 +31,7 @@ from tests.integration.attack_wire import Wire, request
 from tests.integration.raw_stack import SSE_HEAD, Raw, delta, raw_stack
 from tests.integration.test_strict_bodies import a_sweep_has_passed, fake_requests
 from tests.integration.watched import Watched, fake_entry, watched
+from tests.json_values import json_values
 from tests.processes import RunningRouter, StartRouter
 from tests.registry_entries import registry_entry
 
@@ -906,20 +907,7 @@ def test_fifty_concurrent_streams_over_a_small_queue_are_served_or_told_429(
 
 # -- fuzzing ---------------------------------------------------------------------------------------
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(10**30), max_value=10**30)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20)
-)
-values = st.recursive(
-    scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
-    max_leaves=12,
-)
+values = json_values(text=20, size=4, leaves=12)
 messages = st.lists(
     st.fixed_dictionaries(
         {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | values},

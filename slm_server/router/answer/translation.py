@@ -205,6 +205,41 @@ class ChatTranslation(ABC, Generic[S]):
             yield event
 
 
+class WholeOnly:
+    """What a translation of answers that never stream (a token count, embeddings) has
+    of a stream: nothing to walk or splice."""
+
+    media_type: ClassVar[str] = "application/json"
+
+    def tap(self, exchange: Exchange, max_event_bytes: int) -> None:  # never a stream
+        return None
+
+    async def stream(
+        self, chunks: AsyncIterator[dict[str, Any]], exchange: Exchange
+    ) -> AsyncIterator[bytes]:  # never a stream
+        async for _chunk in chunks:
+            pass
+        yield b""
+
+
+def backend_message(status: int, content: bytes) -> str:
+    """The message of a backend's error answer of any shape (an OpenAI error object, an
+    ``{"error": "..."}``, or text), kept as the backend wrote it."""
+    message = ""
+    try:
+        parsed = json.loads(content)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        found = error.get("message") if isinstance(error, dict) else error
+        if isinstance(found, str):
+            message = found
+    if not message:
+        message = content.decode("utf-8", "replace").strip()[:2000]
+    return message or f"the backend answered {status}"
+
+
 def error_message(error: Any) -> str:
     """The message of a stream's ``error`` chunk (an object or anything else)."""
     message = error.get("message") if isinstance(error, dict) else error
@@ -217,6 +252,8 @@ __all__ = [
     "StreamTranslator",
     "Tools",
     "Translation",
+    "WholeOnly",
+    "backend_message",
     "cap_ends_turn",
     "error_message",
 ]

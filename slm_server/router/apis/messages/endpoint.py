@@ -15,7 +15,6 @@ its chat completions too.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -25,13 +24,12 @@ from starlette.types import ASGIApp
 from slm_server.errors import BackendProtocolError, GatewayError, anthropic_error_body
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.relay import Relay
-from slm_server.router.answer.translation import ChatTranslation, error_message
+from slm_server.router.answer.translation import ChatTranslation, WholeOnly, error_message
 from slm_server.router.apis.messages.count import estimate_tokens
 from slm_server.router.apis.messages.events import MessageStreamTranslator
 from slm_server.router.apis.messages.from_chat import backend_error, chat_to_message
 from slm_server.router.apis.messages.to_chat import messages_to_chat
 from slm_server.router.call.admitted_call import Call
-from slm_server.router.call.exchange import Exchange
 from slm_server.router.call.shape import Shape
 from slm_server.router.intake.payload import apply_defaults, gather_stream
 from slm_server.router.intake.reception import Intake
@@ -71,11 +69,10 @@ class MessagesTranslation(ChatTranslation[MessageStreamTranslator]):
         return b"".join(self.translator.error(error.anthropic_body()))
 
 
-class TokenCount:
+class TokenCount(WholeOnly):
     """A backend's own ``count_tokens`` answer, checked; its errors in Anthropic's shape."""
 
     api = "the Messages API"
-    media_type = "text/event-stream"
 
     async def whole(self, answer: dict[str, Any]) -> dict[str, Any]:
         tokens = answer.get("input_tokens")
@@ -88,16 +85,6 @@ class TokenCount:
 
     def stream_error(self, error: GatewayError) -> bytes:  # never a stream
         return error.anthropic_sse_event()
-
-    def tap(self, exchange: Exchange, max_event_bytes: int) -> None:  # never a stream
-        return None
-
-    async def stream(
-        self, chunks: AsyncIterator[dict[str, Any]], exchange: Exchange
-    ) -> AsyncIterator[bytes]:  # never a stream
-        async for _chunk in chunks:
-            pass
-        yield b""
 
 
 def _translated_to(shape: Shape) -> Shape:

@@ -9,6 +9,7 @@ from typing import Any
 
 from slm_server.errors import BackendProtocolError, anthropic_error_body
 from slm_server.router.answer.chat_walk import reasoning_text
+from slm_server.router.answer.translation import backend_message
 
 # Chat finish reasons as Anthropic stop reasons. A stop sequence ends a chat completion
 # with "stop" like the end of a turn, and chat completions do not say which: it is
@@ -133,19 +134,7 @@ def chat_to_message(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, 
 
 def backend_error(status: int, content: bytes) -> dict[str, Any]:
     """A backend's error answer (any shape) as Anthropic's error object, its message kept."""
-    message = ""
-    try:
-        parsed = json.loads(content)
-    except (ValueError, RecursionError, UnicodeDecodeError):
-        parsed = None
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        found = error.get("message") if isinstance(error, dict) else error
-        if isinstance(found, str):
-            message = found
-    if not message:
-        message = content.decode("utf-8", "replace").strip()[:2000]
-    return anthropic_error_body(status, message or f"the backend answered {status}")
+    return anthropic_error_body(status, backend_message(status, content))
 
 
 __all__ = [

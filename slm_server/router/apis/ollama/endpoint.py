@@ -14,7 +14,7 @@ input) loads the model, as Ollama's does; with ``keep_alive: 0`` it unloads it.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -25,7 +25,12 @@ from slm_server.contracts import engine_paths
 from slm_server.errors import BackendProtocolError, GatewayError, InvalidRequest, ModelConflict
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.answer.relay import Relay
-from slm_server.router.answer.translation import ChatTranslation, error_message
+from slm_server.router.answer.translation import (
+    ChatTranslation,
+    WholeOnly,
+    backend_message,
+    error_message,
+)
 from slm_server.router.apis.infill.endpoint import FILLS_IN_ITSELF, refuse, refuse_known
 from slm_server.router.apis.ollama.answers import (
     Clock,
@@ -39,7 +44,6 @@ from slm_server.router.apis.ollama.model_facts import ModelFacts
 from slm_server.router.apis.ollama.options import keep_alive_seconds
 from slm_server.router.apis.ollama.to_chat import Translated, chat_request, generate_request
 from slm_server.router.call.admitted_call import Call
-from slm_server.router.call.exchange import Exchange
 from slm_server.router.call.shape import Shape
 from slm_server.router.intake.payload import apply_defaults, gather_stream
 from slm_server.router.intake.presets import SHAPES, apply_preset, cap_binds, resolve
@@ -62,19 +66,7 @@ def _dumps(body: dict[str, Any]) -> bytes:
 
 def ollama_error(status: int, content: bytes) -> bytes:
     """A backend's error answer (any shape) as Ollama's ``{"error": "..."}``."""
-    message = ""
-    try:
-        parsed = json.loads(content)
-    except (ValueError, RecursionError, UnicodeDecodeError):
-        parsed = None
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        found = error.get("message") if isinstance(error, dict) else error
-        if isinstance(found, str):
-            message = found
-    if not message:
-        message = content.decode("utf-8", "replace").strip()[:2000]
-    return _dumps({"error": message or f"the backend answered {status}"})
+    return _dumps({"error": backend_message(status, content)})
 
 
 class OllamaTranslation(ChatTranslation[OllamaLines]):
@@ -264,13 +256,12 @@ class OllamaGenerateApi(_OllamaApi):
     chat_kind = False
 
 
-class EmbedAnswer:
+class EmbedAnswer(WholeOnly):
     """Ollama's embeddings answer from ``/v1/embeddings``: ``/api/embed``'s
     ``embeddings`` (one per input), or the older ``/api/embeddings``' one
     ``embedding``."""
 
     api = API
-    media_type = "application/json"
 
     def __init__(self, request: dict[str, Any], clock: Clock, *, legacy: bool) -> None:
         model = request.get("model")
@@ -302,16 +293,6 @@ class EmbedAnswer:
 
     def stream_error(self, error: GatewayError) -> bytes:  # never a stream
         return error.ollama_line()
-
-    def tap(self, exchange: Exchange, max_event_bytes: int) -> None:  # never a stream
-        return None
-
-    async def stream(
-        self, chunks: AsyncIterator[dict[str, Any]], exchange: Exchange
-    ) -> AsyncIterator[bytes]:  # never a stream
-        async for _chunk in chunks:
-            pass
-        yield b""
 
 
 def _index(item: dict[str, Any]) -> int:

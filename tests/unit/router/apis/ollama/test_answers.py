@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slm_server.router.apis.ollama.answers import Clock, Kind, OllamaLines, whole_answer
+from tests.json_values import json_values
 
 CHAT = Kind(chat=True)
 GENERATE = Kind(chat=False)
@@ -117,20 +118,7 @@ def test_a_finish_reason_of_any_type_is_read_as_stop(reason: Any) -> None:
     assert whole["done_reason"] == "stop" and whole["message"]["content"] == "x"
 
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(10**12), max_value=10**12)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=6)
-)
-values = st.recursive(
-    scalars,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=8,
-)
+values = json_values(text=6, size=3, leaves=8, integers=10**12)
 calls = st.lists(
     st.fixed_dictionaries(
         {},

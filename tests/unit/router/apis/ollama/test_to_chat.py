@@ -16,6 +16,7 @@ from slm_server.errors import InvalidRequest
 from slm_server.router.apis.ollama.to_chat import Translated, chat_request, generate_request
 from slm_server.router.intake.strict_json import dumps_body
 from slm_server.router.intake.tool_calls import check_tool_calls
+from tests.json_values import json_values
 
 CONTEXT = 4096
 HI = [{"role": "user", "content": "hi"}]
@@ -120,20 +121,7 @@ def test_a_field_of_the_wrong_type_is_a_400_naming_it(
     assert named in (refused.value.param or ""), refused.value.message
 
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(10**20), max_value=10**20)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-values = st.recursive(
-    scalars,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=10,
-)
+values = json_values(text=8, size=3, leaves=10, integers=10**12)
 messages = st.lists(
     st.fixed_dictionaries(
         {},
