@@ -21,6 +21,7 @@ from tests import one_shot
 from tests.fakes.control import FakeBackend
 from tests.integration.attack_wire import Wire, request
 from tests.openai_shapes import strict_completion, strict_completion_chunks
+from tests.plugin_requests import VSCODE, VSCODE_WARM_UP
 from tests.processes import RunningRouter, StartRouter, poll
 from tests.registry_entries import registry_entry
 
@@ -30,34 +31,6 @@ pytestmark = pytest.mark.xdist_group("test_upstream_infill")
 FAKE_ROLES = ("coder", "plain")
 JSON = {"content-type": "application/json"}
 BODY_STALL = 1.0
-# llama.vscode's /infill body (src/llama-server.ts, createRequestPayload): no model.
-VSCODE: dict[str, Any] = {
-    "input_prefix": "def add(a, b):\n",
-    "input_suffix": "\n\nprint(add(1, 2))\n",
-    "input_extra": [{"text": "import os\n", "time": 1700000000000, "filename": "util.py"}],
-    "prompt": "    return",
-    "n_predict": 128,
-    "top_k": 40,
-    "top_p": 0.99,
-    "stream": False,
-    "samplers": ["top_k", "top_p", "infill"],
-    "cache_prompt": True,
-    "n_indent": 4,
-    "t_max_prompt_ms": 500,
-    "t_max_predict_ms": 1000,
-}
-# Its warm-up of the extra context (updateExtraContext): nothing predicted.
-VSCODE_WARM_UP: dict[str, Any] = {
-    "input_prefix": "",
-    "input_suffix": "",
-    "input_extra": VSCODE["input_extra"],
-    "prompt": "",
-    "n_predict": 0,
-    "samplers": [],
-    "cache_prompt": True,
-    "t_max_prompt_ms": 500,
-    "t_max_predict_ms": 1,
-}
 
 
 @pytest.fixture(scope="module")

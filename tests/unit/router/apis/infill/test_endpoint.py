@@ -14,6 +14,7 @@ import gguf
 import pytest
 
 from tests.openai_shapes import strict_completion, strict_completion_chunks
+from tests.plugin_requests import VSCODE
 from tests.unit.memory.gguf_files import write_gguf
 from tests.unit.router.inprocess import (
     FakeResponse,
@@ -33,22 +34,6 @@ pytestmark = pytest.mark.usefixtures("via")
 
 MODEL = "org/chat-model"
 CAN = "    infill: true\n"
-# llama.vscode's /infill body (src/llama-server.ts, createRequestPayload): no model.
-VSCODE = {
-    "input_prefix": "def add(a, b):\n",
-    "input_suffix": "\n\nprint(add(1, 2))\n",
-    "input_extra": [{"text": "import os\n", "time": 1700000000000, "filename": "util.py"}],
-    "prompt": "    return",
-    "n_predict": 128,
-    "top_k": 40,
-    "top_p": 0.99,
-    "stream": False,
-    "samplers": ["top_k", "top_p", "infill"],
-    "cache_prompt": True,
-    "n_indent": 4,
-    "t_max_prompt_ms": 500,
-    "t_max_predict_ms": 1000,
-}
 NATIVE = {
     "index": 0,
     "content": " a + b",
