@@ -119,7 +119,8 @@ class OllamaCatalog:
     async def tags(self, _request: Request) -> JSONResponse:
         """``GET /api/tags``: every model and alias, with its file's size and details."""
         models = [
-            self._listed(name, spec, self.facts.of(spec.entry)) for name, spec in self._served()
+            self._listed(name, spec, await self.facts.read(spec.entry))
+            for name, spec in self._served()
         ]
         return JSONResponse({"models": models})
 
@@ -132,7 +133,7 @@ class OllamaCatalog:
             status = self.status(spec)
             if status.get("state") != "ready":
                 continue
-            facts = self.facts.of(spec.entry)
+            facts = await self.facts.read(spec.entry)
             shown = self._listed(name, spec, facts)
             memory = status.get("memory_mb") or {}
             mb = next(
@@ -164,7 +165,7 @@ class OllamaCatalog:
                 "serve (use its /v1 route)",
                 param="model",
             )
-        facts = self.facts.of(spec.entry)
+        facts = await self.facts.read(spec.entry)
         info: dict[str, Any] = dict(facts.metadata)
         family = facts.family or spec.entry.backend
         info.setdefault("general.architecture", family)
