@@ -288,6 +288,7 @@ def wire(
         loader.status,
         proxy.caps,
         proxy.server_kind,
+        proxy.infill,
         list_aliases=settings.serving.list_aliases,
     )
     return Wired(
@@ -327,10 +328,12 @@ def lifespan_of(
             proxy.cancel_waiting()
 
         ender = asyncio.ensure_future(end_waiting_requests())
+        warming = asyncio.ensure_future(wired.ollama.warm())  # model files' facts, ahead
         try:
             yield
         finally:
             ender.cancel()
+            warming.cancel()
             await wired.follower.stop()
             await proxy.readiness.stop()
             await wired.pressure.stop()

@@ -81,6 +81,9 @@ def test_version_tags_show_and_ps(client: ollama.Client, http: httpx.Client) -> 
     assert shown.modelinfo is not None
     assert shown.modelinfo[f"{shown.modelinfo['general.architecture']}.context_length"] == 4096
     assert client.show("embed").capabilities == ["embedding"]
+    # A model that fills in the middle takes a suffix on /api/generate: Ollama's "insert".
+    assert "insert" in (client.show("coder").capabilities or [])
+    assert "insert" not in shown.capabilities
     # The fakes run under the router's own launcher-less test stack: none is "ready" to it
     # unless a state says so; ps lists exactly the ready ones.
     loaded = client.ps()

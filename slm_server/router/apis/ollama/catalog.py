@@ -10,6 +10,7 @@ embedding models (``embedding``); each alias is listed as a model of its own, as
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -20,12 +21,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from slm_server.errors import HttpStatusError, InvalidRequest, PayloadTooLarge
+from slm_server.registry.infill import InfillCache
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.apis.ollama.endpoint import FACTS
 from slm_server.router.apis.ollama.model_facts import Facts, ModelFacts
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.intake.payload import check_json_type, header_value, parse_body
 from slm_server.router.toolcalls.template_caps import TemplateCaps
+
+log = logging.getLogger("slm_server.router")
 
 # The Ollama release whose API this one answers as (its clients check a least version).
 OLLAMA_VERSION: Final = "0.13.0"
@@ -64,6 +68,7 @@ class OllamaCatalog:
         status: Status,
         caps: TemplateCaps,
         server_kind: ServerKind,
+        infill: InfillCache,
         *,
         list_aliases: bool = True,
         facts: ModelFacts = FACTS,
@@ -72,6 +77,7 @@ class OllamaCatalog:
         self.status = status
         self.caps = caps
         self.server_kind = server_kind
+        self.infill = infill
         self.list_aliases = list_aliases
         self.facts = facts
         self.started = time.time()
@@ -216,7 +222,18 @@ class OllamaCatalog:
             found.append("thinking")
         if entry.model_type == "multimodal":
             found.append("vision")
+        if (await self.infill.of(entry)).takes is True:
+            found.append("insert")  # a suffix on /api/generate fills in the middle
         return found
+
+    async def warm(self) -> None:
+        """Read every served model's file facts once, off the event loop, so that no
+        request waits for a header to be read (``think``'s check reads them at once)."""
+        for _name, spec in self._served():
+            try:
+                await self.facts.read(spec.entry)
+            except Exception:  # a file that cannot be read is read (and told) at its use
+                log.debug("could not read %s's file facts ahead", spec.entry.id, exc_info=True)
 
     async def refused(self, request: Request) -> Response:
         """The routes that add, change or remove models: refused, saying how."""
