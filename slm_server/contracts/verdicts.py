@@ -101,15 +101,6 @@ def classify_engine_status(status: int) -> Outcome:
     return Outcome(Verdict.IGNORE, status=status)
 
 
-def classify_infill_status(status: int) -> Outcome:
-    """:func:`classify_status`, except a 501: the engine saying the model cannot fill
-    in the middle (an entry that says ``infill: true`` of one without the tokens)
-    describes the registry, not the engine's health."""
-    if status == 501:
-        return Outcome(Verdict.IGNORE, status=status)
-    return classify_status(status)
-
-
 HEALTHY = Outcome(Verdict.HEALTH)
 UNREACHABLE = Outcome(Verdict.FAILURE, FailureClass.UNREACHABLE)
 TIMED_OUT = Outcome(Verdict.FAILURE, FailureClass.TIMEOUT)

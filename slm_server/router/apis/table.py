@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from slm_server.contracts import engine_paths
-from slm_server.contracts.verdicts import classify_engine_status, classify_infill_status
+from slm_server.contracts.verdicts import classify_engine_status
 from slm_server.errors import GatewayError
 from slm_server.router.answer.relay import Relay
 from slm_server.router.apis.infill.endpoint import InfillApi, SuffixCompletions
@@ -167,7 +167,6 @@ INFILL = Shape(
     token_stream=True,
     checks=(check_infill, check_grammar),
     defaults_model=True,
-    statuses=classify_infill_status,
 )
 # Raw passthrough: /upstream/<model>/<engine path>, any method, to every kind of model.
 UPSTREAM = Shape(

@@ -17,7 +17,6 @@ from slm_server.contracts.verdicts import (
     Outcome,
     Verdict,
     classify_engine_status,
-    classify_infill_status,
     classify_status,
     deadline_outcome,
     judged_answer,
@@ -232,9 +231,6 @@ def test_no_engine_status_on_a_raw_request_counts_or_resets(status: int) -> None
 
 def test_a_501_says_what_the_engine_can_do_not_how_it_is() -> None:
     assert classify_status(501).verdict is Verdict.IGNORE
-    assert classify_infill_status(501).verdict is Verdict.IGNORE
-    assert classify_infill_status(500) == classify_status(500)
-    assert classify_infill_status(200) == classify_status(200)
 
 
 @pytest.mark.parametrize(

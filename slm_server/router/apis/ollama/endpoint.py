@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse, Response
@@ -180,7 +180,7 @@ class _OllamaApi:
         rules = resolve(entry, intake.alias)
         capped = cap_binds(body, names, rules)
         body = apply_preset(body, names, rules)
-        translated = replace(translated, body=body)
+        translated = replace(translated, body=body, keep_alive=keep)
         watch = translated.stream and intake.reports
         return replace(
             intake,
@@ -203,7 +203,7 @@ class _OllamaApi:
     async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
         translated = _translated(intake)
         payload = intake.payload
-        self.relay.keep_alive(call.spec, keep_alive_seconds(payload.get("keep_alive")))
+        self.relay.keep_alive(call.spec, translated.keep_alive)
         if translated.empty:  # loaded (the proxy waited for it): nothing to ask
             call.slot.release()
             return JSONResponse(self._empty(payload, "load"))
@@ -295,6 +295,14 @@ class EmbedAnswer(WholeOnly):
         return error.ollama_line()
 
 
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """An Ollama embeddings request as its backend is sent it, and its ``keep_alive``."""
+
+    body: dict[str, Any]
+    keep_alive: float | None
+
+
 def _index(item: dict[str, Any]) -> int:
     index = item.get("index")
     return index if isinstance(index, int) else 0
@@ -342,7 +350,7 @@ class OllamaEmbedApi:
         if not inputs and keep == 0:
             self.relay.keep_alive(intake.spec, 0)
             return JSONResponse(self._empty(payload))
-        return replace(intake, prepared=body)
+        return replace(intake, prepared=EmbedRequest(body, keep))
 
     def _empty(self, payload: dict[str, Any]) -> dict[str, Any]:
         if self.legacy:
@@ -351,10 +359,11 @@ class OllamaEmbedApi:
 
     async def send(self, call: Call, intake: Intake) -> Response | ASGIApp:
         payload = intake.payload
-        self.relay.keep_alive(call.spec, keep_alive_seconds(payload.get("keep_alive")))
-        body = intake.prepared
-        if not isinstance(body, dict):
+        prepared = intake.prepared
+        if not isinstance(prepared, EmbedRequest):
             raise ValueError("an Ollama embeddings request is sent only once prepared")
+        self.relay.keep_alive(call.spec, prepared.keep_alive)
+        body = prepared.body
         if not body["input"]:  # loaded (the proxy waited for it): nothing to ask
             call.slot.release()
             return JSONResponse(self._empty(payload))

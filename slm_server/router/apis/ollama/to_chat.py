@@ -50,6 +50,7 @@ class Translated:
     stream: bool
     think: bool | str | None
     empty: bool = False
+    keep_alive: float | None = None  # seconds (set before admission, from the request)
 
 
 def _bad(message: str, param: str) -> InvalidRequest:
