@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from slm_server.memory.available import simulated_mb
 from slm_server.memory.physical import default_budget_mb, default_floor_mb, physical_memory_mb
@@ -360,6 +361,37 @@ class MemorySettings:
         )
 
 
+@dataclass(frozen=True)
+class HistorySettings:
+    """The dashboard's history (``SLM_HISTORY_*``): the router samples its own tallies
+    every ``interval_seconds`` and keeps ``keep_seconds`` of samples (at least an hour),
+    at most ``MAX_SAMPLES`` of them, so that its memory stays bounded however the two
+    are set."""
+
+    interval_seconds: float = 5.0
+    keep_seconds: float = 3600.0
+
+    MAX_SAMPLES: ClassVar[int] = 20_000  # a day at the default interval
+
+    @property
+    def samples(self) -> int:
+        """How many samples are kept."""
+        return max(1, math.ceil(self.keep_seconds / self.interval_seconds))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> HistorySettings:
+        made = cls(
+            interval_seconds=_float(env, "SLM_HISTORY_INTERVAL_SECONDS", 5.0, minimum=0.2),
+            keep_seconds=_float(env, "SLM_HISTORY_KEEP_SECONDS", 3600.0, minimum=3600.0),
+        )
+        if made.samples > cls.MAX_SAMPLES:
+            raise SettingsError(
+                f"SLM_HISTORY_KEEP_SECONDS / SLM_HISTORY_INTERVAL_SECONDS is "
+                f"{made.samples} samples: at most {cls.MAX_SAMPLES} are kept"
+            )
+        return made
+
+
 SIMULATED_FILE_VAR = "SLM_MEMORY_SIMULATED_FILE"
 
 
@@ -405,6 +437,7 @@ class Settings:
     config_watch: bool = False
     config_watch_settle_seconds: float = 1.0
     slot_cache: SlotCacheSettings = field(default_factory=lambda: SlotCacheSettings.from_env({}))
+    history: HistorySettings = field(default_factory=HistorySettings)
 
     @property
     def pidfile_path(self) -> Path:
@@ -445,4 +478,5 @@ class Settings:
                 env, "SLM_CONFIG_WATCH_SETTLE_SECONDS", 1.0, minimum=0.05
             ),
             slot_cache=SlotCacheSettings.from_env(env),
+            history=HistorySettings.from_env(env),
         )

@@ -47,6 +47,9 @@ from slm_server.router.call.drain import Drain
 from slm_server.router.call.error_shape import error_response
 from slm_server.router.call.exchange import exchange_of
 from slm_server.router.dashboard.endpoints import Dashboard
+from slm_server.router.dashboard.history import History
+from slm_server.router.dashboard.history_api import HistoryApi
+from slm_server.router.dashboard.history_sampler import HistorySampler, Sources
 from slm_server.router.dispatch.lookup import Registry
 from slm_server.router.edge.api_keys import Keys
 from slm_server.router.edge.hosts import AllowedHosts
@@ -77,7 +80,7 @@ log = logging.getLogger("slm_server.router")
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     exchange = exchange_of(request.scope)
-    exchange.error_type = exc.code
+    exchange.note_error(exc)
     return error_response(exc, exchange.errors)
 
 
@@ -199,9 +202,11 @@ class Wired:
     reload_api: ReloadApi
     info: Info
     models_api: ModelsApi
+    ollama: OllamaCatalog
     recent: RecentRequests
     dashboard: Dashboard
-    ollama: OllamaCatalog
+    history: HistorySampler
+    history_api: HistoryApi
 
 
 def pressure_watch(settings: Settings, deps: Dependencies) -> PressureWatch:
@@ -221,6 +226,37 @@ def pressure_watch(settings: Settings, deps: Dependencies) -> PressureWatch:
         poll_seconds=memory.poll_seconds,
         budget_mb=memory.budget_mb,
     )
+
+
+def dashboard_of(
+    settings: Settings,
+    deps: Dependencies,
+    registry: Registry,
+    tripwire: Tripwire,
+    loader: Loader,
+    pressure: PressureWatch,
+) -> tuple[RecentRequests, Dashboard, HistorySampler, HistoryApi]:
+    """The dashboard's parts: the ring of recent requests, the page and its endpoints,
+    the history's sampler (reading what the health views and the metrics read) and the
+    endpoint that answers it."""
+    recent = RecentRequests()
+    dashboard = Dashboard(
+        registry, deps.states, recent, settings.watchdog.log_path, settings.log_dir
+    )
+    sources = Sources(
+        registry,
+        deps.metrics,
+        deps.gates,
+        deps.states,
+        tripwire.open_streak,
+        loader.holders,
+        pressure,
+    )
+    history = History(settings.history.samples, sources.buckets())
+    sampler = HistorySampler(
+        history, sources, settings.watchdog.log_path, settings.history.interval_seconds
+    )
+    return recent, dashboard, sampler, HistoryApi(history, settings.history)
 
 
 def wire(
@@ -279,10 +315,6 @@ def wire(
         infill=proxy.infill,
     )
     deps.metrics.add_engines(EngineMetrics(registry, deps.states, upstream))
-    recent = RecentRequests()
-    dashboard = Dashboard(
-        registry, deps.states, recent, settings.watchdog.log_path, settings.log_dir
-    )
     ollama = OllamaCatalog(
         registry,
         loader.status,
@@ -299,9 +331,8 @@ def wire(
         ReloadApi(deps.commander, follower),
         info,
         ModelsApi(registry, loader, info.describe),
-        recent,
-        dashboard,
         ollama,
+        *dashboard_of(settings, deps, registry, tripwire, loader, pressure),
     )
 
 
@@ -309,7 +340,8 @@ def lifespan_of(
     registry_file: RegistryFile, deps: Dependencies, wired: Wired
 ) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
     """What starts with the router and stops with it: telemetry, the planner, the
-    pressure watch, following the registry, the end of waiting requests at the drain."""
+    pressure watch, the dashboard's history, following the registry, the end of waiting
+    requests at the drain."""
     drain, telemetry, proxy = deps.drain, deps.telemetry, wired.proxy
 
     @asynccontextmanager
@@ -321,6 +353,7 @@ def lifespan_of(
         logging_setup.bind_to_loop(asyncio.get_running_loop())
         wired.loader.start()
         wired.pressure.start()
+        wired.history.start()
         await wired.follower.start()  # a reload applied before the router started is followed
 
         async def end_waiting_requests() -> None:
@@ -336,6 +369,7 @@ def lifespan_of(
             warming.cancel()
             await wired.follower.stop()
             await proxy.readiness.stop()
+            await wired.history.stop()
             await wired.pressure.stop()
             await wired.loader.stop()
             await deps.upstream.aclose()
@@ -377,6 +411,7 @@ def routes_of(direct: dict[str, Handler], deps: Dependencies, wired: Wired) -> l
         Route("/v1/telemetry/effective-config", deps.telemetry.report, methods=["GET"]),
         Route("/v1/ui/events", dashboard.events, methods=["GET"]),
         Route("/v1/ui/requests", dashboard.requests, methods=["GET"]),
+        Route("/v1/ui/history", wired.history_api.answer, methods=["GET"]),
         Route("/v1/ui/logs/{role}", dashboard.logs, methods=["GET"]),
         Route("/ui", dashboard.page, methods=["GET"]),
         Route("/ui/{asset}", dashboard.page, methods=["GET"]),

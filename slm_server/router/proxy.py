@@ -167,7 +167,7 @@ class Proxy:
         except GatewayError as error:
             if not await beat.stop():
                 raise
-            exchange.error_type = error.code
+            exchange.note_error(error)
             return InBand(endpoint.stream_error(intake, error))
         except BaseException:
             beat.cancel()
@@ -184,7 +184,7 @@ class Proxy:
         if isinstance(going, GatewayError):
             if relay is not None:
                 await relay.close()  # the backend's response and the slot
-            exchange.error_type = going.code
+            exchange.note_error(going)
             return InBand(endpoint.stream_error(intake, going))
         return going
 

@@ -9,6 +9,7 @@ import pytest
 from slm_server.memory.physical import default_floor_mb, physical_memory_mb
 from slm_server.settings import (
     PROJECT_ROOT,
+    HistorySettings,
     Settings,
     SettingsError,
     SlotCacheSettings,
@@ -390,3 +391,38 @@ def test_the_simulated_memory_file_cannot_be_turned_on_by_accident(tmp_path: Pat
     assert "simulated_available_mb <MiB>" in str(caught.value)
     path.write_text("simulated_available_mb 800\n")
     assert settings(tmp_path, SLM_MEMORY_SIMULATED_FILE=str(path)).memory.simulated_file == path
+
+
+def test_the_history_samples_every_5_s_for_an_hour_unless_told_otherwise(tmp_path: Path) -> None:
+    assert settings(tmp_path).history == HistorySettings(5.0, 3600.0)
+    assert HistorySettings().samples == 720
+    chosen = settings(
+        tmp_path, SLM_HISTORY_INTERVAL_SECONDS="0.5", SLM_HISTORY_KEEP_SECONDS="7200"
+    ).history
+    assert (chosen.interval_seconds, chosen.keep_seconds, chosen.samples) == (0.5, 7200.0, 14400)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"SLM_HISTORY_INTERVAL_SECONDS": "0.1"},
+            "SLM_HISTORY_INTERVAL_SECONDS='0.1' must be at least 0.2",
+        ),
+        (
+            {"SLM_HISTORY_KEEP_SECONDS": "600"},
+            "SLM_HISTORY_KEEP_SECONDS='600' must be at least 3600",
+        ),
+        (
+            {"SLM_HISTORY_INTERVAL_SECONDS": "1", "SLM_HISTORY_KEEP_SECONDS": "86400"},
+            "SLM_HISTORY_KEEP_SECONDS / SLM_HISTORY_INTERVAL_SECONDS is 86400 samples: "
+            "at most 20000 are kept",
+        ),
+    ],
+)
+def test_the_history_settings_are_validated(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SettingsError) as caught:
+        settings(tmp_path, **env)
+    assert str(caught.value) == message

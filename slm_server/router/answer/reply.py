@@ -55,7 +55,7 @@ class _Answer:
     noted: Progress
 
     def on_cut(self, error: GatewayError) -> None:
-        self.call.exchange.error_type = error.code
+        self.call.exchange.note_error(error)
         if error.code == "deadline_exceeded":
             self.sender.judge_deadline(self.call.spec, self.progress, error)
 

@@ -93,7 +93,7 @@ class Splice:
                 except HttpError as exc:
                     error = translate(exc, self.spec)
                     if isinstance(error, GatewayError):
-                        exchange.error_type = error.code
+                        exchange.note_error(error)
                         self.tripwire.observe(self.spec, outcome_of(error), error.message)
                     raise error from exc
                 if self._failure is not None:
@@ -160,7 +160,7 @@ class Splice:
             if tap.owed is not None:  # an event past the limit: the stream ends now
                 self._fail(tap.owed)
         except GatewayError as error:  # what the backend sent broke the stream
-            exchange.error_type = error.code
+            exchange.note_error(error)
             self.tripwire.observe(self.spec, outcome_of(error), error.message)
             self._fail(error)
         except Exception as error:  # a bug of ours: the relay reports it in band

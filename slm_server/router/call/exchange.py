@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from starlette.types import Scope
 
+from slm_server.errors import GatewayError
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.error_shape import Dialect
 from slm_server.router.call.shape import Shape
@@ -35,6 +36,8 @@ SENT: Final = "sent"
 READING_PROMPT: Final = "reading_prompt"
 ANSWERING: Final = "answering"
 STAGES: Final = (QUEUED, RESTARTING, LOADING, SENT, READING_PROMPT, ANSWERING)
+# An error's message as kept for the dashboard's request detail.
+MAX_ERROR_CHARS: Final = 500
 _ID_PREFIX = uuid.uuid4().hex[:16]
 _ID_COUNTER = itertools.count(1)
 
@@ -49,6 +52,25 @@ def _count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value
+
+
+def _cached_tokens(body: dict[str, Any]) -> int | None:
+    """The prompt tokens an answer says its engine read from its cache: usage's
+    ``prompt_tokens_details.cached_tokens`` (chat, llama-server),
+    ``input_tokens_details.cached_tokens`` (Responses) or ``cache_read_input_tokens``
+    (Messages), else llama-server's ``timings.cache_n``; None when it says nothing."""
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        for name in ("prompt_tokens_details", "input_tokens_details"):
+            details = usage.get(name)
+            count = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+            if count is not None:
+                return count
+        count = _count(usage.get("cache_read_input_tokens"))
+        if count is not None:
+            return count
+    timings = body.get("timings")
+    return _count(timings.get("cache_n")) if isinstance(timings, dict) else None
 
 
 @dataclass
@@ -75,12 +97,16 @@ class Exchange:
     finish_reasons: list[str] = field(default_factory=list)
     input_tokens: int | None = None
     output_tokens: int | None = None
+    # Prompt tokens the engine read from its cache, as its answer said (None: it did not).
+    cached_tokens: int | None = None
     first_chunk: float | None = None
     last_chunk: float | None = None
     chunks: int = 0
     upstream_seconds: float = 0.0
     queue_seconds: float | None = None
     error_type: str | None = None
+    # Why it failed, when the router answered or cut it with an error of its own.
+    error_message: str | None = None
     finished: float | None = None
     # Extra headers for the upstream request (trace context), set by the middleware.
     upstream_headers: dict[str, str] = field(default_factory=dict)
@@ -227,6 +253,9 @@ class Exchange:
                 self.input_tokens = prompt
             if completion is not None:
                 self.output_tokens = completion
+        from_cache = _cached_tokens(body)
+        if from_cache is not None:
+            self.cached_tokens = from_cache
         if body.get("stop") is True and "stop_type" in body:
             self._note_native_end(body)
 
@@ -243,6 +272,11 @@ class Exchange:
         stop = body.get("stop_type")
         if isinstance(stop, str):
             self.finish_reasons.append("length" if stop == "limit" else "stop")
+
+    def note_error(self, error: GatewayError) -> None:
+        """The router answers (or ends the answer) with ``error``: its code and why."""
+        self.error_type = error.code
+        self.error_message = error.message[:MAX_ERROR_CHARS]
 
     def enter(self, stage: str) -> None:
         """The request waits at ``stage`` (one of :data:`STAGES`) from now."""

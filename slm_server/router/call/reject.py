@@ -17,7 +17,7 @@ from slm_server.router.call.exchange import exchange_of
 async def reject(scope: Scope, send: Send, error: GatewayError) -> None:
     """Send ``error`` as the whole response, noted on the request's exchange."""
     exchange = exchange_of(scope)
-    exchange.error_type = error.code
+    exchange.note_error(error)
     body = json.dumps(error_body(error, exchange.errors)).encode()
     headers = [
         (b"content-type", b"application/json"),

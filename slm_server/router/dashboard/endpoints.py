@@ -45,8 +45,15 @@ DEFAULT_LOG_LINES: Final = 200
 MAX_LOG_LINES: Final = 2000
 ASSETS: Final = {
     "index.html": "text/html; charset=utf-8",
-    "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "plot.js": "text/javascript; charset=utf-8",
+    "history.js": "text/javascript; charset=utf-8",
+    "charts.js": "text/javascript; charset=utf-8",
+    "lanes.js": "text/javascript; charset=utf-8",
+    "shapes.js": "text/javascript; charset=utf-8",
+    "playground.js": "text/javascript; charset=utf-8",
+    "request_detail.js": "text/javascript; charset=utf-8",
 }
 # The page loads nothing but its own files and talks only to this router.
 PAGE_HEADERS: Final = {

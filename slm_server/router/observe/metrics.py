@@ -164,6 +164,12 @@ COMPLETION_TOKENS: Final = (
     "Completion (output) tokens the backends reported, streams included.",
     ["model"],
 )
+CACHED_TOKENS: Final = (
+    "slm_prompt_cached_tokens_total",
+    "Prompt tokens the backends reported reading from their prompt cache (a part of "
+    "slm_prompt_tokens_total).",
+    ["model"],
+)
 OVERHEAD: Final = (
     "slm_router_overhead_seconds",
     "Time a request spent in the router: duration minus backend time minus queue wait.",
@@ -223,6 +229,7 @@ class Metrics:
         self.tokens_per_second = family(Spread(*TOKENS_PER_SECOND))
         self.prompt_tokens = family(Counts(*PROMPT_TOKENS))
         self.completion_tokens = family(Counts(*COMPLETION_TOKENS))
+        self.cached_tokens = family(Counts(*CACHED_TOKENS))
         self.overhead = family(Spread(*OVERHEAD))
         self.queue_wait = family(Spread(*QUEUE_WAIT))
         self.watchdog_failures = family(Counts(*WATCHDOG_FAILURES))
@@ -255,6 +262,8 @@ class Metrics:
             self.prompt_tokens.inc(by_model, exchange.input_tokens)
         if exchange.output_tokens:
             self.completion_tokens.inc(by_model, exchange.output_tokens)
+        if exchange.cached_tokens:
+            self.cached_tokens.inc(by_model, exchange.cached_tokens)
         rule = exchange.routing_rule
         if rule is not None and exchange.spec is not None:
             self.routed.inc((model, str(exchange.spec.replica), rule))

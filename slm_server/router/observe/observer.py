@@ -204,7 +204,7 @@ class RequestObserver:
                 log.exception("recording the metrics of request %s failed", exchange.request_id)
             if self.recent is not None:
                 try:
-                    self.recent.record(exchange)
+                    self.recent.record(exchange, outcome)
                 except Exception:
                     log.exception(
                         "keeping request %s among the recent ones failed", exchange.request_id

@@ -34,6 +34,13 @@ FIELDS: Final = (
     "replica",
     "prefix_match_chars",
     "tools",
+    "load_seconds",
+    "streamed_seconds",
+    "backend",
+    "preset",
+    "error_message",
+    "cached_tokens",
+    "outcome",
 )
 
 Row = tuple[
@@ -53,11 +60,36 @@ Row = tuple[
     str | None,
     int | None,
     str | None,
+    float | None,
+    float | None,
+    str | None,
+    tuple[str, ...],
+    str | None,
+    int | None,
+    str | None,
 ]
 
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def streamed(exchange: Exchange) -> float | None:
+    """The time from the answer's first chunk to its last (None before a second one)."""
+    first, last = exchange.first_chunk, exchange.last_chunk
+    return None if first is None or last is None or exchange.chunks < 2 else last - first
+
+
+def presets_applied(exchange: Exchange) -> tuple[str, ...]:
+    """The preset layers the registry laid on the request: its entry's, its alias's."""
+    spec = exchange.spec
+    if spec is None:
+        return ()
+    layers: tuple[str, ...] = ("entry",) if spec.entry.preset is not None else ()
+    alias = exchange.alias
+    if alias is not None and spec.entry.alias_preset(alias) is not None:
+        layers += (f"alias {alias}",)
+    return layers
 
 
 class RecentRequests:
@@ -96,9 +128,9 @@ class RecentRequests:
             shown.append(item)
         return shown
 
-    def record(self, exchange: Exchange) -> None:
-        """Keep one finished exchange: its model as routed (else as asked for), and
-        the alias the client named it by."""
+    def record(self, exchange: Exchange, outcome: str | None = None) -> None:
+        """Keep one finished exchange: its model as routed (else as asked for), the
+        alias the client named it by, and how it ended (the metrics' ``outcome``)."""
         spec = exchange.spec
         self.rows.append(
             (
@@ -119,6 +151,13 @@ class RecentRequests:
                 spec.role if spec is not None and exchange.routing_rule is not None else None,
                 exchange.prefix_match_chars,
                 exchange.tool_summary,
+                exchange.load_seconds,
+                streamed(exchange),
+                spec.role if spec is not None else None,
+                presets_applied(exchange),
+                exchange.error_message,
+                exchange.cached_tokens,
+                outcome,
             )
         )
 
@@ -126,13 +165,17 @@ class RecentRequests:
         """Every kept request as an object, the newest first; times rounded."""
         shown = []
         for row in reversed(self.rows):
-            item = dict(zip(FIELDS, row, strict=True))
+            item: dict[str, Any] = dict(zip(FIELDS, row, strict=True))
             item["time"] = round(row[0], 3)
             if isinstance(row[2], str) and len(row[2]) > MAX_MODEL_CHARS:
                 item["model"] = row[2][:MAX_MODEL_CHARS]  # a client's string, unchecked
             item["queue_seconds"] = _rounded(row[6])
             item["ttft_seconds"] = _rounded(row[7])
             item["duration_seconds"] = _rounded(row[8])
+            item["first_byte_seconds"] = item["ttft_seconds"]
+            item["load_seconds"] = _rounded(row[16])
+            item["streamed_seconds"] = _rounded(row[17])
+            item["preset"] = list(row[19])
             shown.append(item)
         return shown
 

@@ -48,6 +48,16 @@ class Counts:
         cell = self._cells.get(labels)
         return 0.0 if cell is None else cell[0]
 
+    def sums(self, *names: str) -> dict[Labels, float]:
+        """The totals summed over every other label, keyed by the values of ``names``
+        (in that order); one pass over the cells, for a reader that samples them."""
+        at = [self.labels.index(name) for name in names]
+        sums: dict[Labels, float] = {}
+        for labels, (total, _created) in self._cells.items():
+            key = tuple(labels[i] for i in at)
+            sums[key] = sums.get(key, 0.0) + total
+        return sums
+
     def family(self) -> CounterMetricFamily:
         family = CounterMetricFamily(self.name, self.doc, labels=self.labels)
         for labels, (total, created) in self._cells.items():
@@ -77,6 +87,25 @@ class Spread:
             cell = self._cells[labels] = _Cell(len(self._bounds) + 1)
         cell.counts[bisect_left(self._bounds, value)] += 1
         cell.total += value
+
+    @property
+    def bounds(self) -> tuple[float, ...]:
+        """The buckets' upper bounds, ascending; a last bucket, ``+Inf``, follows."""
+        return self._bounds
+
+    def buckets_by(self, name: str) -> dict[str, list[int]]:
+        """The count in each bucket (not cumulative; ``+Inf``'s last) summed over every
+        other label, by the value of label ``name``; one pass over the cells."""
+        at = self.labels.index(name)
+        sums: dict[str, list[int]] = {}
+        for labels, cell in self._cells.items():
+            found = sums.get(labels[at])
+            if found is None:
+                sums[labels[at]] = list(cell.counts)
+            else:
+                for i, count in enumerate(cell.counts):
+                    found[i] += count
+        return sums
 
     def family(self) -> HistogramMetricFamily:
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)

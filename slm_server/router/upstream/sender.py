@@ -193,7 +193,7 @@ class Sender:
                 exchange.note_chunk()
                 yield chunk
         except GatewayError as error:
-            exchange.error_type = error.code
+            exchange.note_error(error)
             self.tripwire.observe(spec, outcome_of(error), error.message)
             raise
         finally:

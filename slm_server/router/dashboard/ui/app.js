@@ -1,8 +1,9 @@
 // The slm_server dashboard: polls /v1/backends/health, /health (the registry in force,
-// the machine's free memory)
-// and /v1/ui/requests every POLL_MS, reads one stream of /v1/ui/events, and builds
-// every node with textContent (never as markup): model ids, log lines and event fields
-// are shown as text.
+// the machine's free memory) and /v1/ui/requests every POLL_MS, reads one stream of
+// /v1/ui/events, and builds every node with textContent (never as markup): model ids,
+// log lines and event fields are shown as text. The charts (charts.js), the watchdog's
+// timeline (lanes.js) over the history (history.js), the playground (playground.js)
+// and a request's detail (request_detail.js) are wired here at the start.
 "use strict";
 
 const POLL_MS = 2000;
@@ -22,8 +23,12 @@ let streamAbort = null;
 let filterModel = "";
 const knownModels = new Set();
 
+function currentKey() {
+  return sessionStorage.getItem(KEY_NAME) || "";
+}
+
 function headers(extra) {
-  const key = sessionStorage.getItem(KEY_NAME);
+  const key = currentKey();
   const all = Object.assign({}, extra || {});
   if (key) all.Authorization = "Bearer " + key;
   return all;
@@ -35,12 +40,22 @@ function say(text, bad) {
   status.classList.toggle("bad", !!bad);
 }
 
+// A 401 for a request sent with `key`: none was given, or the one given was refused
+// (said only while it is still the key in use: an answer to an older key is stale).
+function unauthorized(key) {
+  if (key !== currentKey()) return;
+  if (key) say("the API key was refused: enter another one above", true);
+  else say("API key needed: enter one above", true);
+  $("key-form").classList.toggle("refused", !!key);
+}
+
 async function api(path, options) {
   const opts = Object.assign({}, options || {});
+  const key = currentKey();
   opts.headers = headers(opts.headers);
   const response = await fetch(path, opts);
   if (response.status === 401) {
-    say("API key needed: enter one above", true);
+    unauthorized(key);
     throw new Error("unauthorized");
   }
   return response;
@@ -178,15 +193,32 @@ function renderModels(report) {
 
 // -- recent requests ------------------------------------------------------------------
 
+// The newest first; a row opens its detail (request_detail.js). Rebuilt only when the
+// list changed.
+let requestsShown = "";
+
 function renderRequests(list) {
+  const signature = list.length + "|" + (list.length ? list[0].request_id + list[0].time : "");
+  if (signature !== requestsShown) buildRequests(list);
+  requestsShown = signature;
+  RequestDetail.remember(list);
+}
+
+function buildRequests(list) {
   const body = $("requests").tBodies[0];
   const rows = list.map((r) => {
     const row = document.createElement("tr");
     const time = new Date(r.time * 1000).toLocaleTimeString();
     const tokens = dash(r.input_tokens) + " / " + dash(r.output_tokens);
     const named = r.alias ? r.alias + " \u2192 " + r.model : r.model;
-    const model = r.replica ? named + " (" + r.replica + ")" : named;
-    for (const value of [time, model, r.endpoint, r.status, r.queue_seconds,
+    const replica = r.replica === null || r.replica === undefined ? "" : " (" + r.replica + ")";
+    if (r.request_id) {
+      row.dataset.requestId = String(r.request_id);
+      row.tabIndex = 0;
+      row.title = "show where its time went";
+    }
+    if (typeof r.status === "number" && r.status >= 400) row.className = "failed";
+    for (const value of [time, named + replica, r.endpoint, r.status, r.queue_seconds,
       r.ttft_seconds, r.duration_seconds, tokens, r.tools]) {
       row.appendChild(el("td", dash(value)));
     }
@@ -227,7 +259,11 @@ function renderRegistry(registry) {
     const applied = new Date(registry.loaded_at * 1000).toLocaleTimeString();
     text += " (generation " + registry.generation + ", applied " + applied + ")";
   }
-  if (shown.textContent !== text) shown.textContent = text;
+  if (shown.textContent !== text) {
+    if (shown.dataset.seen) document.dispatchEvent(new CustomEvent("slm:registry"));
+    shown.dataset.seen = "yes";
+    shown.textContent = text;
+  }
   shown.title = "the registry the router routes by: " + dash(registry.path);
 }
 
@@ -369,17 +405,38 @@ async function showLog(role) {
 
 // -- start ----------------------------------------------------------------------------
 
+// Drawn when it changed, and only while the page is seen (else once it is again).
+let historyUnseen = false;
+
+function drawHistory(kept) {
+  historyUnseen = document.hidden;
+  if (historyUnseen) return;
+  Charts.draw(kept);
+  Lanes.draw(kept);
+}
+
 function start() {
-  $("key").value = sessionStorage.getItem(KEY_NAME) || "";
+  $("key").value = currentKey();
   $("key-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const key = $("key").value.trim();
     if (key) sessionStorage.setItem(KEY_NAME, key);
     else sessionStorage.removeItem(KEY_NAME);
+    $("key-form").classList.remove("refused");
     pollLoop();
     streamEvents();
+    HistoryFeed.refresh();
+    document.dispatchEvent(new CustomEvent("slm:key"));
   });
   $("filter").addEventListener("change", applyFilter);
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && historyUnseen) drawHistory(HistoryFeed.kept);
+  });
+  Charts.build();
+  Lanes.legend();
+  RequestDetail.start();
+  Playground.start();
+  HistoryFeed.start(drawHistory);
   pollLoop();
   streamEvents();
 }

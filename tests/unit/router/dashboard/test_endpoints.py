@@ -22,6 +22,7 @@ from tests.unit.router.inprocess import (
     call,
     make_router,
     serving,
+    sse,
     until,
     whole,
 )
@@ -108,9 +109,15 @@ def test_the_page_and_its_assets_are_served_from_the_package_without_a_key(
         html = page.body.decode()
         assert '<script src="/ui/app.js"' in html and "/ui/style.css" in html
         assert "http://" not in html and "https://" not in html  # nothing from elsewhere
-        for asset, kind in (("app.js", "text/javascript"), ("style.css", "text/css")):
+        scripts = [name for name in dashboard.ASSETS if name.endswith(".js")]
+        assert "app.js" in scripts
+        for name in scripts:  # each is loaded by the page
+            assert f'<script src="/ui/{name}"' in html, name
+        for asset, kind in dashboard.ASSETS.items():
+            if asset == "index.html":
+                continue
             got = await call(router.app, f"/ui/{asset}", b"", method="GET")
-            assert got.status == 200 and got.headers["content-type"].startswith(kind)
+            assert got.status == 200 and got.headers["content-type"] == kind
             for markup in (b"innerHTML", b"outerHTML", b"insertAdjacentHTML", b"document.write"):
                 assert markup not in got.body  # every node is built with textContent
         missing = await call(router.app, "/ui/../../etc/passwd", b"", method="GET")
@@ -309,6 +316,49 @@ def test_a_recent_request_names_the_alias_it_was_sent_by(tmp_path: Path) -> None
             rows = got.json()["data"]
             shown = [(r["model"], r["alias"], r["status"]) for r in rows]
             assert shown == [("gpt-5", None, 404), (MODEL, None, 200), (MODEL, "gpt-4o-mini", 200)]
+
+    run(scenario())
+
+
+@pytest.mark.usefixtures("via")  # through plain ASGI and through the door
+def test_a_recent_request_carries_its_detail(tmp_path: Path) -> None:
+    """What the request's detail shows: the stages' times, the backend, the preset
+    layers, the cached tokens and why an error was answered."""
+    chunk = {**ANSWER, "object": "chat.completion.chunk", "usage": None}
+    usage = {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
+
+    async def streamed(sent: Sent) -> Any:
+        if sent.json().get("stream"):
+            return sse(chunk, chunk, {**chunk, "choices": [], "usage": usage})
+        return whole({**ANSWER, "usage": usage})
+
+    precise = "    preset: {max_output_tokens: 64}\n    aliases:\n      - name: precise\n"
+    router = make_router(tmp_path, streamed, chat=precise + "        preset: {set: {top_p: 0.5}}\n")
+    hi = [{"role": "user", "content": "hi"}]
+
+    async def scenario() -> None:
+        async with serving(router):
+            body = {"model": "precise", "messages": hi, "stream": True}
+            assert (await call(router.app, CHAT, body)).status == 200
+            assert (await call(router.app, CHAT, {"model": MODEL, "messages": hi})).status == 200
+            image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}]
+            bad = {"model": MODEL, "messages": [{"role": "user", "content": image}]}
+            assert (await call(router.app, CHAT, bad)).status == 400
+            got = await call(router.app, "/v1/ui/requests", b"", method="GET")
+            refused, plain, aliased = got.json()["data"]
+            assert aliased["alias"] == "precise"
+            assert aliased["preset"] == ["entry", "alias precise"]
+            assert aliased["backend"] == router.spec.role and aliased["cached_tokens"] == 2
+            assert aliased["first_byte_seconds"] == aliased["ttft_seconds"] is not None
+            assert aliased["streamed_seconds"] is not None and aliased["load_seconds"] is None
+            assert aliased["error_message"] is None and aliased["outcome"] == "ok"
+            assert plain["preset"] == ["entry"] and plain["streamed_seconds"] is None
+            assert refused["status"] == 400 and "image" in refused["error_message"]
+            assert refused["outcome"] == "client_error"
 
     run(scenario())
 

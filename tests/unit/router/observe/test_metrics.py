@@ -106,6 +106,15 @@ def test_a_plain_request_counts_once_with_its_duration_and_overhead(tmp_path: Pa
     assert m.live == {}
 
 
+def test_prompt_tokens_read_from_the_cache_are_counted_by_model(tmp_path: Path) -> None:
+    m = metrics(tmp_path)
+    m.observe(exchange(input_tokens=40, cached_tokens=32))
+    m.observe(exchange(input_tokens=10, cached_tokens=None))
+    m.observe(exchange(input_tokens=20, cached_tokens=8))
+    assert sample(m, "slm_prompt_cached_tokens_total", model="alpha") == 40
+    assert sample(m, "slm_prompt_tokens_total", model="alpha") == 70
+
+
 def test_a_stream_records_first_token_and_decode_speed(tmp_path: Path) -> None:
     m = metrics(tmp_path)
     streamed = exchange(stream=True, first_chunk=100.2, last_chunk=100.7, output_tokens=20)

@@ -66,3 +66,24 @@ def test_a_value_on_a_bound_counts_in_that_bucket_and_one_above_all_in_inf() -> 
     assert buckets == {"1.0": 1, "2.0": 2, "+Inf": 3}
     created = [s for s in family.samples if s.name == "s_created"]
     assert len(created) == 1 and created[0].value > 0
+
+
+def test_sums_and_buckets_by_one_label_add_up_the_other_labels() -> None:
+    counts = Counts("t_requests_total", "Requests.", ["model", "path", "outcome"])
+    counts.inc(("a", "x", "ok"), 2)
+    counts.inc(("a", "y", "ok"), 3)
+    counts.inc(("a", "y", "timeout"))
+    counts.inc(("b", "x", "ok"), 7)
+    assert counts.sums("model", "outcome") == {("a", "ok"): 5, ("a", "timeout"): 1, ("b", "ok"): 7}
+    assert counts.sums("model") == {("a",): 6, ("b",): 7}
+    seconds = Spread("t_seconds", "Seconds.", ["model", "path"], BUCKETS)
+    for labels, value in (
+        (("a", "x"), 0.05),
+        (("a", "y"), 0.05),
+        (("a", "y"), 2.0),
+        (("b", "x"), 1e6),
+    ):
+        seconds.observe(labels, value)
+    assert seconds.bounds == BUCKETS
+    assert seconds.buckets_by("model") == {"a": [0, 2, 0, 1, 0, 0], "b": [0, 0, 0, 0, 0, 1]}
+    assert seconds.buckets_by("path") == {"x": [0, 1, 0, 0, 0, 1], "y": [0, 1, 0, 1, 0, 0]}

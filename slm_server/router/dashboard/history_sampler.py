@@ -1,0 +1,234 @@
+"""The dashboard's history, its shell: a task of the router's own
+(:class:`~slm_server.router.call.periodic.Periodic`) that every
+``SLM_HISTORY_INTERVAL_SECONDS`` takes a :class:`~.history.Snapshot` of the router
+(:func:`snapshot`) and follows ``logs/watchdog.jsonl`` for lifecycle events.
+
+A snapshot reads what the router keeps anyway, the same sources its other views read:
+the running totals of :class:`~slm_server.router.observe.metrics.Metrics` (as
+``/metrics`` shows them), the admission gates (as ``/v1/backends/health``'s
+``in_flight`` and ``queued``), the models holding memory and the machine's free memory
+(as ``/health``'s ``memory``), the supervisor's published states with the router's
+failure streaks, the restart budgets, and the backends a reload retires. Nothing is
+written per request. The log is looked at with one ``stat`` per turn and read, from
+where the last turn left off, in a worker thread only when it changed
+(:class:`~slm_server.router.dashboard.log_tail.Follower`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from slm_server.contracts.records import BackendState, budget_view
+from slm_server.router.call.admission import Gate
+from slm_server.router.call.backend_state import StateSource
+from slm_server.router.call.periodic import Periodic
+from slm_server.router.dashboard.history import (
+    BackendReading,
+    Buckets,
+    History,
+    ModelReading,
+    Snapshot,
+)
+from slm_server.router.dashboard.log_tail import Follower
+from slm_server.router.dashboard.timeline import Event, events_of, lane_of
+from slm_server.router.dispatch.lookup import Registry
+from slm_server.router.observe.metrics import Metrics
+from slm_server.router.ondemand.memory_fit import Holder
+from slm_server.router.ondemand.pressure_watch import PressureWatch
+
+log = logging.getLogger("slm_server.router")
+
+# Chunks of the log read in one turn at most (64 KiB each); the rest waits a turn.
+MAX_READS_PER_TURN: Final = 16
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where a snapshot is read from (each read in place: a reload rewires them)."""
+
+    registry: Registry
+    metrics: Metrics
+    gates: Mapping[str, Gate]
+    states: StateSource
+    failing: Callable[[str], int]  # the router's open failure streak on a role
+    holders: Callable[[], Sequence[Holder]]  # the models holding memory now
+    pressure: PressureWatch
+
+    def buckets(self) -> Buckets:
+        metrics = self.metrics
+        return Buckets(
+            metrics.first_token.bounds,
+            metrics.tokens_per_second.bounds,
+            metrics.queue_wait.bounds,
+        )
+
+
+def restart_budget(known: BackendState, wall: float) -> dict[str, Any]:
+    """A backend's restart budget as the history answers it."""
+    view = budget_view(known, wall)
+    frees = None if view.frees_at is None else round(max(0.0, view.frees_at - wall), 1)
+    return {
+        "used": view.used,
+        "limit": view.max_restarts,
+        "left": 0 if view.abandoned else view.remaining,
+        "frees_in_seconds": frees,
+    }
+
+
+def _models(sources: Sources, holders: Sequence[Holder]) -> dict[str, ModelReading]:
+    """Every enabled model (an entry's replicas together), by id."""
+    metrics = sources.metrics
+    requests = metrics.requests.sums("model", "outcome")
+    histograms = {
+        "ttft": metrics.first_token,
+        "tokens_per_second": metrics.tokens_per_second,
+        "admission_wait": metrics.queue_wait,
+    }
+    buckets = {name: spread.buckets_by("model") for name, spread in histograms.items()}
+    empty = {name: [0] * (len(spread.bounds) + 1) for name, spread in histograms.items()}
+    prompt = metrics.prompt_tokens.sums("model")
+    cached = metrics.cached_tokens.sums("model")
+    held: dict[str, float] = {}
+    for holder in holders:
+        held[holder.model_id] = held.get(holder.model_id, 0.0) + holder.footprint_mb
+    roles: dict[str, list[str]] = {}
+    for spec in sources.registry.enabled:
+        roles.setdefault(spec.entry.id, []).append(spec.role)
+    models: dict[str, ModelReading] = {}
+    for model, its_roles in roles.items():
+        gates = [g for g in map(sources.gates.get, its_roles) if g is not None]
+        models[model] = ModelReading(
+            requests={o: n for (m, o), n in requests.items() if m == model},
+            ttft=buckets["ttft"].get(model, empty["ttft"]),
+            tokens_per_second=buckets["tokens_per_second"].get(model, empty["tokens_per_second"]),
+            admission_wait=buckets["admission_wait"].get(model, empty["admission_wait"]),
+            prompt_tokens=prompt.get((model,), 0.0),
+            cached_tokens=cached.get((model,), 0.0),
+            in_flight=sum(g.active for g in gates) if gates else None,
+            queued=sum(g.queued for g in gates) if gates else None,
+            memory_mb=held.get(model, 0.0),
+        )
+    return models
+
+
+def _backends(sources: Sources, wall: float) -> dict[str, BackendReading]:
+    """Every backend of the registry, and those a reload retires, by role."""
+    states = sources.states
+    supervised = states.launcher_alive()
+    backends: dict[str, BackendReading] = {}
+    for spec in sources.registry.models:
+        entry = spec.entry
+        if not entry.enabled:
+            backends[spec.role] = BackendReading(entry.id, "disabled")
+            continue
+        known = states.get(spec.role, entry.port)
+        lane = lane_of(
+            known.state if known is not None else None,
+            supervised=supervised,
+            failing=sources.failing(spec.role) > 0,
+        )
+        budget = restart_budget(known, wall) if known is not None and not entry.remote else None
+        backends[spec.role] = BackendReading(entry.id, lane, budget)
+    for retiring in states.retiring():
+        if retiring.role not in backends:
+            backends[retiring.role] = BackendReading(retiring.model_id, "retired")
+    return backends
+
+
+def snapshot(sources: Sources, clock: float, wall: float) -> Snapshot:
+    """The router now, as :class:`~.history.History` records it."""
+    holders = sources.holders()
+    pressure = sources.pressure
+    machine: dict[str, float | None] = {
+        "free_mb": pressure.free_mb,
+        "floor_mb": pressure.floor.floor_mb,
+        "budget_mb": pressure.budget_mb,
+        "held_mb": sum(h.footprint_mb for h in holders),
+    }
+    return Snapshot(
+        wall=wall,
+        clock=clock,
+        machine=machine,
+        models=_models(sources, holders),
+        backends=_backends(sources, wall),
+    )
+
+
+def _started(follower: Follower, count: int) -> list[Event]:
+    """The lifecycle events among the log's last ``count`` lines (a worker thread's)."""
+    return events_of(line.text for line in follower.start(count) if not line.cut)
+
+
+def _polled(follower: Follower) -> list[Event]:
+    """The lifecycle events appended since the last look (a worker thread's)."""
+    return events_of(line.text for line in follower.poll() if not line.cut)
+
+
+class HistorySampler:
+    """Takes a snapshot every ``interval`` seconds into ``history`` and follows the
+    watchdog log at ``events_path``; see the module docstring."""
+
+    def __init__(
+        self,
+        history: History,
+        sources: Sources,
+        events_path: Path,
+        interval: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.history = history
+        self.sources = sources
+        self.events_path = events_path
+        self.interval = interval
+        self.clock = clock
+        self.wall = wall
+        self.follower: Follower | None = None
+        self._task = Periodic(
+            self._turn,
+            after_failure=lambda: self.interval,
+            log=log,
+            failure="the dashboard's history failed a sample",
+        )
+
+    def start(self) -> None:
+        """Sample now, and then every ``interval`` seconds, on the current loop."""
+        self._task.start()
+
+    async def stop(self) -> None:
+        await self._task.stop()
+
+    async def _turn(self) -> float:
+        clock, wall = self.clock(), self.wall()
+        # The log is read before the sample is recorded, so that an event of up to the
+        # sample's time is answered with it: a page then asks only for what is newer.
+        await self.follow()
+        self.history.record(snapshot(self.sources, clock, wall))
+        return self.interval
+
+    async def follow(self) -> None:
+        """The log's new lifecycle events into the history (at the first call, those
+        among its last lines)."""
+        follower = self.follower
+        if follower is None:
+            follower = Follower(self.events_path)
+            count = self.history.events.maxlen or 0
+            self.history.note(await asyncio.to_thread(_started, follower, count))
+            self.follower = follower
+            return
+        for _ in range(MAX_READS_PER_TURN):
+            if follower.unchanged():  # one stat: most turns end here
+                return
+            self.history.note(await asyncio.to_thread(_polled, follower))
+            if not follower.behind:
+                return
+
+
+__all__ = ["HistorySampler", "Sources", "restart_budget", "snapshot"]

@@ -1,0 +1,138 @@
+"""The timeline's mapping: which lane state each watchdog event begins and which mark
+it leaves (the contract's table, event by event), what a published state shows as, and
+which log lines become events."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+from slm_server.contracts.events import EVENTS
+from slm_server.contracts.states import State
+from slm_server.router.dashboard import timeline
+from slm_server.router.dashboard.timeline import LANES, event_of, events_of, lane_of
+
+# The contract (notes/dashboard-contract.md), written out here so that the code's
+# tables are checked against it rather than against themselves.
+CONTRACT_LANES = {
+    "loading": ["backend_loading"],
+    "ready": ["backend_loaded", "restart_succeeded", "restart_not_confirmed", "remote_readmitted"],
+    "suspected": ["backend_failure", "remote_ejected"],
+    "confirming": ["restart_requested"],
+    "restarting": [
+        "restart_confirmed",
+        "backend_exited",
+        "backend_not_running",
+        "restart_started",
+        "restart_failed",
+    ],
+    "abandoned": ["backend_abandoned"],
+    "unloaded": ["backend_unloaded", "evicted_for_pressure"],
+    "retired": ["backend_retiring", "backend_retired"],
+}
+CONTRACT_MARKS = {
+    "restart_succeeded": "restart",
+    "backend_loaded": "load",
+    "backend_unloaded": "unload",
+    "evicted_for_pressure": "eviction",
+    "config_reloaded": "reload",
+}
+TS = "2026-12-01T10:00:05.250Z"
+TS_SECONDS = datetime.datetime(2026, 12, 1, 10, 0, 5, 250000, tzinfo=datetime.UTC).timestamp()
+
+
+def line(event: str, **fields: object) -> str:
+    return json.dumps({"ts": TS, "event": event, **fields})
+
+
+@pytest.mark.parametrize(
+    ("event", "lane"), [(e, lane) for lane, events in CONTRACT_LANES.items() for e in events]
+)
+def test_each_event_begins_the_lane_the_contract_names(event: str, lane: str) -> None:
+    found = event_of(line(event, role="chat", model_id="org/chat"))
+    assert found is not None
+    assert found.lane == lane
+    assert found.mark == CONTRACT_MARKS.get(event)
+
+
+def test_the_tables_are_the_contracts_and_name_real_events_and_lanes() -> None:
+    lanes = {e: lane for lane, events in CONTRACT_LANES.items() for e in events}
+    assert lanes == timeline.EVENT_LANES
+    assert timeline.EVENT_MARKS == CONTRACT_MARKS
+    assert set(lanes) | set(CONTRACT_MARKS) <= EVENTS  # every one is an event the log has
+    assert set(lanes.values()) <= set(LANES)
+
+
+def test_a_reload_leaves_a_mark_and_begins_no_lane() -> None:
+    found = event_of(line("config_reloaded", source="file"))
+    assert found is not None
+    assert found.to_json() == {
+        "ts": TS_SECONDS,
+        "event": "config_reloaded",
+        "role": None,
+        "model": None,
+        "lane": None,
+        "mark": "reload",
+        "reason": None,
+    }
+
+
+def test_an_event_keeps_its_time_backend_model_and_reason() -> None:
+    found = event_of(line("restart_succeeded", role="chat", model_id="org/chat", reason="stall"))
+    assert found is not None
+    assert found.to_json() == {
+        "ts": TS_SECONDS,
+        "event": "restart_succeeded",
+        "role": "chat",
+        "model": "org/chat",
+        "lane": "ready",
+        "mark": "restart",
+        "reason": "stall",
+    }
+    long = event_of(line("backend_exited", reason="x" * 10_000))
+    assert long is not None and long.reason is not None and len(long.reason) == 300
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[1, 2]",
+        json.dumps({"ts": TS, "event": "memory_grew", "role": "chat"}),  # no lane, no mark
+        json.dumps({"ts": "yesterday", "event": "backend_exited"}),
+        json.dumps({"event": "backend_exited"}),
+        json.dumps({"ts": TS, "event": 5}),
+    ],
+)
+def test_other_lines_are_no_events(text: str) -> None:
+    assert event_of(text) is None
+
+
+def test_events_of_keeps_the_order_and_drops_the_rest() -> None:
+    lines = [line("backend_exited", n=1), "junk", line("restart_started"), line("cache_saved")]
+    assert [e.event for e in events_of(lines)] == ["backend_exited", "restart_started"]
+
+
+@pytest.mark.parametrize(
+    ("published", "supervised", "failing", "lane"),
+    [
+        ("ready", True, False, "ready"),
+        ("ready", True, True, "suspected"),  # degraded
+        ("ejected", True, False, "suspected"),
+        ("restarting", True, True, "restarting"),
+        ("ready", False, False, "unknown"),  # unsupervised
+        (None, True, False, "unknown"),
+        ("something new", True, False, "unknown"),
+    ],
+)
+def test_a_published_state_shows_as_its_lane(
+    published: str | None, supervised: bool, failing: bool, lane: str
+) -> None:
+    assert lane_of(published, supervised=supervised, failing=failing) == lane
+
+
+def test_every_supervisor_state_is_a_lane_of_its_own() -> None:
+    for state in State:
+        assert lane_of(state.value, supervised=True, failing=False) == state.value
