@@ -267,8 +267,10 @@ class Proxy:
                 # Holding the slot: the line behind it waits in order, within its limits.
                 exchange.enter(LOADING)
                 loading_from = time.perf_counter()
-                await loader.until_ready(spec, client, deadline.at)
-                exchange.load_seconds = time.perf_counter() - loading_from
+                try:
+                    await loader.until_ready(spec, client, deadline.at)
+                finally:  # a load that failed was waited for all the same
+                    exchange.load_seconds = time.perf_counter() - loading_from
             headers = forward_headers(request.scope["headers"])
             headers.update(exchange.upstream_headers)
             headers["x-request-id"] = exchange.request_id

@@ -21,7 +21,9 @@ A series is null at the first sample (no interval yet), for a model the previous
 snapshot did not have, and wherever the snapshot had nothing to say. A model or a
 backend that leaves the snapshots (a reload removed it) keeps its series, null from
 then on, until its last sample leaves the rings. The last ``MAX_EVENTS`` lifecycle
-events (:mod:`~slm_server.router.dashboard.timeline`) are kept beside the samples.
+events (:mod:`~slm_server.router.dashboard.timeline`) are kept beside the samples, each
+with the time of the sample it was read with: ``since`` answers an event by that time,
+not its own.
 """
 
 from __future__ import annotations
@@ -179,14 +181,27 @@ class History:
         self.models: dict[str, _Series] = {}
         self.backends: dict[str, _Lane] = {}
         self.events: deque[Event] = deque(maxlen=max_events)
+        # In step with ``events``: the time of the sample each was read with, which
+        # ``since`` compares (an event is often read a turn after its own time).
+        self.read_with: deque[float] = deque(maxlen=max_events)
         self._last: Snapshot | None = None
 
     # -- writing ------------------------------------------------------------------
 
     def record(self, snapshot: Snapshot) -> None:
         """One tick: ``snapshot``'s values, and the intervals since the last one."""
-        tick, last = self.tick, self._last
-        self.times.put(tick, round(snapshot.wall, 3))  # as answered: ``since`` compares it
+        try:
+            self._write(self.tick, snapshot)
+        finally:
+            # A sample that failed part-way keeps its tick (missing where not written):
+            # the next one takes the tick after it rather than failing on it for ever.
+            self.tick = self.times.end
+        self._last = snapshot
+        self._forget(self.tick - self.capacity)
+
+    def _write(self, tick: int, snapshot: Snapshot) -> None:
+        last = self._last
+        self.times.put(tick, _as_answered(snapshot.wall))  # ``since`` compares it
         for name, ring in self.machine.items():
             value = snapshot.machine.get(name)
             ring.put(tick, NAN if value is None else round(value, DECIMALS))
@@ -206,8 +221,6 @@ class History:
                 lane = self.backends[role] = _Lane(self.capacity, tick, backend.model)
             lane.states.put(tick, LANE_INDEX.get(backend.lane, LANE_INDEX["unknown"]))
             lane.model, lane.budget, lane.last_seen = backend.model, backend.budget, tick
-        self.tick, self._last = tick + 1, snapshot
-        self._forget(tick + 1 - self.capacity)
 
     def _values(
         self, now: ModelReading, before: ModelReading | None, elapsed: float
@@ -241,16 +254,21 @@ class History:
             for key in [k for k, v in table.items() if v.last_seen < oldest]:
                 del table[key]
 
-    def note(self, events: Iterable[Event]) -> None:
-        """Lifecycle events read from the log, in order."""
-        self.events.extend(events)
+    def note(self, events: Iterable[Event], read_with: float | None = None) -> None:
+        """Lifecycle events read from the log, in order; ``read_with``: the wall time of
+        the sample they are answered with (None: each event's own time)."""
+        at = None if read_with is None else _as_answered(read_with)
+        for event in events:
+            self.events.append(event)
+            self.read_with.append(event.ts if at is None else at)
 
     # -- reading ------------------------------------------------------------------
 
     def answer(self, since: float | None = None) -> dict[str, Any]:
-        """The samples and events newer than ``since`` (wall seconds; None: all): the
-        fields ``times``, ``machine``, ``models``, ``backends`` and ``events`` of
-        ``GET /v1/ui/history``."""
+        """The samples newer than ``since`` (wall seconds; None: all) and the events read
+        with them: the fields ``times``, ``machine``, ``models``, ``backends`` and
+        ``events`` of ``GET /v1/ui/history``. A page that asks since its last sample's
+        time gets each event once, even one older than that sample but read after it."""
         stop = self.tick
         start = self.times.oldest
         times = self.times.span(start, stop)
@@ -281,8 +299,17 @@ class History:
                 }
                 for role, lane in self.backends.items()
             ],
-            "events": [e.to_json() for e in self.events if since is None or e.ts > since],
+            "events": [
+                event.to_json()
+                for event, read_with in zip(self.events, self.read_with, strict=True)
+                if since is None or read_with > since
+            ],
         }
+
+
+def _as_answered(wall: float) -> float:
+    """A sample's wall time as ``times`` answers it (and ``since`` is compared to)."""
+    return round(wall, 3)
 
 
 def _shown(values: list[float]) -> list[float | None]:

@@ -207,28 +207,36 @@ class HistorySampler:
 
     async def _turn(self) -> float:
         clock, wall = self.clock(), self.wall()
-        # The log is read before the sample is recorded, so that an event of up to the
-        # sample's time is answered with it: a page then asks only for what is newer.
-        await self.follow()
+        # The log is read just before the sample is recorded, and its new events are
+        # answered with that sample (``since`` compares the sample's time, not theirs):
+        # a page that asks for what is newer than its last sample gets each event once,
+        # even one written before that sample but read only now (a turn that had more
+        # log to read than it reads, a writer slow between its clock and its write).
+        await self.follow(wall)
         self.history.record(snapshot(self.sources, clock, wall))
         return self.interval
 
-    async def follow(self) -> None:
+    async def follow(self, read_with: float | None = None) -> None:
         """The log's new lifecycle events into the history (at the first call, those
-        among its last lines)."""
+        among its last lines), answered with the sample taken at ``read_with`` (None:
+        now); noted together once all are read, so that no answer falls between them
+        and the sample."""
+        at = self.wall() if read_with is None else read_with
         follower = self.follower
         if follower is None:
             follower = Follower(self.events_path)
             count = self.history.events.maxlen or 0
-            self.history.note(await asyncio.to_thread(_started, follower, count))
+            self.history.note(await asyncio.to_thread(_started, follower, count), at)
             self.follower = follower
             return
+        read: list[Event] = []
         for _ in range(MAX_READS_PER_TURN):
             if follower.unchanged():  # one stat: most turns end here
-                return
-            self.history.note(await asyncio.to_thread(_polled, follower))
+                break
+            read += await asyncio.to_thread(_polled, follower)
             if not follower.behind:
-                return
+                break
+        self.history.note(read, at)
 
 
 __all__ = ["HistorySampler", "Sources", "restart_budget", "snapshot"]

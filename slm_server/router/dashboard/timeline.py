@@ -151,8 +151,20 @@ def event_of(text: str) -> Event | None:
         model=_text(record.get("model_id", record.get("model")), MAX_NAME_CHARS),
         lane=EVENT_LANES.get(name),
         mark=EVENT_MARKS.get(name),
-        reason=_text(record.get("reason"), MAX_REASON_CHARS),
+        reason=_text(reason_of(record), MAX_REASON_CHARS),
     )
+
+
+def reason_of(record: dict[str, Any]) -> Any:
+    """Why the event happened: its ``reason``; for a process's exit, which has none,
+    the signal that ended it or its exit code."""
+    reason = record.get("reason")
+    if reason is not None or record.get("event") != "backend_exited":
+        return reason
+    if record.get("signal") is not None:
+        return f"killed by {record['signal']}"
+    code = record.get("exit_code")
+    return None if code is None else f"exit code {code}"
 
 
 def events_of(lines: Iterable[str]) -> list[Event]:

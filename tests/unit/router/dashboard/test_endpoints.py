@@ -15,6 +15,7 @@ import pytest
 
 from slm_server.router.dashboard import endpoints as dashboard
 from slm_server.router.observe import recent
+from slm_server.settings import PROJECT_ROOT
 from tests.unit.router.inprocess import (
     Answer,
     Router,
@@ -124,6 +125,14 @@ def test_the_page_and_its_assets_are_served_from_the_package_without_a_key(
         assert missing.status == 404
 
     run(scenario())
+
+
+def test_the_api_reference_names_every_file_the_page_is_served_as() -> None:
+    """Any other ``/ui/...`` name is 404, so the reference lists them all."""
+    text = (PROJECT_ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    section = text.split("## Dashboard endpoints", 1)[1].split("\n## ", 1)[0]
+    for asset in dashboard.ASSETS:
+        assert f"`{asset}`" in section or f"`/ui/{asset}`" in section, asset
 
 
 @pytest.mark.usefixtures("via")  # through plain ASGI and through the door
@@ -361,6 +370,27 @@ def test_a_recent_request_carries_its_detail(tmp_path: Path) -> None:
             assert refused["outcome"] == "client_error"
 
     run(scenario())
+
+
+def test_a_request_whose_load_failed_shows_how_long_it_waited_for_it(tmp_path: Path) -> None:
+    """The load wait is the request's time even when the load fails: the detail would
+    otherwise show all of it as the wait for the backend's first byte."""
+    router = make_router(tmp_path, answer, chat="    load: on_demand\n")
+    router.supervisor.load_seconds = 0.2
+    router.supervisor.fail_load = "exited with status 1 while loading"
+
+    async def scenario() -> None:
+        async with serving(router):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            assert (await call(router.app, CHAT, body)).status == 503
+            got = await call(router.app, "/v1/ui/requests", b"", method="GET")
+            [failed] = got.json()["data"]
+            assert failed["error_type"] == "load_failed"
+            assert failed["load_seconds"] is not None
+            assert 0.2 <= failed["load_seconds"] <= failed["duration_seconds"]
+
+    run(scenario())
+
 
 
 # -- a backend's log ------------------------------------------------------------------

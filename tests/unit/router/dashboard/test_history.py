@@ -247,3 +247,18 @@ def test_the_events_ring_keeps_the_last_ones_and_since_filters_them() -> None:
         "mark": None,
         "reason": "exited",
     }
+
+
+def test_a_sample_that_failed_part_way_leaves_a_gap_and_the_next_ones_are_kept() -> None:
+    history = History(10, BUCKETS)
+    history.record(snap(0, {"m": reading({"ok": 0})}))
+    broken: Any = {"free_mb": "not a number"}  # a bug upstream of the history
+    with pytest.raises(TypeError):
+        history.record(snap(5, {"m": reading({"ok": 5})}, machine=broken))
+    history.record(snap(10, {"m": reading({"ok": 20})}))
+    history.record(snap(15, {"m": reading({"ok": 25})}))
+    answer = history.answer()
+    assert answer["times"] == [EPOCH, EPOCH + 5, EPOCH + 10, EPOCH + 15]
+    assert answer["machine"]["free_mb"] == [None] * 4
+    # Rates over the interval since the last sample taken whole: 20 in 10 s.
+    assert series(answer, "m")["requests_ok"] == [None, None, 2.0, 1.0]

@@ -1,6 +1,6 @@
 """The sampler's reading of the watchdog log: the lifecycle events among its last lines
-first, then those appended, other lines left out, and nothing read while the file has
-not changed."""
+first, then those appended, other lines left out, nothing read while the file has not
+changed, and each event answered once to a page that polls with ``since``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from typing import Any, cast
 
 import pytest
 
-from slm_server.router.dashboard.history import Buckets, History
+from slm_server.contracts.events import utc_timestamp
+from slm_server.router.dashboard import history_sampler
+from slm_server.router.dashboard.history import Buckets, History, Snapshot
 from slm_server.router.dashboard.history_sampler import HistorySampler, Sources
+from slm_server.router.dashboard.log_tail import CHUNK_BYTES
 
 BUCKETS = Buckets((1.0,), (1.0,), (1.0,))
 
@@ -59,5 +62,48 @@ def test_the_log_is_followed_for_lifecycle_events_and_read_only_when_it_changed(
         assert [e.event for e in history.events][-1] == "restart_succeeded"
         assert history.events[-1].mark == "restart"
         assert len(reads) == 3
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_an_event_read_a_turn_late_reaches_a_page_asking_since_its_last_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More log than a turn reads: the event at its end, written before the next sample,
+    is read a sample later. A page that asks for what is newer than its last sample
+    still gets it, and only once."""
+    log = tmp_path / "watchdog.jsonl"
+    log.write_bytes(b"")
+    epoch = 1_765_000_000.0
+    walls = iter([epoch, epoch + 5, epoch + 10])
+    history = History(10, BUCKETS)
+    sampler = HistorySampler(
+        history, cast(Sources, None), log, 5.0, clock=lambda: 0.0, wall=lambda: next(walls)
+    )
+    # The router's figures are not what this is about: an empty sample at each turn.
+    monkeypatch.setattr(
+        history_sampler, "snapshot", lambda _sources, clock, wall: Snapshot(wall, clock)
+    )
+    monkeypatch.setattr(history_sampler, "MAX_READS_PER_TURN", 1)  # one chunk a turn
+    filler = line("memory_grew", 0) * (CHUNK_BYTES // len(line("memory_grew", 0)) + 1)
+    restarted = {"ts": utc_timestamp(epoch + 2), "event": "restart_succeeded", "role": "chat"}
+    seen: list[str] = []
+
+    def page_polls(since: float) -> float:
+        answer = history.answer(since)
+        seen.extend(e["event"] for e in answer["events"])
+        return float(answer["times"][-1]) if answer["times"] else since
+
+    async def scenario() -> None:
+        await sampler._turn()
+        since = page_polls(0.0)
+        append(log, filler + (json.dumps(restarted) + "\n").encode())
+        await sampler._turn()  # reads the filler's first chunk only
+        since = page_polls(since)
+        assert seen == []
+        await sampler._turn()  # reads the rest: the event, older than the last sample
+        since = page_polls(since)
+        page_polls(since)
+        assert seen == ["restart_succeeded"]
 
     asyncio.run(asyncio.wait_for(scenario(), 10))

@@ -136,3 +136,12 @@ def test_a_published_state_shows_as_its_lane(
 def test_every_supervisor_state_is_a_lane_of_its_own() -> None:
     for state in State:
         assert lane_of(state.value, supervised=True, failing=False) == state.value
+
+
+def test_an_exit_says_what_ended_the_process() -> None:
+    killed = event_of(line("backend_exited", role="chat", signal="SIGKILL", exit_code=None))
+    assert killed is not None and killed.reason == "killed by SIGKILL"
+    ended = event_of(line("backend_exited", role="chat", exit_code=3))
+    assert ended is not None and ended.reason == "exit code 3"
+    said = event_of(line("backend_exited", role="chat", signal="SIGKILL", reason="own words"))
+    assert said is not None and said.reason == "own words"
