@@ -36,7 +36,7 @@ HEADERS = {"authorization": f"Bearer {KEY}"}
 TRAFFIC_SECONDS = 180.0
 SYSTEM = "You are a careful coding assistant. " * 120  # ~1,000 tokens, the same each turn
 # The shipped watchdog's timings, not the tests' quick ones (docs/watchdog.md).
-SHIPPED_WATCHDOG = {
+SHIPPED_WATCHDOG: dict[str, Any] = {
     "SLM_WATCHDOG_STALL_SECONDS": "300",
     "SLM_WATCHDOG_SILENCE_SECONDS": "30",
     "SLM_WATCHDOG_STARTUP_GRACE_SECONDS": "180",
