@@ -234,7 +234,7 @@ def slm_router_watched(
     workdir: Path, backends: Sequence[Server], tree: Path = ROOT
 ) -> Iterator[Server]:
     """:func:`slm_router` with the dashboard open in a headless chromium the whole time
-    (its polling and its event stream), the page shown once before anything is
+    (its polling, its charts and its event stream), the page shown once before anything is
     measured."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -244,7 +244,10 @@ def slm_router_watched(
     with slm_router(workdir, backends, tree=tree) as router, headless_chromium() as driver:
         driver.get(f"{router.url}/ui")
         WebDriverWait(driver, 30, poll_frequency=0.1).until(
-            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#models tbody tr")) == len(backends)
+            lambda d: (
+                len(d.find_elements(By.CSS_SELECTOR, "#models tbody tr")) == len(backends)
+                and d.find_elements(By.CSS_SELECTOR, 'svg.chart[data-chart="requests"]')
+            )
         )
         browser = driver.service.process.pid
         with pinned(router, backends, browser):

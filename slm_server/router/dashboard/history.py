@@ -22,8 +22,9 @@ snapshot did not have, and wherever the snapshot had nothing to say. A model or 
 backend that leaves the snapshots (a reload removed it) keeps its series, null from
 then on, until its last sample leaves the rings. The last ``MAX_EVENTS`` lifecycle
 events (:mod:`~slm_server.router.dashboard.timeline`) are kept beside the samples, each
-with the time of the sample it was read with: ``since`` answers an event by that time,
-not its own.
+going with the first sample recorded after it was noted: ``since`` answers an event
+with its sample, not by its own time, which may be older than the sample before (the
+log read a turn late).
 """
 
 from __future__ import annotations
@@ -181,9 +182,9 @@ class History:
         self.models: dict[str, _Series] = {}
         self.backends: dict[str, _Lane] = {}
         self.events: deque[Event] = deque(maxlen=max_events)
-        # In step with ``events``: the time of the sample each was read with, which
-        # ``since`` compares (an event is often read a turn after its own time).
-        self.read_with: deque[float] = deque(maxlen=max_events)
+        # In step with ``events``: the tick of the sample each goes with, the first
+        # recorded after it was noted, by which ``since`` answers it.
+        self.noted_at: deque[int] = deque(maxlen=max_events)
         self._last: Snapshot | None = None
 
     # -- writing ------------------------------------------------------------------
@@ -201,7 +202,7 @@ class History:
 
     def _write(self, tick: int, snapshot: Snapshot) -> None:
         last = self._last
-        self.times.put(tick, _as_answered(snapshot.wall))  # ``since`` compares it
+        self.times.put(tick, round(snapshot.wall, 3))  # as answered: ``since`` compares it
         for name, ring in self.machine.items():
             value = snapshot.machine.get(name)
             ring.put(tick, NAN if value is None else round(value, DECIMALS))
@@ -254,21 +255,21 @@ class History:
             for key in [k for k, v in table.items() if v.last_seen < oldest]:
                 del table[key]
 
-    def note(self, events: Iterable[Event], read_with: float | None = None) -> None:
-        """Lifecycle events read from the log, in order; ``read_with``: the wall time of
-        the sample they are answered with (None: each event's own time)."""
-        at = None if read_with is None else _as_answered(read_with)
+    def note(self, events: Iterable[Event]) -> None:
+        """Lifecycle events read from the log, in order: they go with the next sample."""
+        tick = self.tick
         for event in events:
             self.events.append(event)
-            self.read_with.append(event.ts if at is None else at)
+            self.noted_at.append(tick)
 
     # -- reading ------------------------------------------------------------------
 
     def answer(self, since: float | None = None) -> dict[str, Any]:
-        """The samples newer than ``since`` (wall seconds; None: all) and the events read
-        with them: the fields ``times``, ``machine``, ``models``, ``backends`` and
-        ``events`` of ``GET /v1/ui/history``. A page that asks since its last sample's
-        time gets each event once, even one older than that sample but read after it."""
+        """The samples newer than ``since`` (wall seconds; None: all) and the events
+        that go with them: the fields ``times``, ``machine``, ``models``, ``backends``
+        and ``events`` of ``GET /v1/ui/history``. A page that asks since its last
+        sample's time gets each event once, even one older than that sample but read
+        from the log after it."""
         stop = self.tick
         start = self.times.oldest
         times = self.times.span(start, stop)
@@ -301,15 +302,10 @@ class History:
             ],
             "events": [
                 event.to_json()
-                for event, read_with in zip(self.events, self.read_with, strict=True)
-                if since is None or read_with > since
+                for event, noted_at in zip(self.events, self.noted_at, strict=True)
+                if since is None or noted_at >= start
             ],
         }
-
-
-def _as_answered(wall: float) -> float:
-    """A sample's wall time as ``times`` answers it (and ``since`` is compared to)."""
-    return round(wall, 3)
 
 
 def _shown(values: list[float]) -> list[float | None]:

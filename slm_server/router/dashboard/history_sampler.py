@@ -207,26 +207,24 @@ class HistorySampler:
 
     async def _turn(self) -> float:
         clock, wall = self.clock(), self.wall()
-        # The log is read just before the sample is recorded, and its new events are
-        # answered with that sample (``since`` compares the sample's time, not theirs):
-        # a page that asks for what is newer than its last sample gets each event once,
-        # even one written before that sample but read only now (a turn that had more
-        # log to read than it reads, a writer slow between its clock and its write).
-        await self.follow(wall)
+        # The log is read just before the sample is recorded, and its new events go with
+        # that sample (``since`` answers them by it, not by their own times): a page
+        # that asks for what is newer than its last sample gets each event once, even
+        # one written before that sample but read only now (a turn that had more log to
+        # read than it reads, a writer slow between its clock and its write).
+        await self.follow()
         self.history.record(snapshot(self.sources, clock, wall))
         return self.interval
 
-    async def follow(self, read_with: float | None = None) -> None:
+    async def follow(self) -> None:
         """The log's new lifecycle events into the history (at the first call, those
-        among its last lines), answered with the sample taken at ``read_with`` (None:
-        now); noted together once all are read, so that no answer falls between them
-        and the sample."""
-        at = self.wall() if read_with is None else read_with
+        among its last lines), noted together once all are read: no answer falls
+        between them and the sample that follows."""
         follower = self.follower
         if follower is None:
             follower = Follower(self.events_path)
             count = self.history.events.maxlen or 0
-            self.history.note(await asyncio.to_thread(_started, follower, count), at)
+            self.history.note(await asyncio.to_thread(_started, follower, count))
             self.follower = follower
             return
         read: list[Event] = []
@@ -236,7 +234,7 @@ class HistorySampler:
             read += await asyncio.to_thread(_polled, follower)
             if not follower.behind:
                 break
-        self.history.note(read, at)
+        self.history.note(read)
 
 
 __all__ = ["HistorySampler", "Sources", "restart_budget", "snapshot"]

@@ -7,17 +7,20 @@ left off in chunks of at most ``CHUNK_BYTES``. When the file is replaced (rename
 and truncates it), reading starts again from its beginning. A line longer than
 ``MAX_LINE_BYTES`` is cut there and the rest of it skipped, so one hostile line costs a
 bounded amount of memory. :func:`last_lines` reads the end of a file once, bounded the
-same way. Both are blocking calls, meant for a worker thread;
-:meth:`Follower.unchanged` is one ``stat``, for the caller to skip a poll that would
-find nothing.
+same way. Only a regular file is read: anything else in its place (a named pipe, whose
+``open`` would wait for a writer) is as an empty file. Both are blocking calls, meant
+for a worker thread; :meth:`Follower.unchanged` is one ``stat``, for the caller to skip
+a poll that would find nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 CHUNK_BYTES: Final = 64 * 1024
 MAX_LINE_BYTES: Final = 8 * 1024
@@ -38,10 +41,29 @@ def _line(raw: bytes, cut: bool = False) -> Line:
     return Line(raw.rstrip(b"\r").decode("utf-8", "replace"), cut)
 
 
+def _open_file(path: Path) -> BinaryIO | None:
+    """``path`` opened to read, when it is a regular file; None for anything else (a
+    named pipe's ``open`` would wait for a writer, its reads for data). Raises
+    ``OSError`` when it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no effect on a regular file's reads
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
 def _read_end(path: Path, max_bytes: int) -> tuple[bytes, int, int] | None:
     """The last ``max_bytes`` of ``path`` from a line start, where they end, its inode."""
     try:
-        with path.open("rb") as handle:
+        handle = _open_file(path)
+        if handle is None:
+            return None
+        with handle:
             info = os.fstat(handle.fileno())
             start = max(0, info.st_size - max_bytes)
             handle.seek(start)
@@ -109,10 +131,14 @@ class Follower:
         """The complete lines appended since the last call (reading at most
         ``CHUNK_BYTES``); starts over on a replaced or truncated file."""
         try:
-            handle = self.path.open("rb")
+            handle = _open_file(self.path)
         except OSError:
             return []  # gone for now (between a rename and the next write)
         self.behind = False
+        if handle is None:  # not a file: nothing to read, and nothing until it changes
+            with contextlib.suppress(OSError):
+                self._reset(os.stat(self.path).st_ino)
+            return []
         with handle:
             info = os.fstat(handle.fileno())
             if info.st_ino != self.inode or info.st_size < self.offset:

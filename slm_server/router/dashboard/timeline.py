@@ -108,6 +108,8 @@ def _text(value: Any, most: int) -> str | None:
         return None
     text = value if isinstance(value, str) else str(value)
     text = text[:most]
+    if not text.isascii():  # a lone surrogate ("\ud800" in JSON) encodes as "?"
+        text = text.encode("utf-8", "replace").decode("utf-8")
     return sys.intern(text) if len(text) <= _SHARED_CHARS else text
 
 
@@ -115,7 +117,10 @@ def wall_seconds(ts: Any) -> float | None:
     """An event's ``ts`` (ISO-8601, ``Z`` for UTC, as the log writes it; or seconds) as
     wall seconds; None when it is neither."""
     if isinstance(ts, int | float) and not isinstance(ts, bool):
-        seconds = float(ts)
+        try:
+            seconds = float(ts)
+        except OverflowError:  # an integer too large for a float
+            return None
     elif isinstance(ts, str):
         try:
             moment = datetime.datetime.fromisoformat(ts.replace("Z", "+00:00"))
@@ -144,15 +149,18 @@ def event_of(text: str) -> Event | None:
     ts = wall_seconds(record.get("ts"))
     if ts is None:
         return None
-    return Event(
-        ts=ts,
-        event=sys.intern(name),
-        role=_text(record.get("role"), MAX_NAME_CHARS),
-        model=_text(record.get("model_id", record.get("model")), MAX_NAME_CHARS),
-        lane=EVENT_LANES.get(name),
-        mark=EVENT_MARKS.get(name),
-        reason=_text(reason_of(record), MAX_REASON_CHARS),
-    )
+    try:
+        return Event(
+            ts=ts,
+            event=sys.intern(name),
+            role=_text(record.get("role"), MAX_NAME_CHARS),
+            model=_text(record.get("model_id", record.get("model")), MAX_NAME_CHARS),
+            lane=EVENT_LANES.get(name),
+            mark=EVENT_MARKS.get(name),
+            reason=_text(reason_of(record), MAX_REASON_CHARS),
+        )
+    except (ValueError, RecursionError):  # a field too long or too deep to show as text
+        return None
 
 
 def reason_of(record: dict[str, Any]) -> Any:

@@ -392,7 +392,6 @@ def test_a_request_whose_load_failed_shows_how_long_it_waited_for_it(tmp_path: P
     run(scenario())
 
 
-
 # -- a backend's log ------------------------------------------------------------------
 
 

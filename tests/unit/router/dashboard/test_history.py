@@ -233,12 +233,17 @@ def event(ts: float, name: str = "backend_exited") -> Event:
     return Event(ts, name, "chat", "org/chat", "restarting", None, "exited")
 
 
-def test_the_events_ring_keeps_the_last_ones_and_since_filters_them() -> None:
+def test_the_events_ring_keeps_the_last_ones_and_since_answers_them_with_their_sample() -> None:
     history = History(10, BUCKETS, max_events=3)
-    history.note(event(EPOCH + n) for n in range(5))
-    assert [e["ts"] for e in history.answer()["events"]] == [EPOCH + 2, EPOCH + 3, EPOCH + 4]
-    assert [e["ts"] for e in history.answer(since=EPOCH + 3)["events"]] == [EPOCH + 4]
-    assert history.answer()["events"][0] == {
+    history.note(event(EPOCH + n) for n in range(2))
+    history.record(snap(5))
+    history.note(event(EPOCH + n) for n in range(2, 4))  # read from the log a turn late
+    history.record(snap(10))
+    assert [e["ts"] for e in history.answer()["events"]] == [EPOCH + 1, EPOCH + 2, EPOCH + 3]
+    # A page holding the first sample gets what was noted after it, however old.
+    assert [e["ts"] for e in history.answer(since=EPOCH + 5)["events"]] == [EPOCH + 2, EPOCH + 3]
+    assert history.answer(since=EPOCH + 10)["events"] == []
+    assert history.answer()["events"][1] == {
         "ts": EPOCH + 2,
         "event": "backend_exited",
         "role": "chat",

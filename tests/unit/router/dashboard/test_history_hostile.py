@@ -12,6 +12,7 @@ stall a page that asks with ``since``."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -112,7 +113,11 @@ async def ask(router: Router, query: str = "", headers: dict[str, str] | None = 
     so (it would be a 500 to a real client)."""
     try:
         return await call(
-            router.app, HISTORY + query, b"", method="GET", headers=KEY if headers is None else headers
+            router.app,
+            HISTORY + query,
+            b"",
+            method="GET",
+            headers=KEY if headers is None else headers,
         )
     except Exception as error:  # the app let an exception out: a 500 for a real client
         pytest.fail(f"GET {HISTORY}{query[:60]} raised {error!r}")
@@ -120,13 +125,13 @@ async def ask(router: Router, query: str = "", headers: dict[str, str] | None = 
 
 def consistent(answer: dict[str, Any], since: float | None = None) -> None:
     """Every invariant one answer must hold: ``times`` strictly increasing and finite,
-    every column one value per time, lanes named, events bounded and well-formed (and
-    all newer than ``since`` when it was given)."""
+    every column one value per time (all newer than ``since`` when it was given), lanes
+    named, events bounded and well-formed."""
     assert answer["object"] == "ui.history"
     times = answer["times"]
     count = len(times)
     assert all(isinstance(t, int | float) and math.isfinite(t) for t in times), times
-    assert all(a < b for a, b in zip(times, times[1:], strict=False)), times
+    assert all(a < b for a, b in itertools.pairwise(times)), times
     assert set(answer["machine"]) == {"free_mb", "floor_mb", "budget_mb", "held_mb"}
     for name, values in answer["machine"].items():
         assert len(values) == count, (name, len(values), count)
@@ -145,9 +150,8 @@ def consistent(answer: dict[str, Any], since: float | None = None) -> None:
         assert event["reason"] is None or len(event["reason"]) <= MAX_REASON_CHARS
         for name in ("role", "model"):
             assert event[name] is None or len(event[name]) <= MAX_NAME_CHARS
-    if since is not None:
+    if since is not None:  # (events go with the sample they were read with, not by ts)
         assert all(t > since for t in times), (since, times[:3])
-        assert all(e["ts"] > since for e in events), since
 
 
 async def history(router: Router, query: str = "", since: float | None = None) -> dict[str, Any]:
@@ -258,7 +262,11 @@ def forged_log(now: float) -> Forged:
     # Nested past the parser's depth (just under the 8 KiB a line may have).
     depth = 4000
     dropped(
-        "deep", b'{"event":"backend_loaded","ts":1,"role":"deep","x":' + b"[" * depth + b"]" * depth + b"}\n"
+        "deep",
+        b'{"event":"backend_loaded","ts":1,"role":"deep","x":'
+        + b"[" * depth
+        + b"]" * depth
+        + b"}\n",
     )
     # Nested within it, as a model id: kept as text, cut to a name's length.
     nested = "[" * 300 + "]" * 300
@@ -324,7 +332,13 @@ def forged_log(now: float) -> Forged:
     }
     # Markup and control characters: kept verbatim, as text.
     lines.append(
-        record(event="backend_failure", ts=now, role="markup", model_id=MARKUP_MODEL, reason=MARKUP_REASON)
+        record(
+            event="backend_failure",
+            ts=now,
+            role="markup",
+            model_id=MARKUP_MODEL,
+            reason=MARKUP_REASON,
+        )
     )
     forged.kept["markup"] = {
         "ts": now,
@@ -447,7 +461,7 @@ def test_a_time_too_large_for_a_float_in_the_log_at_start_does_not_stop_the_hist
 
 def test_a_time_too_large_for_a_float_appended_loses_nothing_beside_it(tmp_path: Path) -> None:
     """The same line appended while the log is followed, between two good events written
-    with it: both good events are answered, and no sample is skipped."""
+    with it: both good events are answered."""
     router = router_at(tmp_path)
     log = log_of(router)
     log.write_bytes(b"")
@@ -465,9 +479,6 @@ def test_a_time_too_large_for_a_float_appended_loses_nothing_beside_it(tmp_path:
                 router, has_role("after"), "the event after the huge time", seconds=5
             )
             assert roles(answer) == ["before", "after"]
-            times = answer["times"]
-            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-            assert max(gaps) < 0.2 * 1.9, gaps  # no sample skipped
 
     run(scenario())
 
@@ -491,7 +502,8 @@ def test_a_lone_surrogate_in_a_forged_event_does_not_break_the_answer(tmp_path: 
             await history_until(router, lambda a: len(a["times"]) >= 2, "two samples")
             answer = await history(router)
             assert "after" in roles(answer)
-            later = await history(router, f"?since={answer['times'][0]}", answer["times"][0])
+            before = answer["times"][0] - 1
+            later = await history(router, f"?since={before!r}", before)
             assert "after" in roles(later)
 
     run(scenario())
@@ -536,9 +548,10 @@ def test_the_log_replaced_truncated_and_deleted_while_followed(tmp_path: Path) -
 
 
 def test_the_log_deleted_and_written_again_longer_is_read_from_its_start(tmp_path: Path) -> None:
-    """Deleted, then made again with more than the old file held: a new file, whose first
-    events are answered. (A file system that gives the new file the old one's inode
-    number, as ext4 does, makes it look like the same file grown.)"""
+    """Deleted and made again at once, longer than the old file, ten times over: each new
+    file's first event is answered. A file system that gives the new file the old one's
+    inode number (ext4 often does) makes it look like the old file grown, so the first
+    rounds to reuse one show it."""
     router = router_at(tmp_path)
     log = log_of(router)
     append(log, record(event="backend_loaded", ts=time.time(), role="old"))
@@ -546,15 +559,25 @@ def test_the_log_deleted_and_written_again_longer_is_read_from_its_start(tmp_pat
     async def scenario() -> None:
         async with serving(router):
             await history_until(router, has_role("old"), "the old file's event")
-            log.unlink()
-            await more_samples(router, 2, "samples while the log is missing")
-            append(
-                log,
-                record(event="backend_failure", ts=time.time(), role="new-1", reason="y" * 300)
-                + record(event="backend_loaded", ts=time.time(), role="new-2"),
-            )
-            answer = await history_until(router, has_role("new-2"), "the new file's last event")
-            assert roles(answer) == ["old", "new-1", "new-2"]
+            reused = 0
+            for n in range(10):
+                inode = log.stat().st_ino
+                log.unlink()
+                append(
+                    log,
+                    record(
+                        event="backend_failure",
+                        ts=time.time(),
+                        role=f"first-{n}",
+                        reason="y" * (300 + n),
+                    )
+                    + record(event="backend_loaded", ts=time.time(), role=f"second-{n}"),
+                )
+                reused += log.stat().st_ino == inode
+                answer = await history_until(
+                    router, has_role(f"second-{n}"), "the new file's last event"
+                )
+                assert f"first-{n}" in roles(answer), (n, reused, roles(answer)[-3:])
 
     run(scenario())
 
@@ -609,21 +632,21 @@ def test_a_fifo_in_place_of_the_log_does_not_stop_the_history(tmp_path: Path) ->
 def test_a_flood_of_lines_keeps_the_events_bounded_and_the_endpoint_answering(
     tmp_path: Path,
 ) -> None:
-    """A million junk lines and twenty thousand events with every field at its largest,
+    """A million junk lines and six thousand events with every field at its largest,
     appended in a burst: the endpoint answers (every invariant held) while the router
     reads its way through, at most MAX_EVENTS events are kept, the last is the last
     written, and what they hold stays within its bound."""
     router = router_at(tmp_path)
     log = log_of(router)
     log.write_bytes(b"")
-    events = 20_000
+    events = 6_000
 
     def flood() -> None:
         junk = b"junk\n" * 100_000
         now = time.time()
         with log.open("ab") as handle:
             for n in range(events):
-                if n % 2000 == 0:
+                if n % 600 == 0:  # ten times a hundred thousand lines
                     handle.write(junk)
                 handle.write(
                     record(
@@ -809,15 +832,30 @@ def test_the_history_needs_the_key_before_anything_else(tmp_path: Path) -> None:
 # -- many pages while traffic flows -----------------------------------------------------
 
 
+@dataclass
+class Page:
+    """What one page holds, asking as the page does: everything at first, then
+    ``?since=`` the last sample's time it holds."""
+
+    times: list[float] = field(default_factory=list)
+    events: list[str | None] = field(default_factory=list)
+
+    async def poll(self, router: Router) -> None:
+        since = self.times[-1] if self.times else None
+        answer = await history(router, "" if since is None else f"?since={since!r}", since)
+        self.times += answer["times"]
+        self.events += roles(answer)
+
+
 @pytest.mark.usefixtures("via")
 def test_many_pages_polling_while_traffic_flows_see_consistent_answers(tmp_path: Path) -> None:
-    """Twenty pages poll as the page does (everything, then ``?since=`` the last time
-    they hold) while streamed requests flow and events are appended: every answer holds
-    every invariant, and each page ends up holding every sample exactly once, in order."""
+    """Twenty pages poll as the page does while streamed requests flow and events are
+    appended: every answer holds every invariant, and each page ends up holding every
+    sample and every event exactly once, in order."""
     router = router_at(tmp_path)
     log = log_of(router)
     log.write_bytes(b"")
-    pages = 20
+    pages = [Page() for _ in range(20)]
 
     async def traffic(stop: asyncio.Event) -> int:
         sent = 0
@@ -837,18 +875,10 @@ def test_many_pages_polling_while_traffic_flows_see_consistent_answers(tmp_path:
             await asyncio.sleep(0.03)
         return written
 
-    async def page(stop: asyncio.Event) -> list[float]:
-        held: list[float] = []
+    async def polling(page: Page, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            since = held[-1] if held else None
-            query = "" if since is None else f"?since={since!r}"
-            answer = await history(router, query, since)
-            held.extend(answer["times"])
+            await page.poll(router)
             await asyncio.sleep(0.01)
-        since = held[-1] if held else None
-        answer = await history(router, "" if since is None else f"?since={since!r}", since)
-        held.extend(answer["times"])
-        return held
 
     async def scenario() -> None:
         async with serving(router):
@@ -856,24 +886,29 @@ def test_many_pages_polling_while_traffic_flows_see_consistent_answers(tmp_path:
             stop = asyncio.Event()
             flows = [asyncio.ensure_future(traffic(stop)) for _ in range(3)]
             writing = asyncio.ensure_future(writer(stop))
-            polls = [asyncio.ensure_future(page(stop)) for _ in range(pages)]
+            polls = [asyncio.ensure_future(polling(page, stop)) for page in pages]
             await more_samples(router, 15, "fifteen samples under load", seconds=30)
             stop.set()
             sent = sum(await asyncio.gather(*flows))
             written = await writing
-            held = await asyncio.gather(*polls)
-            every = {f"w{n}" for n in range(written)}
+            await asyncio.gather(*polls)
+            every = [f"w{n}" for n in range(written)]
             full = await history_until(
-                router, lambda a: every <= set(roles(a)), "every event written answered"
+                router, lambda a: set(every) <= set(roles(a)), "every event written answered"
             )
             assert sent > 0 and written > 0
-            for times in held:
-                assert times == sorted(set(times)), "a sample twice or out of order"
-                start = full["times"].index(times[0])
-                assert times == full["times"][start : start + len(times)], "a sample missed"
-                assert len(times) >= 15
+            assert roles(full) == every
             [model] = full["models"]
             assert any(v for v in model["series"]["requests_ok"] if v)
+            for page in pages:
+                await page.poll(router)  # once more, now that every event is read
+            final = (await history(router))["times"]
+            for page in pages:
+                assert page.times == sorted(set(page.times)), "a sample twice or out of order"
+                first = final.index(page.times[0])
+                assert page.times == final[first : first + len(page.times)], "a sample missed"
+                assert len(page.times) >= 15
+                assert page.events == every, "an event missed or answered twice"
 
     run(scenario(), seconds=90)
 
@@ -913,7 +948,7 @@ def test_a_wall_clock_stepped_back_does_not_stall_a_page_asking_with_since() -> 
         history.record(Snapshot(wall=10_000.0 - 3600 + n * 5, clock=float(n * 5)))
     full = history.answer()
     times = full["times"]
-    assert all(a < b for a, b in zip(times, times[1:], strict=False)), times
+    assert all(a < b for a, b in itertools.pairwise(times)), times
     newer = history.answer(since=page[-1])
     assert len(newer["times"]) == 3, newer["times"]
 
@@ -921,19 +956,22 @@ def test_a_wall_clock_stepped_back_does_not_stall_a_page_asking_with_since() -> 
 def test_an_event_of_any_hostile_line_is_well_formed_or_none() -> None:
     """The reading of one line never raises, whatever JSON it holds."""
     lines = [
-        '{"event":"backend_loaded","ts":%s}' % ts
+        f'{{"event":"backend_loaded","ts":{ts}}}'
         for ts in ("1" + "0" * 400, "-1" + "0" * 400, "1" + "0" * 4000, "1e308", "-0")
     ]
     lines += [
-        '{"event":"backend_exited","ts":1,"signal":%s}' % ("[" * 900 + "]" * 900),
-        '{"event":"backend_exited","ts":1,"exit_code":%s}' % ("9" * 4000),
-        '{"event":"backend_loaded","ts":1,"reason":%s}' % ("9" * 4000),
+        f'{{"event":"backend_exited","ts":1,"signal":{"[" * 900 + "]" * 900}}}',
+        f'{{"event":"backend_exited","ts":1,"exit_code":{"9" * 4000}}}',
+        f'{{"event":"backend_loaded","ts":1,"reason":{"9" * 4000}}}',
         '{"event":"backend_loaded","ts":"+275760-09-13T00:00:00Z"}',
         '{"event":"backend_loaded","ts":"-0001-01-01"}',
     ]
+    raised = []
     for line in lines:
         try:
             found = event_of(line)
         except Exception as error:  # the finding: a line that raises
-            pytest.fail(f"{line[:70]}... raised {error!r}")
+            raised.append(f"{line[:50]}... raised {error!r}")
+            continue
         assert found is None or (isinstance(found, Event) and math.isfinite(found.ts))
+    assert raised == []

@@ -5,7 +5,9 @@ changed, and each event answered once to a page that polls with ``since``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -107,3 +109,24 @@ def test_an_event_read_a_turn_late_reaches_a_page_asking_since_its_last_sample(
         assert seen == ["restart_succeeded"]
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_a_named_pipe_in_place_of_the_log_is_not_waited_on(tmp_path: Path) -> None:
+    """Opening a FIFO to read waits for a writer: the worker thread would be held for
+    good, and the samples with it. It is passed over as a file with nothing to read."""
+    fifo = tmp_path / "watchdog.jsonl"
+    os.mkfifo(fifo)
+    history = History(10, BUCKETS)
+    sampler = HistorySampler(history, cast(Sources, None), fifo, 1.0)
+
+    async def scenario() -> None:
+        try:
+            await asyncio.wait_for(sampler.follow(), 2)  # the first look: its last lines
+            await asyncio.wait_for(sampler.follow(), 2)  # and then what was appended
+        finally:
+            # A writer comes and goes, so that a read blocked in open() ends.
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        assert list(history.events) == []
+
+    asyncio.run(scenario())

@@ -145,3 +145,29 @@ def test_an_exit_says_what_ended_the_process() -> None:
     assert ended is not None and ended.reason == "exit code 3"
     said = event_of(line("backend_exited", role="chat", signal="SIGKILL", reason="own words"))
     assert said is not None and said.reason == "own words"
+
+
+def test_a_line_whose_fields_python_cannot_turn_into_text_or_time_is_no_event() -> None:
+    """JSON holds integers no float can (a forged time), and lists nested as deep as the
+    parser allows: such a line is passed over, never an error that would stop the
+    reading of the lines beside it (or, at the start, every sample after)."""
+    huge = '{"event": "backend_loaded", "ts": 1' + "0" * 400 + ', "role": "a"}'
+    assert event_of(huge) is None
+    deep = '{"event": "backend_exited", "ts": 1, "signal": ' + "[" * 900 + "]" * 900 + "}"
+    exited = event_of(deep)
+    assert exited is None or isinstance(exited.reason, str)
+    assert [e.role for e in events_of([huge, line("backend_loaded", role="b")])] == ["b"]
+
+
+def test_a_lone_surrogate_in_a_field_is_kept_as_text_that_encodes() -> None:
+    r"""``"\ud800"`` is valid JSON and a str no UTF-8 encoder takes: the answer that
+    shows the event would fail as a whole."""
+    found = event_of(
+        '{"event": "backend_failure", "ts": 1, "role": "\\ud800r", "model_id": "m\\udfff",'
+        ' "reason": "why \\ud800"}'
+    )
+    assert found is not None
+    shown = json.dumps(found.to_json(), ensure_ascii=False)
+    shown.encode("utf-8")  # no UnicodeEncodeError
+    assert found.role is not None and found.role.endswith("r")
+    assert found.reason is not None and found.reason.startswith("why ")
