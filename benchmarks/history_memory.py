@@ -12,6 +12,10 @@ reason of their own, the rest repeating theirs). Two figures:
 the memory allocated while it was built and still held once the snapshots fed to it
 are gone (``tracemalloc``), and the sizes of every object reachable from it
 (``sys.getsizeof``, each object once).
+
+A third, the worst a forged log can make the events cost (:func:`forged_events_bytes`):
+a full ring of events each read in a turn of its own, every one distinct, its role, model
+and reason as long as kept, in characters of each width CPython stores (1, 2 and 4 bytes).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from slm_server.router.observe.metrics import (
 
 BUCKETS = Buckets(FIRST_TOKEN_BUCKETS, TOKENS_PER_SECOND_BUCKETS, QUEUE_BUCKETS)
 MB = 1024 * 1024
+# A character stored at each width, for the forged events: ASCII, Latin-1, 2 and 4 bytes.
+WIDTHS = ("x", "\xe9", "\u4e2d", "\U0001f600")
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,24 @@ def measure(
     return Measured(capacity, models, len(history.events), traced, reachable_bytes(history))
 
 
+def forged_events_bytes(char: str, events: int = MAX_EVENTS) -> int:
+    """The bytes reachable from a history (of one sample) holding ``events`` lifecycle
+    events of a forged log, each read in a turn of its own, each distinct, its role,
+    model and reason made of ``char`` and longer than kept."""
+    history = History(1, BUCKETS)
+    for n in range(events):
+        record = {
+            "ts": 1.765e9 + n,
+            "event": "backend_failure",
+            "role": f"{n:05d}" + char * 300,
+            "model_id": f"{n:05d}" + char * 300,
+            "reason": f"{n:05d}" + char * 300,
+        }
+        history.note(events_of([json.dumps(record, ensure_ascii=False)]))
+        history.record(Snapshot(1.765e9 + n, float(n)))
+    return reachable_bytes(history)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=int, default=20)
@@ -169,9 +193,11 @@ def main(argv: list[str] | None = None) -> None:
         f"{found.traced_bytes / MB:.2f} MiB allocated and held (tracemalloc), "
         f"{found.walked_bytes / MB:.2f} MiB reachable (sys.getsizeof)"
     )
+    worst = max(forged_events_bytes(char) for char in WIDTHS)
+    print(f"{MAX_EVENTS} events of a forged log at their worst: {worst / MB:.2f} MiB reachable")
 
 
-__all__ = ["Measured", "measure", "reachable_bytes"]
+__all__ = ["WIDTHS", "Measured", "forged_events_bytes", "measure", "reachable_bytes"]
 
 
 if __name__ == "__main__":

@@ -158,11 +158,11 @@ def test_markup_in_a_model_id_and_in_forged_events_is_shown_as_text(
 def test_a_forged_event_far_in_the_future_leaves_the_time_axes_readable(
     stack: Watched, driver: WebDriver
 ) -> None:
-    """An event stamped four months ahead (a forged or mis-stamped line): the history
-    answers it as it was written, but the page must not stretch its charts and lanes to
-    it, which would crush every sample into the left edge and draw a tick every two
-    hours of the four months (about 1,400 per axis; at ``ts`` 1e308 the loop drawing
-    them would never end)."""
+    """An event stamped four months ahead (a forged or mis-stamped line): the page must
+    not stretch its charts and lanes to it, which would crush every sample into the left
+    edge and draw a tick every two hours of the four months (about 1,400 per axis). The
+    history answers it at the time of the sample it goes with (no event is later than
+    its sample); the page's own bounds are the next test's."""
     ahead = time.time() + 1e7
     line = {"ts": utc_timestamp(ahead), "event": "backend_loaded", "role": ROLE, "reason": "ahead"}
     with (stack.log_dir / "watchdog.jsonl").open("a", encoding="utf-8") as handle:
@@ -188,6 +188,40 @@ def test_a_forged_event_far_in_the_future_leaves_the_time_axes_readable(
     if last_x <= 460 / 2:  # the newest sample belongs at the right, not crushed at the left
         wrong.append(f"the newest sample drawn at x={last_x} of 460")
     assert wrong == []
+
+
+# In the page: an event a day ahead of the newest sample (the router clamps them, but
+# the page must not trust it to), what the page spans with it, and how many ticks its
+# time axes would draw over four months and over everything up to ts 1e308 (asked only
+# when the first is bounded: unbounded, that loop never ends and the page hangs).
+BOUNDS = """
+const kept = HistoryFeed.kept;
+const newest = kept.times[kept.times.length - 1];
+const event = {ts: newest + 86400, event: "backend_loaded", role: "page-only", model: null,
+  lane: "ready", mark: "load", reason: "ahead, in the page"};
+kept.events.push(event);
+try {
+  const span = HistoryFeed.span();
+  const ahead = Plot.timeTicks(newest, newest + 1e7, 8).values.length;
+  const far = ahead <= 50 ? Plot.timeTicks(0, 1e308, 5).values.length : null;
+  return {newest, end: span.end, t1: span.t1, ahead, far};
+} finally {
+  kept.events.splice(kept.events.indexOf(event), 1);
+}
+"""
+
+
+def test_the_page_bounds_its_time_axes_whatever_the_events_say(
+    stack: Watched, driver: WebDriver
+) -> None:
+    """The page's span ends at most a minute after its newest sample, whatever the
+    latest event's time, and a time axis draws at most 50 ticks whatever the span."""
+    until(driver, lambda: driver.execute_script("return HistoryFeed.kept.times.length"), "samples")
+    found = driver.execute_script(BOUNDS)
+    assert found["end"] <= found["newest"] + 60, found
+    assert found["t1"] <= found["newest"] + 60, found
+    assert found["ahead"] <= 50, found
+    assert found["far"] is not None and found["far"] <= 50, found
 
 
 def test_many_clients_polling_the_history_while_traffic_flows(stack: Watched) -> None:

@@ -17,6 +17,11 @@ two snapshots' totals.
 * ``prompt_tokens_cached`` and ``prompt_tokens_computed``: tokens in the interval.
 * ``in_flight``, ``queued``, ``memory_mb``: as sampled.
 
+A sample's time is the first sample's wall clock plus the monotonic time elapsed since
+(``Snapshot.clock``), so that ``times`` always strictly increase and ``since`` never
+stalls, whatever the machine's clock does (stepped back by NTP, a resumed virtual
+machine); a clock stepped later leaves them that much behind it.
+
 A series is null at the first sample (no interval yet), for a model the previous
 snapshot did not have, and wherever the snapshot had nothing to say. A model or a
 backend that leaves the snapshots (a reload removed it) keeps its series, null from
@@ -24,7 +29,10 @@ then on, until its last sample leaves the rings. The last ``MAX_EVENTS`` lifecyc
 events (:mod:`~slm_server.router.dashboard.timeline`) are kept beside the samples, each
 going with the first sample recorded after it was noted: ``since`` answers an event
 with its sample, not by its own time, which may be older than the sample before (the
-log read a turn late).
+log read a turn late), and never later than its sample's time (the log is read before
+the sample is taken, so a later time is forged or the log's clock is ahead: it is
+answered as its sample's). One answer holds at most ``MAX_ANSWER_SAMPLES`` samples, the
+newest, and says so (``truncated``) when older ones were left out.
 """
 
 from __future__ import annotations
@@ -38,6 +46,12 @@ from slm_server.router.dashboard.rings import MISSING_STATE, Ring
 from slm_server.router.dashboard.timeline import LANE_INDEX, LANES, Event
 
 MAX_EVENTS: Final = 4096
+# The most samples one answer holds (the newest; the page keeps no more than this):
+# answering 18,000 (an hour at 0.2 s) would hold the event loop.
+MAX_ANSWER_SAMPLES: Final = 4000
+# Samples' times as answered: milliseconds.
+TIME_DECIMALS: Final = 3
+TIME_STEP: Final = 10.0**-TIME_DECIMALS
 # The outcomes of ``slm_requests_total`` (observe.metrics.OUTCOMES), grouped.
 GROUPS: Final = {
     "ok": ("ok",),
@@ -95,8 +109,9 @@ class BackendReading:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The router at one tick: ``wall`` seconds (what the answer shows) and ``clock``
-    (monotonic, what rates are reckoned by)."""
+    """The router at one tick: ``wall`` seconds (the wall clock; the first sample's is
+    where the answer's times start) and ``clock`` (monotonic, what rates and the times
+    after the first are reckoned by)."""
 
     wall: float
     clock: float
@@ -186,13 +201,17 @@ class History:
         # recorded after it was noted, by which ``since`` answers it.
         self.noted_at: deque[int] = deque(maxlen=max_events)
         self._last: Snapshot | None = None
+        self._start: tuple[float, float] | None = None  # the first sample's wall, clock
+        self._last_time: float | None = None
 
     # -- writing ------------------------------------------------------------------
 
     def record(self, snapshot: Snapshot) -> None:
         """One tick: ``snapshot``'s values, and the intervals since the last one."""
+        at = self._time_of(snapshot)
+        self._clamp_events(self.tick, at)
         try:
-            self._write(self.tick, snapshot)
+            self._write(self.tick, at, snapshot)
         finally:
             # A sample that failed part-way keeps its tick (missing where not written):
             # the next one takes the tick after it rather than failing on it for ever.
@@ -200,9 +219,32 @@ class History:
         self._last = snapshot
         self._forget(self.tick - self.capacity)
 
-    def _write(self, tick: int, snapshot: Snapshot) -> None:
+    def _time_of(self, snapshot: Snapshot) -> float:
+        """The sample's time, as answered (``since`` compares it): the first sample's
+        wall clock plus the monotonic time since, later than the last sample's."""
+        start = self._start
+        if start is None:
+            start = self._start = (snapshot.wall, snapshot.clock)
+        at = round(start[0] + (snapshot.clock - start[1]), TIME_DECIMALS)
+        last = self._last_time
+        if last is not None and not at > last:  # a clock that did not move: a fake one
+            at = round(last + TIME_STEP, TIME_DECIMALS)
+        self._last_time = at
+        return at
+
+    def _clamp_events(self, tick: int, at: float) -> None:
+        """The events going with the sample of ``tick`` (the last noted), none later
+        than its time ``at``."""
+        events, noted_at = self.events, self.noted_at
+        index = len(events) - 1
+        while index >= 0 and noted_at[index] == tick:
+            if events[index].ts > at:
+                events[index] = events[index]._replace(ts=at)
+            index -= 1
+
+    def _write(self, tick: int, at: float, snapshot: Snapshot) -> None:
         last = self._last
-        self.times.put(tick, round(snapshot.wall, 3))  # as answered: ``since`` compares it
+        self.times.put(tick, at)
         for name, ring in self.machine.items():
             value = snapshot.machine.get(name)
             ring.put(tick, NAN if value is None else round(value, DECIMALS))
@@ -265,11 +307,14 @@ class History:
     # -- reading ------------------------------------------------------------------
 
     def answer(self, since: float | None = None) -> dict[str, Any]:
-        """The samples newer than ``since`` (wall seconds; None: all) and the events
-        that go with them: the fields ``times``, ``machine``, ``models``, ``backends``
-        and ``events`` of ``GET /v1/ui/history``. A page that asks since its last
-        sample's time gets each event once, even one older than that sample but read
-        from the log after it."""
+        """The samples newer than ``since`` (wall seconds; None: all), at most the
+        newest ``MAX_ANSWER_SAMPLES`` of them, and the events that go with them: the
+        fields ``times``, ``truncated`` (older samples left out), ``machine``,
+        ``models``, ``backends`` and ``events`` of ``GET /v1/ui/history``. A page that
+        asks since its last sample's time gets each event once, even one older than that
+        sample but read from the log after it. Without ``since`` and with every sample,
+        every event kept is answered, even those whose samples have left the rings;
+        never one noted for a sample not yet taken."""
         stop = self.tick
         start = self.times.oldest
         times = self.times.span(start, stop)
@@ -278,8 +323,13 @@ class History:
             while newer > 0 and times[newer - 1] > since:
                 newer -= 1
             start, times = start + newer, times[newer:]
+        truncated = len(times) > MAX_ANSWER_SAMPLES
+        if truncated:
+            start, times = stop - MAX_ANSWER_SAMPLES, times[-MAX_ANSWER_SAMPLES:]
+        every = since is None and not truncated
         return {
             "times": times,
+            "truncated": truncated,
             "machine": {name: _shown(r.span(start, stop)) for name, r in self.machine.items()},
             "models": [
                 {
@@ -303,7 +353,7 @@ class History:
             "events": [
                 event.to_json()
                 for event, noted_at in zip(self.events, self.noted_at, strict=True)
-                if since is None or noted_at >= start
+                if noted_at < stop and (every or noted_at >= start)
             ],
         }
 
@@ -317,6 +367,7 @@ def _shown(values: list[float]) -> list[float | None]:
 __all__ = [
     "GROUPS",
     "MACHINE",
+    "MAX_ANSWER_SAMPLES",
     "MAX_EVENTS",
     "SERIES",
     "BackendReading",

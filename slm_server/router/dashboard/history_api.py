@@ -1,6 +1,9 @@
 """``GET /v1/ui/history[?since=<wall seconds>]``: the dashboard's history
 (:mod:`~slm_server.router.dashboard.history`) as JSON, only the samples and events
-newer than ``since`` when it is given, so that the page asks for what it lacks."""
+newer than ``since`` when it is given, so that the page asks for what it lacks; at most
+the newest ``MAX_ANSWER_SAMPLES`` samples in one answer (``truncated`` says when older
+ones were left out), so that an hour at a short interval does not hold the event
+loop."""
 
 from __future__ import annotations
 

@@ -12,6 +12,12 @@ failure streaks, the restart budgets, and the backends a reload retires. Nothing
 written per request. The log is looked at with one ``stat`` per turn and read, from
 where the last turn left off, in a worker thread only when it changed
 (:class:`~slm_server.router.dashboard.log_tail.Follower`).
+
+The log never costs a sample. A turn waits for the log's read at most
+``MAX_READ_WAIT_SECONDS`` (or the interval, when shorter) and takes its sample; a read
+still under way goes on, its events going with a later sample, and no other is started
+until it ends. A read that fails (an ``OSError`` of the file system) is logged, once a
+minute at most while it fails the same way, and tried again at the next turn.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from slm_server.contracts.records import BackendState, budget_view
 from slm_server.router.call.admission import Gate
 from slm_server.router.call.backend_state import StateSource
 from slm_server.router.call.periodic import Periodic
+from slm_server.router.call.waits import cancel_and_wait
 from slm_server.router.dashboard.history import (
     BackendReading,
     Buckets,
@@ -46,6 +53,10 @@ log = logging.getLogger("slm_server.router")
 
 # Chunks of the log read in one turn at most (64 KiB each); the rest waits a turn.
 MAX_READS_PER_TURN: Final = 16
+# The longest a turn waits for the log's read before it takes its sample all the same.
+MAX_READ_WAIT_SECONDS: Final = 1.0
+# A read failing the same way is logged again after this long.
+FAILURE_LOG_SECONDS: Final = 60.0
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,9 @@ def _polled(follower: Follower) -> list[Event]:
 
 class HistorySampler:
     """Takes a snapshot every ``interval`` seconds into ``history`` and follows the
-    watchdog log at ``events_path``; see the module docstring."""
+    watchdog log at ``events_path``; see the module docstring. ``wall`` is read at every
+    sample (the restart budgets reckon by it); the history's times go on from the first
+    by ``clock``."""
 
     def __init__(
         self,
@@ -191,6 +204,8 @@ class HistorySampler:
         self.clock = clock
         self.wall = wall
         self.follower: Follower | None = None
+        self._reading: asyncio.Task[None] | None = None  # a read of the log under way
+        self._failure: tuple[str, float] | None = None  # the last one logged, and when
         self._task = Periodic(
             self._turn,
             after_failure=lambda: self.interval,
@@ -204,22 +219,60 @@ class HistorySampler:
 
     async def stop(self) -> None:
         await self._task.stop()
+        reading, self._reading = self._reading, None
+        await cancel_and_wait(reading)
 
     async def _turn(self) -> float:
-        clock, wall = self.clock(), self.wall()
-        # The log is read just before the sample is recorded, and its new events go with
+        # The log is read just before the sample is taken, and its new events go with
         # that sample (``since`` answers them by it, not by their own times): a page
         # that asks for what is newer than its last sample gets each event once, even
         # one written before that sample but read only now (a turn that had more log to
         # read than it reads, a writer slow between its clock and its write).
-        await self.follow()
+        await self._read_log()
+        clock, wall = self.clock(), self.wall()
         self.history.record(snapshot(self.sources, clock, wall))
         return self.interval
 
+    async def _read_log(self) -> None:
+        """The log followed, waited for at most ``MAX_READ_WAIT_SECONDS`` (see the
+        module docstring)."""
+        reading = self._reading
+        if reading is None or reading.done():
+            reading = self._reading = asyncio.get_running_loop().create_task(self._follow())
+        await asyncio.wait({reading}, timeout=min(self.interval, MAX_READ_WAIT_SECONDS))
+
+    async def _follow(self) -> None:
+        """:meth:`follow`, its failure logged rather than raised."""
+        try:
+            await self.follow()
+        except OSError as error:
+            self._failed(f"{type(error).__name__}: {error}")
+        except Exception as error:  # a bug: its traceback logged, the samples go on
+            self._failed(repr(error), error)
+        else:
+            if self._failure is not None:
+                self._failure = None
+                log.info("the dashboard's history reads %s again", self.events_path)
+
+    def _failed(self, what: str, error: Exception | None = None) -> None:
+        """A failed read logged (``error``'s traceback with it when given), unless it
+        failed the same way within the last ``FAILURE_LOG_SECONDS``."""
+        now, last = self.clock(), self._failure
+        if last is not None and last[0] == what and now - last[1] < FAILURE_LOG_SECONDS:
+            return
+        self._failure = (what, now)
+        log.warning(
+            "the dashboard's history could not read %s (%s); it samples on without it",
+            self.events_path,
+            what,
+            exc_info=error,
+        )
+
     async def follow(self) -> None:
         """The log's new lifecycle events into the history (at the first call, those
-        among its last lines), noted together once all are read: no answer falls
-        between them and the sample that follows."""
+        among its last lines), noted together once all are read (or when a read fails,
+        those read before it): they go with the next sample recorded, and no answer
+        holds them before it is."""
         follower = self.follower
         if follower is None:
             follower = Follower(self.events_path)
@@ -228,13 +281,15 @@ class HistorySampler:
             self.follower = follower
             return
         read: list[Event] = []
-        for _ in range(MAX_READS_PER_TURN):
-            if follower.unchanged():  # one stat: most turns end here
-                break
-            read += await asyncio.to_thread(_polled, follower)
-            if not follower.behind:
-                break
-        self.history.note(read)
+        try:
+            for _ in range(MAX_READS_PER_TURN):
+                if follower.unchanged():  # one stat: most turns end here
+                    break
+                read += await asyncio.to_thread(_polled, follower)
+                if not follower.behind:
+                    break
+        finally:  # what was read before a read failed is not read again: noted
+            self.history.note(read)
 
 
 __all__ = ["HistorySampler", "Sources", "restart_budget", "snapshot"]

@@ -4,13 +4,16 @@
 ``tail -F`` does: first its last lines, then whatever is appended, read from where it
 left off in chunks of at most ``CHUNK_BYTES``. When the file is replaced (renamed to
 ``.prev`` and recreated) or truncated in place (the log trimmer copies it to ``.prev``
-and truncates it), reading starts again from its beginning. A line longer than
+and truncates it), reading starts again from its beginning. A file is known again by
+its inode, and by its first ``HEAD_BYTES`` (kept as read): a file truncated and written
+again, or deleted and made again with the old one's inode number (ext4 often gives
+it), before a look has seen it shorter, no longer begins as it did. A line longer than
 ``MAX_LINE_BYTES`` is cut there and the rest of it skipped, so one hostile line costs a
 bounded amount of memory. :func:`last_lines` reads the end of a file once, bounded the
 same way. Only a regular file is read: anything else in its place (a named pipe, whose
 ``open`` would wait for a writer) is as an empty file. Both are blocking calls, meant
 for a worker thread; :meth:`Follower.unchanged` is one ``stat``, for the caller to skip
-a poll that would find nothing.
+a poll that would find nothing: its size, inode and modification time as last read.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, NamedTuple
 
 CHUNK_BYTES: Final = 64 * 1024
 MAX_LINE_BYTES: Final = 8 * 1024
 TAIL_BYTES: Final = 256 * 1024  # how far back from the end the last lines are looked for
+HEAD_BYTES: Final = 256  # a file's first bytes, by which it is known again
 
 
 @dataclass(frozen=True)
@@ -57,14 +61,32 @@ def _open_file(path: Path) -> BinaryIO | None:
     return os.fdopen(fd, "rb")
 
 
-def _read_end(path: Path, max_bytes: int) -> tuple[bytes, int, int] | None:
-    """The last ``max_bytes`` of ``path`` from a line start, where they end, its inode."""
+def _head(handle: BinaryIO) -> bytes:
+    """The first ``HEAD_BYTES`` of an open file (fewer when it is shorter)."""
+    handle.seek(0)
+    return handle.read(HEAD_BYTES)
+
+
+class _End(NamedTuple):
+    """The end of a file as read: its last lines' bytes (from a line start), the offset
+    they end at, and the file's inode, modification time and first bytes."""
+
+    data: bytes
+    end: int
+    inode: int
+    mtime_ns: int
+    head: bytes
+
+
+def _read_end(path: Path, max_bytes: int) -> _End | None:
+    """The last ``max_bytes`` of ``path`` from a line start, and what knows it again."""
     try:
         handle = _open_file(path)
         if handle is None:
             return None
         with handle:
             info = os.fstat(handle.fileno())
+            head = _head(handle)
             start = max(0, info.st_size - max_bytes)
             handle.seek(start)
             data = handle.read(info.st_size - start)
@@ -74,7 +96,7 @@ def _read_end(path: Path, max_bytes: int) -> tuple[bytes, int, int] | None:
     if start > 0:  # begin after the first newline: the line before it is cut
         newline = data.find(b"\n")
         data = data[newline + 1 :] if newline >= 0 else b""
-    return data, end, info.st_ino
+    return _End(data, end, info.st_ino, info.st_mtime_ns, head)
 
 
 def last_lines(path: Path, count: int, max_bytes: int = TAIL_BYTES) -> list[Line] | None:
@@ -83,8 +105,7 @@ def last_lines(path: Path, count: int, max_bytes: int = TAIL_BYTES) -> list[Line
     found = _read_end(path, max_bytes)
     if found is None:
         return None
-    data = found[0]
-    parts = data.split(b"\n")
+    parts = found.data.split(b"\n")
     if parts and parts[-1] == b"":
         parts.pop()
     return [_line(raw) for raw in parts[-count:]] if count > 0 else []
@@ -97,6 +118,8 @@ class Follower:
         self.path = path
         self.offset = 0
         self.inode: int | None = None
+        self.mtime_ns: int | None = None  # the file's modification time as last read
+        self.head = b""  # the file's first bytes (at most HEAD_BYTES) as last read
         self.partial = b""
         self.skipping = False  # inside a line already cut at MAX_LINE_BYTES
         self.behind = False  # the last poll read a full chunk: more may be waiting
@@ -106,7 +129,7 @@ class Follower:
         found = _read_end(self.path, TAIL_BYTES)
         if found is None:
             return []
-        data, self.offset, self.inode = found
+        data, self.offset, self.inode, self.mtime_ns, self.head = found
         # The end of the file may be a line still being written: keep it for later.
         complete, _, self.partial = data.rpartition(b"\n")
         if len(self.partial) > MAX_LINE_BYTES:
@@ -115,21 +138,29 @@ class Follower:
         return [_line(raw) for raw in lines[-count:]] if count > 0 else []
 
     def unchanged(self) -> bool:
-        """True when the file is the one followed and has grown by nothing: one
-        ``stat``, cheap enough for the event loop, that spares a worker thread the
-        poll."""
+        """True when the file is the one followed and has grown by nothing and been
+        written to by no one: one ``stat``, cheap enough for the event loop, that spares
+        a worker thread the poll."""
         try:
             info = os.stat(self.path)
         except OSError:
             return True  # gone for now: nothing to read
-        return not self.behind and info.st_ino == self.inode and info.st_size == self.offset
+        return (
+            not self.behind
+            and info.st_ino == self.inode
+            and info.st_size == self.offset
+            and info.st_mtime_ns == self.mtime_ns
+        )
 
-    def _reset(self, inode: int | None) -> None:
-        self.offset, self.inode, self.partial, self.skipping = 0, inode, b"", False
+    def _reset(self, info: os.stat_result) -> None:
+        """Following the file ``info`` describes from its start."""
+        self.offset, self.inode, self.partial, self.skipping = 0, info.st_ino, b"", False
+        self.mtime_ns, self.head = info.st_mtime_ns, b""
 
     def poll(self) -> list[Line]:
         """The complete lines appended since the last call (reading at most
-        ``CHUNK_BYTES``); starts over on a replaced or truncated file."""
+        ``CHUNK_BYTES``); starts over on a replaced or truncated file, or one that no
+        longer begins as it did."""
         try:
             handle = _open_file(self.path)
         except OSError:
@@ -137,12 +168,18 @@ class Follower:
         self.behind = False
         if handle is None:  # not a file: nothing to read, and nothing until it changes
             with contextlib.suppress(OSError):
-                self._reset(os.stat(self.path).st_ino)
+                self._reset(os.stat(self.path))
             return []
         with handle:
             info = os.fstat(handle.fileno())
-            if info.st_ino != self.inode or info.st_size < self.offset:
-                self._reset(info.st_ino)
+            head = _head(handle)
+            if (
+                info.st_ino != self.inode
+                or info.st_size < self.offset
+                or head[: len(self.head)] != self.head
+            ):
+                self._reset(info)
+            self.mtime_ns, self.head = info.st_mtime_ns, head
             if info.st_size == self.offset:
                 return []
             handle.seek(self.offset)
@@ -176,4 +213,4 @@ class Follower:
         return lines
 
 
-__all__ = ["CHUNK_BYTES", "MAX_LINE_BYTES", "Follower", "Line", "last_lines"]
+__all__ = ["CHUNK_BYTES", "HEAD_BYTES", "MAX_LINE_BYTES", "Follower", "Line", "last_lines"]

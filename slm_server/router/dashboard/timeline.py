@@ -71,8 +71,11 @@ EVENT_MARKS: Final = {
 }
 # Published states other than the lanes' own names.
 _PUBLISHED: Final = {"ejected": "suspected", "degraded": "suspected"}
-MAX_NAME_CHARS: Final = 256  # a role or a model id, as kept
-MAX_REASON_CHARS: Final = 300
+# A role or a model id, and a reason, as kept: at most this many characters, and fewer
+# when one is stored wider than a byte (:func:`_text`), so that a full ring of events
+# from a forged log stays small (docs/dashboard.md, Memory).
+MAX_NAME_CHARS: Final = 128
+MAX_REASON_CHARS: Final = 200
 _SHARED_CHARS: Final = 64  # names and reasons this short are interned: they repeat
 
 
@@ -103,13 +106,23 @@ class Event(NamedTuple):
         return self._asdict()
 
 
+def _width(text: str) -> int:
+    """The bytes each character of ``text`` takes in memory: CPython stores a string at
+    1, 2 or 4 bytes a character, as its widest one needs."""
+    widest = max(map(ord, text), default=0)
+    return 1 if widest < 0x100 else 2 if widest < 0x10000 else 4
+
+
 def _text(value: Any, most: int) -> str | None:
+    """``value`` as text kept in at most ``most`` bytes of characters: ``most``
+    characters, half as many when one is stored in 2 bytes, a quarter in 4."""
     if value is None:
         return None
     text = value if isinstance(value, str) else str(value)
     text = text[:most]
     if not text.isascii():  # a lone surrogate ("\ud800" in JSON) encodes as "?"
         text = text.encode("utf-8", "replace").decode("utf-8")
+        text = text[: most // _width(text)]
     return sys.intern(text) if len(text) <= _SHARED_CHARS else text
 
 

@@ -9,6 +9,7 @@ const HistoryFeed = (() => {
   const POLL_MS = 2000;
   const MAX_SAMPLES = 4000; // whatever keep_seconds / interval_seconds would allow
   const MAX_EVENTS = 1000;
+  const AHEAD_SECONDS = 60; // how far past the newest sample the time axes may reach
   const MACHINE = ["free_mb", "floor_mb", "budget_mb", "held_mb"];
 
   // What the page keeps: the sample times, and per sample the machine's figures, each
@@ -171,12 +172,15 @@ const HistoryFeed = (() => {
 
   // The time the charts and the lanes span: from the first sample (or a minute before
   // the last, while there is less than a minute of them: the newest stays at the right)
-  // to `end`, the latest sample or event; null before the first sample.
+  // to `end`, the latest sample or event but never more than AHEAD_SECONDS after the
+  // newest sample (an event stamped far ahead, forged or from a clock ahead, would
+  // crush every sample into the left edge); null before the first sample.
   function span() {
     if (!kept.times.length) return null;
     const first = kept.times[0];
+    const newest = last(kept.times);
     const lastEvent = kept.events.length ? kept.events[kept.events.length - 1].ts : first;
-    const end = Math.max(last(kept.times), lastEvent);
+    const end = Math.min(Math.max(newest, lastEvent), newest + AHEAD_SECONDS);
     return { t0: Math.min(first, end - 60), t1: end, end };
   }
 

@@ -10,6 +10,7 @@ const Plot = (() => {
     "#e15759", "#9c755f", "#ff9da7", "#bab0ac"];
   const colours = new Map();
   const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200];
+  const MAX_TICKS = 50;
 
   function node(tag, attrs, text) {
     const made = document.createElementNS(NS, tag);
@@ -48,12 +49,20 @@ const Plot = (() => {
     return values;
   }
 
-  // Round clock times within [t0, t1], about count of them.
+  // Round clock times within [t0, t1], about count of them and never more than
+  // MAX_TICKS, whatever the span: past the largest round step, a multiple of it.
   function timeTicks(t0, t1, count) {
+    if (!Number.isFinite(t0) || !Number.isFinite(t1) || !(t1 >= t0)) return { values: [], step: 1 };
     const raw = (t1 - t0) / count;
-    const step = TIME_STEPS.find((s) => s >= raw) || TIME_STEPS[TIME_STEPS.length - 1];
+    const largest = TIME_STEPS[TIME_STEPS.length - 1];
+    const step = TIME_STEPS.find((s) => s >= raw) || Math.ceil(raw / largest) * largest;
     const values = [];
-    for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) values.push(t);
+    let t = Math.ceil(t0 / step) * step;
+    while (t <= t1 && values.length < MAX_TICKS) {
+      values.push(t);
+      if (t + step === t) break; // a step below the float's precision there: one tick
+      t += step;
+    }
     return { values, step };
   }
 

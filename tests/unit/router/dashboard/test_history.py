@@ -13,6 +13,7 @@ import pytest
 from slm_server.router.dashboard.history import (
     GROUPS,
     MACHINE,
+    MAX_ANSWER_SAMPLES,
     SERIES,
     BackendReading,
     Buckets,
@@ -267,3 +268,67 @@ def test_a_sample_that_failed_part_way_leaves_a_gap_and_the_next_ones_are_kept()
     assert answer["machine"]["free_mb"] == [None] * 4
     # Rates over the interval since the last sample taken whole: 20 in 10 s.
     assert series(answer, "m")["requests_ok"] == [None, None, 2.0, 1.0]
+
+
+def test_times_go_on_from_the_first_wall_clock_by_the_monotonic_one() -> None:
+    """The wall clock stepped forward and back between samples moves no time after the
+    first; a monotonic clock that did not move still gives later times."""
+    history = History(10, BUCKETS)
+    history.record(Snapshot(wall=EPOCH, clock=100.0))
+    history.record(Snapshot(wall=EPOCH + 3600, clock=105.0))  # stepped an hour ahead
+    history.record(Snapshot(wall=EPOCH - 60, clock=110.0))  # and then behind
+    history.record(Snapshot(wall=EPOCH + 15, clock=110.0))  # a clock that did not move
+    assert history.answer()["times"] == [EPOCH, EPOCH + 5, EPOCH + 10, EPOCH + 10.001]
+
+
+def test_an_event_later_than_its_sample_is_answered_at_the_samples_time() -> None:
+    """Events are read before their sample is taken, so one stamped later is forged (or
+    its writer's clock is ahead): it is answered at its sample's time; others as
+    stamped."""
+    history = History(10, BUCKETS)
+    history.record(snap(0))
+    history.note([event(EPOCH + 3), event(EPOCH + 1e7), event(1e308)])
+    history.record(snap(5))
+    history.note([event(EPOCH + 1e7)])
+    history.record(snap(10))
+    assert [e["ts"] for e in history.answer()["events"]] == [
+        EPOCH + 3,
+        EPOCH + 5,
+        EPOCH + 5,
+        EPOCH + 10,
+    ]
+
+
+def test_events_noted_for_a_sample_not_yet_taken_wait_for_it() -> None:
+    """A read of the log that ends between two samples notes its events for the next:
+    no answer holds them before it (a page asking ``since`` its last sample would get
+    them twice)."""
+    history = History(10, BUCKETS)
+    history.record(snap(0))
+    history.note([event(EPOCH + 1)])
+    assert history.answer()["events"] == []
+    assert history.answer(since=EPOCH)["events"] == []
+    history.record(snap(5))
+    assert [e["ts"] for e in history.answer(since=EPOCH)["events"]] == [EPOCH + 1]
+
+
+def test_an_answer_holds_the_newest_samples_at_most_and_says_it_left_some_out() -> None:
+    """More samples than an answer holds (an hour at 0.2 s is 18,000): the newest
+    MAX_ANSWER_SAMPLES, ``truncated``, and only the events that go with them."""
+    total = MAX_ANSWER_SAMPLES + 10
+    history = History(total, BUCKETS)
+    for n in range(total):
+        history.note([event(EPOCH + n - 0.5)])
+        history.record(snap(n, {"m": reading({"ok": n})}))
+    answer = history.answer()
+    assert answer["truncated"] is True
+    assert answer["times"] == [EPOCH + n for n in range(10, total)]
+    assert len(series(answer, "m")["requests_ok"]) == MAX_ANSWER_SAMPLES
+    assert [e["ts"] for e in answer["events"]] == [EPOCH + n - 0.5 for n in range(10, total)]
+    old = history.answer(since=EPOCH + 4)
+    assert old["truncated"] is True and old["times"] == answer["times"]
+    assert old["events"] == answer["events"]
+    newer = history.answer(since=EPOCH + 10)
+    assert newer["truncated"] is False
+    assert newer["times"] == [EPOCH + n for n in range(11, total)]
+    assert len(newer["events"]) == MAX_ANSWER_SAMPLES - 1

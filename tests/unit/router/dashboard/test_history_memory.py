@@ -1,13 +1,15 @@
 """The history's memory, measured: an hour of samples at the default interval for 20
-models, with a full ring of events, stays within 5 MiB (the figure in
-docs/dashboard.md comes from ``python -m benchmarks.history_memory``)."""
+models, with a full ring of events, stays within 5 MiB, and so does a full ring of
+events from a forged log at its worst (the figures in docs/dashboard.md come from
+``python -m benchmarks.history_memory``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.history_memory import measure, reachable_bytes
+from benchmarks.history_memory import WIDTHS, forged_events_bytes, measure, reachable_bytes
 from slm_server.router.dashboard.history import MAX_EVENTS, SERIES
+from slm_server.router.dashboard.timeline import MAX_NAME_CHARS, MAX_REASON_CHARS
 from slm_server.settings import HistorySettings
 
 LIMIT_BYTES = 5 * 1024 * 1024
@@ -34,3 +36,13 @@ def test_the_measurement_sees_memory_that_a_history_holds() -> None:
     assert large.walked_bytes > small.walked_bytes
     assert large.traced_bytes > small.traced_bytes
     assert small.walked_bytes == pytest.approx(small.traced_bytes, rel=0.25)
+
+
+@pytest.mark.parametrize("char", WIDTHS)
+def test_a_full_ring_of_forged_events_at_their_worst_stays_within_5_mib(char: str) -> None:
+    """Every event of a forged log distinct, read in a turn of its own, its names and
+    reason as long as kept, in characters stored 1, 2 or 4 bytes wide."""
+    found = forged_events_bytes(char)
+    assert found <= LIMIT_BYTES
+    # What the kept characters take at least: a walk that saw less missed them.
+    assert found >= MAX_EVENTS * (2 * MAX_NAME_CHARS + MAX_REASON_CHARS)

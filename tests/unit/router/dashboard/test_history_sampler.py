@@ -1,13 +1,17 @@
 """The sampler's reading of the watchdog log: the lifecycle events among its last lines
 first, then those appended, other lines left out, nothing read while the file has not
-changed, and each event answered once to a page that polls with ``since``."""
+changed, each event answered once to a page that polls with ``since``, and a read that
+fails or is slow costing no sample."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,7 +21,7 @@ from slm_server.contracts.events import utc_timestamp
 from slm_server.router.dashboard import history_sampler
 from slm_server.router.dashboard.history import Buckets, History, Snapshot
 from slm_server.router.dashboard.history_sampler import HistorySampler, Sources
-from slm_server.router.dashboard.log_tail import CHUNK_BYTES
+from slm_server.router.dashboard.log_tail import CHUNK_BYTES, Follower
 
 BUCKETS = Buckets((1.0,), (1.0,), (1.0,))
 
@@ -130,3 +134,97 @@ def test_a_named_pipe_in_place_of_the_log_is_not_waited_on(tmp_path: Path) -> No
         assert list(history.events) == []
 
     asyncio.run(scenario())
+
+
+def events(history: History, since: float | None = None) -> list[str]:
+    return [e["event"] for e in history.answer(since)["events"]]
+
+
+def test_a_read_of_the_log_that_fails_costs_no_sample_and_is_logged_once_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = tmp_path / "watchdog.jsonl"
+    append(log, line("backend_exited", 1))
+    history = History(20, BUCKETS)
+    now = [0.0]
+    sampler = HistorySampler(history, cast(Sources, None), log, 5.0, clock=lambda: now[0])
+    monkeypatch.setattr(
+        history_sampler, "snapshot", lambda _sources, clock, wall: Snapshot(wall, clock)
+    )
+    real = history_sampler._polled
+
+    def failing(_follower: Follower) -> Any:
+        raise OSError(errno.EIO, "Input/output error")
+
+    async def turns(count: int) -> None:
+        for _ in range(count):
+            await sampler._turn()
+            now[0] += 5.0
+
+    def complaints() -> int:
+        return sum("could not read" in r.getMessage() for r in caplog.records)
+
+    async def scenario() -> None:
+        await turns(1)
+        monkeypatch.setattr(history_sampler, "_polled", failing)
+        append(log, line("restart_started", 2))
+        await turns(5)
+        assert len(history.answer()["times"]) == 6
+        assert complaints() == 1  # the same failure again within the minute: not logged
+        now[0] += 60.0
+        await turns(1)
+        assert complaints() == 2
+        monkeypatch.setattr(history_sampler, "_polled", real)
+        await turns(1)
+        assert len(history.answer()["times"]) == 8
+        assert events(history) == ["backend_exited", "restart_started"]
+        assert "reads" in caplog.records[-1].getMessage()
+
+    with caplog.at_level(logging.INFO, logger="slm_server.router"):
+        asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_a_slow_read_of_the_log_costs_no_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that does not end (a file system that hangs) holds no sample: the turn
+    takes its sample after a short wait, starts no second read while the first is under
+    way, and the events of the read go with the sample taken after it ends."""
+    log = tmp_path / "watchdog.jsonl"
+    append(log, line("backend_exited", 1))
+    history = History(20, BUCKETS)
+    sampler = HistorySampler(history, cast(Sources, None), log, 0.05)
+    monkeypatch.setattr(
+        history_sampler, "snapshot", lambda _sources, clock, wall: Snapshot(wall, clock)
+    )
+    release = threading.Event()
+    reads: list[Follower] = []
+    real = history_sampler._polled
+
+    def slow(follower: Follower) -> Any:
+        reads.append(follower)
+        release.wait(30)
+        return real(follower)
+
+    monkeypatch.setattr(history_sampler, "_polled", slow)
+
+    async def scenario() -> None:
+        try:
+            await sampler._turn()
+            append(log, line("restart_started", 2))
+            await sampler._turn()  # the read hangs: the sample is taken all the same
+            await sampler._turn()
+            assert len(history.answer()["times"]) == 3
+            assert events(history) == ["backend_exited"]
+            assert len(reads) == 1
+        finally:
+            release.set()
+        sampler.interval = 30.0  # this turn waits for the read to end
+        monkeypatch.setattr(history_sampler, "MAX_READ_WAIT_SECONDS", 30.0)
+        await sampler._turn()
+        times = history.answer()["times"]
+        assert len(times) == 4
+        assert events(history, since=times[-2]) == ["restart_started"]
+        await sampler.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))

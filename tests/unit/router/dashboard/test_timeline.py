@@ -92,7 +92,24 @@ def test_an_event_keeps_its_time_backend_model_and_reason() -> None:
         "reason": "stall",
     }
     long = event_of(line("backend_exited", reason="x" * 10_000))
-    assert long is not None and long.reason is not None and len(long.reason) == 300
+    assert long is not None and long.reason is not None and len(long.reason) == 200
+
+
+@pytest.mark.parametrize(
+    ("char", "kept"),
+    [("x", 1), ("\xe9", 1), ("\u0100", 2), ("\u4e2d", 2), ("\U0001f600", 4)],
+)
+def test_a_long_field_is_cut_by_the_memory_its_characters_take(char: str, kept: int) -> None:
+    """A name and a reason keep 128 and 200 characters stored a byte each, half as many
+    when one character takes 2 bytes, a quarter when it takes 4 (one such character is
+    enough: the whole string is stored that wide)."""
+    found = event_of(
+        line("backend_exited", role=char * 1000, model_id="m" + char * 1000, reason=char * 1000)
+    )
+    assert found is not None and found.role is not None and found.model is not None
+    assert found.role == char * (timeline.MAX_NAME_CHARS // kept)
+    assert found.model == ("m" + char * 1000)[: timeline.MAX_NAME_CHARS // kept]
+    assert found.reason == char * (timeline.MAX_REASON_CHARS // kept)
 
 
 @pytest.mark.parametrize(
