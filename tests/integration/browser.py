@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
@@ -63,4 +65,18 @@ def headless_chromium() -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
-__all__ = ["BrowserMissing", "browser_paths", "headless_chromium"]
+@contextmanager
+def chromium_for_a_test() -> Iterator[webdriver.Chrome]:
+    """:func:`headless_chromium` for a test: a failure on Linux when it is missing
+    (scripts/setup.sh --for-tests installs it there), a skip elsewhere."""
+    try:
+        browser_paths()
+    except BrowserMissing as missing:
+        if sys.platform.startswith("linux"):
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
+    with headless_chromium() as driver:
+        yield driver
+
+
+__all__ = ["BrowserMissing", "browser_paths", "chromium_for_a_test", "headless_chromium"]

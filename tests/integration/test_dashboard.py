@@ -15,9 +15,7 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from slm_server.contracts.applied_registry import version_of
 from tests import one_shot
 from tests.integration import dashboard_views as views
-from tests.integration.browser import BrowserMissing, browser_paths, headless_chromium
+from tests.integration.browser import chromium_for_a_test
 from tests.integration.real_stack import example_registry, llama_server_bin
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import free_port
@@ -48,20 +46,6 @@ MEMORY_SHOWN = r"free \d+ MiB \(floor \d+\) \N{MIDDLE DOT} held \d+ / budget \d+
 FLOOR_MB = "1"
 # The history is sampled this often in these tests (5 s by default).
 HISTORY: dict[str, Any] = {"SLM_HISTORY_INTERVAL_SECONDS": "0.25"}
-
-
-@contextmanager
-def browser() -> Iterator[WebDriver]:
-    """The browser, or a failure on Linux (where scripts/setup.sh --for-tests installs
-    it) and a skip elsewhere when it is missing."""
-    try:
-        browser_paths()
-    except BrowserMissing as missing:
-        if sys.platform.startswith("linux"):
-            pytest.fail(str(missing))
-        pytest.skip(str(missing))
-    with headless_chromium() as driver:
-        yield driver
 
 
 class Page:
@@ -184,7 +168,7 @@ def exercise(
     of ``always``'s aliases; ``playground``: what to try in the playground once both
     models are up)."""
     always_id, lazy_id = stack.model_id(always), stack.model_id(lazy)
-    with browser() as driver:
+    with chromium_for_a_test() as driver:
         page = Page(driver, stack.url)
         page.open_with_key()
         version = version_of((stack.tmp / "models.yaml").read_text(encoding="utf-8"))

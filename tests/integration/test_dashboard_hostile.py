@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from slm_server.contracts.events import utc_timestamp
 from tests import one_shot
 from tests.integration import dashboard_views as views
-from tests.integration.browser import BrowserMissing, browser_paths, headless_chromium
+from tests.integration.browser import chromium_for_a_test
 from tests.integration.watched import Watched, fake_entry, watched
 from tests.processes import poll
 
@@ -77,13 +76,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
 @pytest.fixture(scope="module")
 def driver(stack: Watched) -> Iterator[WebDriver]:
     """The page open with the key given (a failure on Linux when chromium is missing)."""
-    try:
-        browser_paths()
-    except BrowserMissing as missing:
-        if sys.platform.startswith("linux"):
-            pytest.fail(str(missing))
-        pytest.skip(str(missing))
-    with headless_chromium() as chromium:
+    with chromium_for_a_test() as chromium:
         chromium.set_script_timeout(10)
         chromium.get(f"{stack.url}/ui")
         field = chromium.find_element(By.ID, "key")

@@ -41,42 +41,23 @@ from slm_server.router.dashboard.timeline import (
     Event,
     event_of,
 )
+from tests.unit.router.dashboard.history_router import (
+    CHAT,
+    HISTORY,
+    KEY,
+    MODEL,
+    router_at,
+)
 from tests.unit.router.inprocess import (
     Answer,
-    FakeResponse,
     Router,
-    Sent,
     call,
-    make_router,
     serving,
-    sse,
 )
 
-HISTORY = "/v1/ui/history"
-CHAT = "/v1/chat/completions"
-MODEL = "org/chat-model"
-KEY = {"authorization": "Bearer secret"}
-CHUNK = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
-USAGE = {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 6}}
 EVENT_FIELDS = {"ts", "event", "role", "model", "lane", "mark", "reason"}
 MARKUP_MODEL = '<img src=x onerror="window.slmInjected=1">'
 MARKUP_REASON = "</title><script>window.slmInjected=2</script><svg onload=alert(1)>"
-
-
-async def streamed(_sent: Sent) -> FakeResponse:
-    return sse(
-        {**CHUNK, "choices": [{"index": 0, "delta": {"content": "hi"}}]},
-        {**CHUNK, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        {**CHUNK, "choices": [], "usage": USAGE},
-    )
-
-
-def router_at(tmp_path: Path) -> Router:
-    return make_router(
-        tmp_path,
-        streamed,
-        env={"SLM_HISTORY_INTERVAL_SECONDS": "0.2", "SLM_API_KEYS": "secret"},
-    )
 
 
 def run(scenario: Awaitable[None], seconds: float = 60) -> None:
