@@ -34,6 +34,9 @@ from tests.processes import free_port
 KEY = "screenshots"
 HEADERS = {"authorization": f"Bearer {KEY}"}
 TRAFFIC_SECONDS = 180.0
+# The run's script, in seconds from its start: Gemma asked (and so loaded) in between,
+# SmolLM2's llama-server killed before, Gemma unloaded after.
+KILL_AT, GEMMA_FROM, GEMMA_UNTIL, UNLOAD_AT = 45.0, 80.0, 125.0, 140.0
 SYSTEM = "You are a careful coding assistant. " * 120  # ~1,000 tokens, the same each turn
 # The shipped watchdog's timings, not the tests' quick ones (docs/watchdog.md).
 SHIPPED_WATCHDOG: dict[str, Any] = {
@@ -81,10 +84,18 @@ def ask(stack: Watched, model: str, shape: str, turn: int) -> None:
             pass
 
 
-def traffic(stack: Watched, stop: threading.Event, client: int, failed: list[str]) -> None:
+def role_at(elapsed: float) -> str:
+    """The model the traffic asks at this point of the run: one at a time, since two
+    llama-servers generating at once on a 2-CPU machine starve each other's threads."""
+    return "gemma" if GEMMA_FROM <= elapsed < GEMMA_UNTIL else "standard"
+
+
+def traffic(
+    stack: Watched, stop: threading.Event, client: int, failed: list[str], began: float
+) -> None:
     turn = client
     while not stop.is_set():
-        model = stack.model_id("standard" if turn % 3 else "gemma")
+        model = stack.model_id(role_at(time.monotonic() - began))
         shape = ("chat", "responses", "messages")[turn % 3]
         try:
             ask(stack, model, shape, turn)
@@ -119,19 +130,19 @@ def run(folder: Path) -> None:
     ):
         stop = threading.Event()
         failed: list[str] = []
+        began = time.monotonic()
         clients = [
-            threading.Thread(target=traffic, args=(stack, stop, n, failed)) for n in range(2)
+            threading.Thread(target=traffic, args=(stack, stop, n, failed, began)) for n in range(2)
         ]
         for client in clients:
             client.start()
-        began = time.monotonic()
         killed = unloaded = False
         while time.monotonic() - began < TRAFFIC_SECONDS:
             elapsed = time.monotonic() - began
-            if elapsed > 70 and not killed:
+            if elapsed > KILL_AT and not killed:
                 os.kill(stack.pid("standard"), signal.SIGKILL)
                 killed = True
-            if elapsed > 130 and not unloaded:
+            if elapsed > UNLOAD_AT and not unloaded:
                 body = {"model": stack.model_id("gemma")}
                 url = f"{stack.url}/v1/models/unload"
                 one_shot.post(url, json=body, headers=HEADERS, timeout=60).raise_for_status()
