@@ -116,7 +116,10 @@ def test_a_swap_back_reuses_the_prefix_and_answers_the_same(tmp_path: Path) -> N
         stack.past_startup_grace("standard")
         wedged = stack.pid("standard")
         os.kill(wedged, signal.SIGSTOP)
-        body = {"model": model_id, "messages": [{"role": "user", "content": "hi"}]}
+        # A bounded answer: an unbounded one, sent again to the new process, can run past
+        # the model's deadline on a loaded machine (CI once: 120 s, cut as it streamed).
+        hi = [{"role": "user", "content": "hi"}]
+        body = {"model": model_id, "messages": hi, "max_tokens": 16}
         with one_shot.stream(
             "POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=90
         ) as stranded:
