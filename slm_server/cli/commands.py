@@ -1,4 +1,4 @@
-"""Command line: ``python -m slm_server backends|router|check|status|reload|launch|...``.
+"""Command line: ``python -m slm_server backends|router|check|status|models|launch|...``.
 
 Argument parsing and wiring only; the work lives in the modules each command calls.
 """
@@ -31,11 +31,12 @@ from slm_server.registry.schema import (
     ConfigError,
     ModelEntry,
     Problem,
+    RegistryFile,
     inspect_registry,
     parse_registry,
     read_registry_text,
 )
-from slm_server.settings import Settings, SettingsError, load_environment
+from slm_server.settings import PROJECT_ROOT, Settings, SettingsError, load_environment
 
 
 def _setup_logging(name: str, settings: Settings) -> None:
@@ -203,6 +204,27 @@ def cmd_clear_slots(settings: Settings) -> int:
     store = SlotStore(settings.slot_cache.directory, settings.slot_cache.budget_mb)
     removed = store.clear()
     print(f"{store.directory}: {removed} file(s) removed")
+    return 0
+
+
+def cmd_models(settings: Settings, as_json: bool) -> int:
+    """List the GGUF models found in the usual places and the registry ids serving them;
+    exit 0 even when none is found."""
+    import os
+
+    from slm_server.discover import listing
+    from slm_server.discover.places import places
+
+    path = settings.config_path
+    try:
+        registry: RegistryFile | None = inspect_registry(read_registry_text(path), path)
+    except ConfigError as exc:
+        registry = None
+        for problem in exc.problems:
+            print(f"registry not read, SERVED AS left empty: {problem}", file=sys.stderr)
+    looked_in = places(os.environ, PROJECT_ROOT / "models")
+    listed = listing.discover(looked_in, listing.served_files(registry))
+    print(listing.render_json(listed) if as_json else listing.render_table(listed, looked_in))
     return 0
 
 
@@ -522,6 +544,18 @@ def cmd_mlx_rerank(settings: Settings, args: argparse.Namespace) -> int:
     return serve(options)
 
 
+def _add_logs_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "mode",
+        nargs="?",
+        default="server",
+        choices=("server", "watchdog", "all", "raw"),
+        help="server: start.out (default); watchdog: the watchdog events as a "
+        "timeline; all: both merged by time; raw: both files unformatted",
+    )
+    command.add_argument("-f", "--follow", action="store_true", help="keep printing appended lines")
+
+
 COMMANDS: dict[str, str] = {
     "backends": "start one server process per enabled model and supervise them",
     "router": "serve the OpenAI-compatible router",
@@ -532,6 +566,7 @@ COMMANDS: dict[str, str] = {
     "clear-slots": "delete every saved prompt cache (SLM_SLOT_CACHE_DIR)",
     "logs": "show start.out and the watchdog log (server, watchdog, all or raw)",
     "mlx-rerank": "serve one Qwen3-Reranker-style model with MLX (started by `backends`)",
+    "models": "list the GGUF models found on this machine and which the registry serves",
     "launch": "start a coding agent (claude, codex, opencode) against the running gateway",
 }
 
@@ -576,18 +611,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metavar="PID",
                 help="only accept state published by this launcher process",
             )
+        if name == "models":
+            command.add_argument("--json", action="store_true", help="a JSON list of objects")
         if name == "logs":
-            command.add_argument(
-                "mode",
-                nargs="?",
-                default="server",
-                choices=("server", "watchdog", "all", "raw"),
-                help="server: start.out (default); watchdog: the watchdog events as a "
-                "timeline; all: both merged by time; raw: both files unformatted",
-            )
-            command.add_argument(
-                "-f", "--follow", action="store_true", help="keep printing appended lines"
-            )
+            _add_logs_arguments(command)
     args = parser.parse_args(own)
     try:
         settings = Settings.from_env()
@@ -603,6 +630,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_backends(settings)
         if args.command == "reload":
             return cmd_reload(settings)
+        if args.command == "models":
+            return cmd_models(settings, args.json)
         if args.command == "clear-slots":
             return cmd_clear_slots(settings)
         if args.command == "router":
