@@ -11,7 +11,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slm_server import logging_setup
 from slm_server.cli.launch import gateway
@@ -37,6 +37,9 @@ from slm_server.registry.schema import (
     read_registry_text,
 )
 from slm_server.settings import PROJECT_ROOT, Settings, SettingsError, load_environment
+
+if TYPE_CHECKING:
+    from slm_server.contracts.commands import Reply
 
 
 def _setup_logging(name: str, settings: Settings) -> None:
@@ -172,19 +175,18 @@ def cmd_backends(settings: Settings) -> int:
     return Supervisor(settings, registry, load_environment(), registry_text=text).run()
 
 
-def cmd_reload(settings: Settings) -> int:
-    """Ask the running supervisor to reload the registry; print what changed, or every
-    problem that kept it from changing anything."""
+def _send_reload(settings: Settings) -> Reply:
+    """The running supervisor's answer to a reload; ``CommandError`` when none answers."""
     import asyncio
 
     from slm_server.contracts import commands
 
     path = commands.socket_path(settings.log_dir)
-    try:
-        reply = asyncio.run(commands.send(path, commands.Command("reload")))
-    except commands.CommandError as exc:
-        print(f"error: {exc}: is `backends` running?", file=sys.stderr)
-        return 1
+    return asyncio.run(commands.send(path, commands.Command("reload")))
+
+
+def _report_reload(reply: Reply) -> int:
+    """Print what a reload changed, or every problem that kept it from changing anything."""
     if not reply.ok:
         print(f"reload refused ({reply.refused or 'error'}): nothing was changed", file=sys.stderr)
         for problem in reply.problems or (reply.error or "",):
@@ -195,6 +197,61 @@ def cmd_reload(settings: Settings) -> int:
         roles = getattr(reply, what) or ()
         print(f"  {what}: {', '.join(roles) if roles else '-'}")
     return 0
+
+
+def cmd_reload(settings: Settings) -> int:
+    """Ask the running supervisor to reload the registry; print what changed, or every
+    problem that kept it from changing anything."""
+    from slm_server.contracts import commands
+
+    try:
+        reply = _send_reload(settings)
+    except commands.CommandError as exc:
+        print(f"error: {exc}: is `backends` running?", file=sys.stderr)
+        return 1
+    return _report_reload(reply)
+
+
+def cmd_add(settings: Settings, args: argparse.Namespace) -> int:
+    """Add one registry entry for a local GGUF file (``slm_server.add``), then, unless
+    told not to, reload the running gateway; with none running, say when it applies."""
+    import os
+
+    from slm_server.add.command import Request, add_model
+    from slm_server.contracts import commands
+
+    request = Request(args.model, args.id, args.load, args.port, args.dry_run)
+    code = add_model(settings, request, os.environ)
+    if code or args.dry_run or args.no_reload:
+        return code
+    if not commands.socket_path(settings.log_dir).exists():
+        print("no gateway is running: the entry takes effect at its next start")
+        return 0
+    try:
+        reply = _send_reload(settings)
+    except commands.CommandError as exc:
+        print(f"no running gateway answered ({exc}): the entry takes effect at its next start")
+        return 0
+    print("reloading the running gateway:")
+    return _report_reload(reply)
+
+
+def _add_add_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument("model", metavar="PATH|NAME", help="a GGUF file, or a name `models` lists")
+    command.add_argument("--id", help="the model id (default: from the file's name)")
+    command.add_argument(
+        "--load",
+        choices=("always", "on_demand"),
+        default="on_demand",
+        help="start it at launch, or on its first request (default: %(default)s)",
+    )
+    command.add_argument(
+        "--port", type=_port, metavar="N", help="its port (default: the next free one)"
+    )
+    command.add_argument("--dry-run", action="store_true", help="print the entry, write nothing")
+    command.add_argument(
+        "--no-reload", action="store_true", help="do not reload the running gateway"
+    )
 
 
 def cmd_clear_slots(settings: Settings) -> int:
@@ -485,6 +542,13 @@ def cmd_settings(settings: Settings, names: Sequence[str]) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 1-65535 (got {value})")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -567,6 +631,7 @@ COMMANDS: dict[str, str] = {
     "logs": "show start.out and the watchdog log (server, watchdog, all or raw)",
     "mlx-rerank": "serve one Qwen3-Reranker-style model with MLX (started by `backends`)",
     "models": "list the GGUF models found on this machine and which the registry serves",
+    "add": "add a registry entry for a GGUF file or a model `models` lists, then reload",
     "launch": "start a coding agent (claude, codex, opencode) against the running gateway",
 }
 
@@ -615,6 +680,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command.add_argument("--json", action="store_true", help="a JSON list of objects")
         if name == "logs":
             _add_logs_arguments(command)
+        if name == "add":
+            _add_add_arguments(command)
     args = parser.parse_args(own)
     try:
         settings = Settings.from_env()
@@ -632,6 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_reload(settings)
         if args.command == "models":
             return cmd_models(settings, args.json)
+        if args.command == "add":
+            return cmd_add(settings, args)
         if args.command == "clear-slots":
             return cmd_clear_slots(settings)
         if args.command == "router":
