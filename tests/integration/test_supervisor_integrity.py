@@ -62,14 +62,27 @@ def test_a_failed_state_write_is_an_event_and_exits_are_still_handled(tmp_path: 
     with watched(tmp_path, models, router=False) as stack:
         old = stack.pid("chat")
         state_file = stack.log_dir / "backends.state.json"
-        state_file.unlink()
-        state_file.mkdir()  # the atomic rename onto it now fails
+        # The atomic rename onto a folder fails. The supervisor may publish again between
+        # the unlink and the mkdir (CI once): take the file away again until the folder
+        # is there.
+        poll(lambda: _folder_in_place_of(state_file), 10, "a folder in the file's place")
         os.kill(old, signal.SIGKILL)
         stack.wait_event("state_write_failed", path=str(state_file))
         stack.wait_event("restart_succeeded", role="chat", old_pid=old)
         state_file.rmdir()  # the next write succeeds and publishes the new process
         poll(lambda: stack.state("chat").get("pid") not in (None, old), 10, "new state")
         assert stack.state("chat")["state"] == "ready"
+
+
+def _folder_in_place_of(path: Path) -> bool:
+    """Replace the file ``path`` with an empty folder; False when another writer put a
+    file back first."""
+    path.unlink(missing_ok=True)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    return True
 
 
 def test_a_hanging_health_probe_does_not_delay_another_backends_exit(tmp_path: Path) -> None:
