@@ -71,6 +71,14 @@ class SupervisorSocket:
             self._loop.run_forever()
         finally:
             server.close()
+            # A connection still open (the router's, idle) is a task of the loop: ended
+            # here, its socket closed, rather than left to the garbage collector (CI once:
+            # a ResourceWarning failing whichever test ran next).
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.run_until_complete(asyncio.sleep(0))  # the transports' close callbacks
             self._loop.run_until_complete(server.wait_closed())
             self._loop.close()
 
