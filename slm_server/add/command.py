@@ -16,6 +16,7 @@ import yaml
 from slm_server.add import entry as values
 from slm_server.add.append import NEW_FILE, Unappendable, appended, entries_of, write_atomically
 from slm_server.add.source import NotFound, Source, find_source
+from slm_server.add.template import template_for
 from slm_server.discover.found import read_found
 from slm_server.launch.footprint import NoEstimate, caches_prompts, estimate_entry
 from slm_server.memory import prompt_cache
@@ -106,7 +107,7 @@ def add_model(settings: Settings, request: Request, env: Mapping[str, str]) -> i
     """Decide, check, print and (unless a dry run) write the entry; 0 when written or
     shown. A registry that cannot be read raises ``ConfigError``."""
     try:
-        source: Source = find_source(request.given, env, PROJECT_ROOT / "models")
+        source: Source = find_source(request.given, env, settings.pull.models_dir)
         metadata = read_header(source.path).metadata
     except NotFound as exc:
         return _fail(str(exc))
@@ -134,6 +135,7 @@ def add_model(settings: Settings, request: Request, env: Mapping[str, str]) -> i
         return _fail(str(exc))
     arch = facts.architecture
     pooling = metadata.get(f"{arch}.pooling_type") if arch else None
+    template = template_for(metadata, arch, facts.type or "chat")
     fields = values.entry_fields(
         model_id=model_id,
         port=port,
@@ -143,6 +145,7 @@ def add_model(settings: Settings, request: Request, env: Mapping[str, str]) -> i
         pooling=pooling if isinstance(pooling, int) and not isinstance(pooling, bool) else None,
         context=facts.context_length,  # then fitted to the budget, in its place
         load=request.load,
+        chat_template_file=template.file,
     )
     memory, fields = _memory_lines(fields, facts.context_length, settings.memory.budget_mb)
     comment = f"{source.name}: added by python -m slm_server add"
@@ -164,8 +167,9 @@ def add_model(settings: Settings, request: Request, env: Mapping[str, str]) -> i
     written = "would be added (dry run: nothing written)" if request.dry_run else "added"
     print(f"{role} ({model_id}) {written} to {path}:")
     print(new_text[len(base) :].strip("\n"))
-    for line in memory:
-        print(line)
+    for line in [*memory, template.line]:
+        if line:
+            print(line)
     return 0
 
 

@@ -140,6 +140,7 @@ def entry_fields(
     pooling: int | None,
     context: int | None,
     load: str,
+    chat_template_file: str | None = None,
 ) -> dict[str, Any]:
     """The entry, in the order the example registry writes its fields. ``kind`` is
     ``chat``, ``embeddings`` or ``rerank``; ``pooling`` the file's pooling type."""
@@ -151,6 +152,8 @@ def entry_fields(
         "default_timeout": CHAT_TIMEOUT if kind == "chat" else EMBEDDING_TIMEOUT,
         "quantization": quantization or "unknown",
     }
+    if chat_template_file is not None:
+        fields["chat_template_file"] = chat_template_file
     if kind in ("embeddings", "rerank"):
         fields["model_type"] = kind
     if kind == "embeddings":  # the file's pooling, else mean (llama-server needs one)
