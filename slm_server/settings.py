@@ -392,6 +392,33 @@ class HistorySettings:
         return made
 
 
+@dataclass(frozen=True)
+class PullSettings:
+    """Fetching models from a hub (``python -m slm_server pull``, ``POST
+    /v1/models/pull``): where the files go, Ollama's registry, when a download counts as
+    stalled (less than ``min_bytes_per_second`` on average over ``stall_seconds``, or
+    nothing at all for that long), and whether the API may pull (off: it writes to the
+    disk). Hugging Face's own settings (``HF_ENDPOINT``, ``HF_TOKEN``,
+    ``HF_HUB_DOWNLOAD_TIMEOUT``) are its client library's."""
+
+    models_dir: Path = PROJECT_ROOT / "models"
+    ollama_registry: str = "https://registry.ollama.ai"
+    stall_seconds: float = 30.0
+    min_bytes_per_second: int = 1024
+    api_enabled: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> PullSettings:
+        registry = env.get("SLM_OLLAMA_REGISTRY", "").strip().rstrip("/")
+        return cls(
+            models_dir=_path(env, "SLM_MODELS_DIR", PROJECT_ROOT / "models"),
+            ollama_registry=registry or "https://registry.ollama.ai",
+            stall_seconds=_float(env, "SLM_PULL_STALL_SECONDS", 30.0, minimum=0.1),
+            min_bytes_per_second=_int(env, "SLM_PULL_MIN_BYTES_PER_SECOND", 1024, minimum=0),
+            api_enabled=_bool(env, "SLM_PULL_API", False),
+        )
+
+
 SIMULATED_FILE_VAR = "SLM_MEMORY_SIMULATED_FILE"
 
 
@@ -438,6 +465,7 @@ class Settings:
     config_watch_settle_seconds: float = 1.0
     slot_cache: SlotCacheSettings = field(default_factory=lambda: SlotCacheSettings.from_env({}))
     history: HistorySettings = field(default_factory=HistorySettings)
+    pull: PullSettings = field(default_factory=PullSettings)
 
     @property
     def pidfile_path(self) -> Path:
@@ -479,4 +507,5 @@ class Settings:
             ),
             slot_cache=SlotCacheSettings.from_env(env),
             history=HistorySettings.from_env(env),
+            pull=PullSettings.from_env(env),
         )

@@ -36,9 +36,10 @@ from slm_server.registry.schema import (
     parse_registry,
     read_registry_text,
 )
-from slm_server.settings import PROJECT_ROOT, Settings, SettingsError, load_environment
+from slm_server.settings import Settings, SettingsError, load_environment
 
 if TYPE_CHECKING:
+    from slm_server.add.command import Request as AddRequest
     from slm_server.contracts.commands import Reply
 
 
@@ -215,14 +216,20 @@ def cmd_reload(settings: Settings) -> int:
 def cmd_add(settings: Settings, args: argparse.Namespace) -> int:
     """Add one registry entry for a local GGUF file (``slm_server.add``), then, unless
     told not to, reload the running gateway; with none running, say when it applies."""
-    import os
-
-    from slm_server.add.command import Request, add_model
-    from slm_server.contracts import commands
+    from slm_server.add.command import Request
 
     request = Request(args.model, args.id, args.load, args.port, args.dry_run)
+    return _add_and_reload(settings, request, args.no_reload)
+
+
+def _add_and_reload(settings: Settings, request: AddRequest, no_reload: bool) -> int:
+    import os
+
+    from slm_server.add.command import add_model
+    from slm_server.contracts import commands
+
     code = add_model(settings, request, os.environ)
-    if code or args.dry_run or args.no_reload:
+    if code or request.dry_run or no_reload:
         return code
     if not commands.socket_path(settings.log_dir).exists():
         print("no gateway is running: the entry takes effect at its next start")
@@ -234,6 +241,40 @@ def cmd_add(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     print("reloading the running gateway:")
     return _report_reload(reply)
+
+
+def cmd_pull(settings: Settings, args: argparse.Namespace) -> int:
+    """Fetch a model from a hub (``slm_server.pull``); with ``--add``, then add it."""
+    from slm_server.add.command import Request
+    from slm_server.pull.command import pull_command
+
+    code, pulled = pull_command(args.reference, settings.pull, sys.stdout, sys.stderr)
+    if code or pulled is None or not args.add:
+        return code
+    request = Request(str(pulled.model), args.id, args.load, args.port)
+    return _add_and_reload(settings, request, args.no_reload)
+
+
+def _add_pull_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "reference",
+        metavar="REF",
+        help="owner/repo[:QUANT], owner/repo/file.gguf, or ollama:model[:tag]",
+    )
+    command.add_argument("--add", action="store_true", help="then add it to the registry")
+    command.add_argument("--id", help="with --add: the model id (default: from the file's name)")
+    command.add_argument(
+        "--load",
+        choices=("always", "on_demand"),
+        default="on_demand",
+        help="with --add: start it at launch, or on its first request (default: %(default)s)",
+    )
+    command.add_argument(
+        "--port", type=_port, metavar="N", help="with --add: its port (default: a free one)"
+    )
+    command.add_argument(
+        "--no-reload", action="store_true", help="with --add: do not reload the running gateway"
+    )
 
 
 def _add_add_arguments(command: argparse.ArgumentParser) -> None:
@@ -279,7 +320,7 @@ def cmd_models(settings: Settings, as_json: bool) -> int:
         registry = None
         for problem in exc.problems:
             print(f"registry not read, SERVED AS left empty: {problem}", file=sys.stderr)
-    looked_in = places(os.environ, PROJECT_ROOT / "models")
+    looked_in = places(os.environ, settings.pull.models_dir)
     listed = listing.discover(looked_in, listing.served_files(registry))
     print(listing.render_json(listed) if as_json else listing.render_table(listed, looked_in))
     return 0
@@ -632,6 +673,7 @@ COMMANDS: dict[str, str] = {
     "mlx-rerank": "serve one Qwen3-Reranker-style model with MLX (started by `backends`)",
     "models": "list the GGUF models found on this machine and which the registry serves",
     "add": "add a registry entry for a GGUF file or a model `models` lists, then reload",
+    "pull": "fetch a model from Hugging Face or Ollama's registry (with --add: then add it)",
     "launch": "start a coding agent (claude, codex, opencode) against the running gateway",
 }
 
@@ -682,6 +724,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _add_logs_arguments(command)
         if name == "add":
             _add_add_arguments(command)
+        if name == "pull":
+            _add_pull_arguments(command)
     args = parser.parse_args(own)
     try:
         settings = Settings.from_env()
@@ -701,6 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_models(settings, args.json)
         if args.command == "add":
             return cmd_add(settings, args)
+        if args.command == "pull":
+            return cmd_pull(settings, args)
         if args.command == "clear-slots":
             return cmd_clear_slots(settings)
         if args.command == "router":
