@@ -688,6 +688,39 @@ def split_agent_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return args, []
 
 
+def _command_arguments(name: str, command: argparse.ArgumentParser, own: list[str]) -> None:
+    """The arguments of the command ``name``."""
+    if name == "settings":
+        command.add_argument("names", nargs="+", metavar="NAME")
+    if name == "mlx-rerank":
+        _add_mlx_rerank_arguments(command)
+    if name == "launch" and own[:1] == ["launch"]:  # the other commands never import it
+        from slm_server.cli.launch.command import add_arguments
+
+        add_arguments(command)
+    if name == "status":
+        command.add_argument(
+            "--wait",
+            type=float,
+            metavar="SECONDS",
+            help="first follow the launcher until no backend is starting",
+        )
+        command.add_argument(
+            "--launcher",
+            type=int,
+            metavar="PID",
+            help="only accept state published by this launcher process",
+        )
+    if name == "models":
+        command.add_argument("--json", action="store_true", help="a JSON list of objects")
+    if name == "logs":
+        _add_logs_arguments(command)
+    if name == "add":
+        _add_add_arguments(command)
+    if name == "pull":
+        _add_pull_arguments(command)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     own, agent_args = split_agent_args(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
@@ -697,35 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        if name == "settings":
-            command.add_argument("names", nargs="+", metavar="NAME")
-        if name == "mlx-rerank":
-            _add_mlx_rerank_arguments(command)
-        if name == "launch" and own[:1] == ["launch"]:  # the other commands never import it
-            from slm_server.cli.launch.command import add_arguments
-
-            add_arguments(command)
-        if name == "status":
-            command.add_argument(
-                "--wait",
-                type=float,
-                metavar="SECONDS",
-                help="first follow the launcher until no backend is starting",
-            )
-            command.add_argument(
-                "--launcher",
-                type=int,
-                metavar="PID",
-                help="only accept state published by this launcher process",
-            )
-        if name == "models":
-            command.add_argument("--json", action="store_true", help="a JSON list of objects")
-        if name == "logs":
-            _add_logs_arguments(command)
-        if name == "add":
-            _add_add_arguments(command)
-        if name == "pull":
-            _add_pull_arguments(command)
+        _command_arguments(name, command, own)
     args = parser.parse_args(own)
     try:
         settings = Settings.from_env()

@@ -45,4 +45,15 @@ class PullError(Exception):
         self.kind: Kind = kind
 
 
-__all__ = ["STATUS", "Kind", "PullError"]
+class Cut(PullError):
+    """The connection broke mid-file: worth another try, which resumes."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("hub_error", message)
+
+
+# How many times one file's download is tried again after a cut connection, each time
+# from where it stopped, before the pull gives up (and a later pull resumes).
+CUT_RETRIES: Final = 3
+
+__all__ = ["CUT_RETRIES", "STATUS", "Cut", "Kind", "PullError"]

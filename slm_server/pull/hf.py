@@ -22,7 +22,7 @@ import httpx
 
 from slm_server.pull import files as disk
 from slm_server.pull.choose import RemoteFile, choose
-from slm_server.pull.errors import PullError
+from slm_server.pull.errors import CUT_RETRIES, Cut, PullError
 from slm_server.pull.events import FileReady, Planned, PlannedFile, Report
 from slm_server.pull.reference import HfReference
 from slm_server.pull.result import Pulled
@@ -148,6 +148,37 @@ def _partial_bytes(staging: Path, name: str) -> int:
         return 0
 
 
+def _download(
+    ref: HfReference, path: str, commit: str, staging: Path, bar: type[_Bar], root: Path
+) -> Path:
+    """``huggingface_hub``'s download of one file into ``staging``, tried again from
+    where it stopped when the connection is cut (it retries timeouts itself)."""
+    from huggingface_hub import hf_hub_download
+
+    what = f"{ref.repo_id}/{path}"
+    for attempt in range(CUT_RETRIES + 1):
+        try:
+            return Path(
+                hf_hub_download(
+                    ref.repo_id, path, revision=commit, local_dir=staging, tqdm_class=bar
+                )
+            )
+        except PullError:
+            raise
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            if attempt == CUT_RETRIES:
+                raise Cut(f"{what}: the download was cut ({exc}); a new pull resumes") from exc
+        except OSError as exc:
+            full = disk.no_space(exc, root)
+            if full is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise full from exc
+            raise _hub_error(exc, what) from exc
+        except Exception as exc:
+            raise _hub_error(exc, what) from exc
+    raise AssertionError("unreachable")
+
+
 def pull_hf(
     ref: HfReference,
     settings: PullSettings,
@@ -155,8 +186,6 @@ def pull_hf(
     cancel: threading.Event | None,
     clock: Callable[[], float],
 ) -> Pulled:
-    from huggingface_hub import hf_hub_download
-
     commit, listed = _listing(ref)
     choice = choose(ref.repo_id, listed, ref.quant, ref.file)
     root = settings.models_dir
@@ -191,26 +220,7 @@ def pull_hf(
 
         if cancel is not None and cancel.is_set():
             raise PullError("cancelled", f"{name}: cancelled")
-        try:
-            staged = Path(
-                hf_hub_download(
-                    ref.repo_id,
-                    f.path,
-                    revision=commit,
-                    local_dir=staging,
-                    tqdm_class=bar,
-                )
-            )
-        except PullError:
-            raise
-        except OSError as exc:
-            full = disk.no_space(exc, root)
-            if full is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise full from exc
-            raise _hub_error(exc, f"{ref.repo_id}/{f.path}") from exc
-        except Exception as exc:
-            raise _hub_error(exc, f"{ref.repo_id}/{f.path}") from exc
+        staged = _download(ref, f.path, commit, staging, bar, root)
         disk.verify(staged, f.size, f.sha256, name)
         disk.move_into_place(staged, final)
         fetched += f.size

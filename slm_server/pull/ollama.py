@@ -28,7 +28,7 @@ from typing import Any, Final
 import httpx
 
 from slm_server.pull import files as disk
-from slm_server.pull.errors import PullError
+from slm_server.pull.errors import CUT_RETRIES, Cut, PullError
 from slm_server.pull.events import FileReady, Planned, PlannedFile, Report
 from slm_server.pull.reference import OllamaReference
 from slm_server.pull.result import Pulled
@@ -327,7 +327,13 @@ def _pull(
         def start(resumed: int, shown: str = name, size: int = layer.size) -> Transfer:
             return Transfer(shown, size, resumed, settings, report, cancel, clock)
 
-        registry.blob(layer, partials[name], start, root)
+        for attempt in range(CUT_RETRIES + 1):
+            try:
+                registry.blob(layer, partials[name], start, root)
+                break
+            except Cut:
+                if attempt == CUT_RETRIES:
+                    raise
         disk.move_into_place(partials[name], finals[name])
         fetched += layer.size
         report(FileReady(name, finals[name], True))
