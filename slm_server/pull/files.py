@@ -114,6 +114,27 @@ def move_into_place(staged: Path, final: Path) -> None:
         os.close(descriptor)
 
 
+def tidy(staging: Path, root: Path) -> None:
+    """After a pull: remove ``staging`` unless an unfinished download is in it (another
+    pull's, kept to resume), then its empty parents up to ``root``."""
+    try:
+        unfinished = any(
+            p.name.endswith((".incomplete", ".partial")) for p in staging.rglob("*") if p.is_file()
+        )
+    except OSError:
+        return
+    if unfinished:
+        return
+    shutil.rmtree(staging, ignore_errors=True)
+    for parent in staging.parents:
+        if parent == root or root not in parent.parents:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+
+
 __all__ = [
     "SPACE_MARGIN_BYTES",
     "STAGING",
@@ -123,6 +144,7 @@ __all__ = [
     "move_into_place",
     "no_space",
     "sha256_of",
+    "tidy",
     "verify",
     "within",
 ]

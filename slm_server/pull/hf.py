@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from slm_server.pull import files as disk
+from slm_server.pull import hf_client
 from slm_server.pull.choose import RemoteFile, choose
 from slm_server.pull.errors import CUT_RETRIES, Cut, PullError
 from slm_server.pull.events import FileReady, Planned, PlannedFile, Report
@@ -84,12 +85,15 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
-def _listing(ref: HfReference) -> tuple[str, list[RemoteFile]]:
-    """The commit ``ref`` resolves to and the files it holds, with sizes and SHA-256."""
+def _listing(ref: HfReference, timeout: float) -> tuple[str, list[RemoteFile]]:
+    """The commit ``ref`` resolves to and the files it holds, with sizes and SHA-256
+    (within ``timeout`` a read: the library sets none for this call)."""
     from huggingface_hub import HfApi
 
     try:
-        info = HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
+        info = HfApi().model_info(
+            ref.repo_id, revision=ref.revision, files_metadata=True, timeout=timeout
+        )
     except Exception as exc:  # the library's errors, mapped; anything else is the hub's
         raise _hub_error(exc, ref.repo_id) from exc
     if not info.sha:
@@ -116,6 +120,8 @@ class _Bar:
         total = kwargs.get("total")
         initial = int(kwargs.get("initial") or 0)
         self.transfer = type(self).start(int(total) if total is not None else None, initial)
+        self._metering = hf_client.metering(self.transfer)
+        self._metering.__enter__()
 
     def update(self, n: float | None = 1) -> None:
         if n is None:
@@ -126,7 +132,7 @@ class _Bar:
             self.transfer.advance(int(n))
 
     def close(self) -> None:
-        pass
+        self._metering.__exit__(None, None, None)
 
     def __enter__(self) -> _Bar:
         return self
@@ -134,6 +140,7 @@ class _Bar:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.close()
         if kind is None:
             self.transfer.finish()
 
@@ -186,7 +193,12 @@ def pull_hf(
     cancel: threading.Event | None,
     clock: Callable[[], float],
 ) -> Pulled:
-    commit, listed = _listing(ref)
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        raise PullError("hub_error", "HF_HUB_OFFLINE is set: the hub may not be asked")
+    hf_client.install()
+    commit, listed = _listing(ref, settings.stall_seconds)
     choice = choose(ref.repo_id, listed, ref.quant, ref.file)
     root = settings.models_dir
     root.mkdir(parents=True, exist_ok=True)
@@ -225,6 +237,7 @@ def pull_hf(
         disk.move_into_place(staged, final)
         fetched += f.size
         report(FileReady(name, final, True))
+    disk.tidy(staging, root)
     parts = tuple(finals[f"{ref.repo_id}/{f.path}"] for f in choice.parts)
     projector = finals[f"{ref.repo_id}/{choice.projector.path}"] if choice.projector else None
     return Pulled(str(ref), parts, projector, (), fetched)

@@ -212,7 +212,7 @@ class _Registry:
                     out.seek(have)
                     out.truncate()
                     try:
-                        for chunk in response.iter_bytes(_CHUNK):
+                        for chunk in response.iter_bytes():
                             if out.tell() + len(chunk) > layer.size:
                                 raise PullError(
                                     "hub_error",
@@ -227,9 +227,8 @@ class _Registry:
                             f"{what}: the registry stopped sending; the next pull resumes",
                         ) from exc
                     except httpx.HTTPError as exc:
-                        raise PullError(
-                            "hub_error",
-                            f"{what}: the download was cut ({exc}); the next pull resumes",
+                        raise Cut(
+                            f"{what}: the download was cut ({exc}); a new pull resumes"
                         ) from exc
                     except OSError as exc:
                         full = disk.no_space(exc, folder)
@@ -342,13 +341,16 @@ def _pull(
         suffix = _TEXT_LAYERS.get(layer.media_type)
         if suffix is None:
             continue
-        body = registry.text_layer(layer)
         path = disk.within(root, f"{stem}.ollama-{suffix}")
+        extras.append(path)
+        if disk.already_there(path, layer.size, layer.digest):
+            continue
+        body = registry.text_layer(layer)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = staging / f"sha256-{layer.digest}.text"
         temporary.write_bytes(body)
         disk.move_into_place(temporary, path)
-        extras.append(path)
+    disk.tidy(staging, root)
     parts = (finals[big[0][1]],)
     projector = finals[big[1][1]] if len(big) > 1 else None
     return Pulled(str(ref), parts, projector, tuple(extras), fetched)

@@ -37,6 +37,7 @@ class Transfer:
             settings.min_bytes_per_second,
         )
         self._reported = float("-inf")
+        self._from_network = False
         self._emit(self.meter.started)
 
     def _emit(self, now: float) -> None:
@@ -68,6 +69,17 @@ class Transfer:
             )
 
     def advance(self, n: int) -> None:
+        """``n`` more bytes, as the downloader reports them; ignored once the bytes
+        are counted off the network (:meth:`advance_from_network`), which sees them
+        first and in smaller pieces."""
+        if not self._from_network:
+            self._count(n)
+
+    def advance_from_network(self, n: int) -> None:
+        self._from_network = True
+        self._count(n)
+
+    def _count(self, n: int) -> None:
         now = self._clock()
         self.meter.advance(n, now)
         if now - self._reported >= REPORT_SECONDS:
