@@ -16,6 +16,7 @@ Kind = Literal[
     "checksum",
     "stalled",
     "cancelled",
+    "in_progress",
     "hub_error",
     "io_error",
 ]
@@ -32,6 +33,7 @@ STATUS: Final[dict[str, int]] = {
     "checksum": 502,
     "stalled": 504,
     "cancelled": 499,
+    "in_progress": 409,
     "hub_error": 502,
     "io_error": 500,
 }

@@ -4,9 +4,12 @@ there, the free space, and the move that makes a checked file visible under its 
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
@@ -114,6 +117,25 @@ def move_into_place(staged: Path, final: Path) -> None:
         os.close(descriptor)
 
 
+@contextmanager
+def exclusive(partial: Path, name: str) -> Iterator[None]:
+    """Hold ``partial``'s lock (a ``.lock`` beside it) for the block: another pull, in
+    this process or another, writing the same partial file is refused, not interleaved."""
+    lock = partial.with_name(partial.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PullError(
+                "in_progress", f"{name}: another pull is fetching the same file; try again after it"
+            ) from None
+        yield
+    finally:
+        os.close(descriptor)
+
+
 def tidy(staging: Path, root: Path) -> None:
     """After a pull: remove ``staging`` unless an unfinished download is in it (another
     pull's, kept to resume), then its empty parents up to ``root``."""
@@ -140,6 +162,7 @@ __all__ = [
     "STAGING",
     "already_there",
     "check_space",
+    "exclusive",
     "free_bytes",
     "move_into_place",
     "no_space",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -272,6 +273,73 @@ def pull_ollama(
         registry.close()
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The manifest's big layers (the model, its projector), where each goes, and
+    which are already there."""
+
+    layers: list[Layer]
+    big: list[tuple[Layer, str]]
+    finals: dict[str, Path]
+    present: dict[str, bool]
+    staging: Path
+
+
+def _plan(layers: list[Layer], ref: OllamaReference, root: Path) -> _Plan:
+    models = [layer for layer in layers if layer.media_type == MODEL]
+    if len(models) != 1:
+        raise PullError("hub_error", f"{ref}: the manifest has {len(models)} model layers, not one")
+    projectors = [layer for layer in layers if layer.media_type == PROJECTOR][:1]
+    stem = _stem(ref)
+    folder, _, base = stem.rpartition("/")
+    big = [(models[0], f"{stem}.gguf")]
+    if projectors:
+        big.append((projectors[0], f"{folder}/mmproj-{base}.gguf"))
+    finals = {name: disk.within(root, name) for _, name in big}
+    present = {
+        name: disk.already_there(finals[name], layer.size, layer.digest) for layer, name in big
+    }
+    return _Plan(layers, big, finals, present, root / disk.STAGING / "ollama")
+
+
+def _partial(plan: _Plan, layer: Layer) -> Path:
+    return plan.staging / f"sha256-{layer.digest}.partial"
+
+
+def _announce(plan: _Plan, ref: OllamaReference, root: Path, report: Report) -> None:
+    """Check the free space for what is still to fetch, and report the plan."""
+    need = 0
+    for layer, name in plan.big:
+        if not plan.present[name]:
+            partial = _partial(plan, layer)
+            have = partial.stat().st_size if partial.exists() else 0
+            need += max(0, layer.size - have)
+    free = disk.check_space(root, need)
+    files = tuple(
+        PlannedFile(name, layer.size, layer.digest, plan.present[name]) for layer, name in plan.big
+    )
+    report(Planned(str(ref), files, need, free))
+
+
+def _text_layers(registry: _Registry, plan: _Plan, ref: OllamaReference, root: Path) -> list[Path]:
+    """Ollama's template, parameters and system prompt, beside the model."""
+    extras = []
+    for layer in plan.layers:
+        suffix = _TEXT_LAYERS.get(layer.media_type)
+        if suffix is None:
+            continue
+        path = disk.within(root, f"{_stem(ref)}.ollama-{suffix}")
+        extras.append(path)
+        if disk.already_there(path, layer.size, layer.digest):
+            continue
+        body = registry.text_layer(layer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = plan.staging / f"sha256-{layer.digest}.{os.getpid()}.{threading.get_ident()}"
+        temporary.write_bytes(body)
+        disk.move_into_place(temporary, path)
+    return extras
+
+
 def _pull(
     registry: _Registry,
     ref: OllamaReference,
@@ -280,45 +348,16 @@ def _pull(
     cancel: threading.Event | None,
     clock: Callable[[], float],
 ) -> Pulled:
-    layers = registry.manifest()
-    models = [layer for layer in layers if layer.media_type == MODEL]
-    if len(models) != 1:
-        raise PullError("hub_error", f"{ref}: the manifest has {len(models)} model layers, not one")
-    projectors = [layer for layer in layers if layer.media_type == PROJECTOR][:1]
     root = settings.models_dir
     root.mkdir(parents=True, exist_ok=True)
-    stem = _stem(ref)
-    folder, _, base = stem.rpartition("/")
-    big = [(models[0], f"{stem}.gguf")]
-    if projectors:
-        big.append((projectors[0], f"{folder}/mmproj-{base}.gguf"))
-    finals = {name: disk.within(root, name) for _, name in big}
-    staging = root / disk.STAGING / "ollama"
-    partials = {name: staging / f"sha256-{layer.digest}.partial" for layer, name in big}
-    present = {
-        name: disk.already_there(finals[name], layer.size, layer.digest) for layer, name in big
-    }
-    need = 0
-    for layer, name in big:
-        if not present[name]:
-            have = partials[name].stat().st_size if partials[name].exists() else 0
-            need += max(0, layer.size - have)
-    free = disk.check_space(root, need)
-    report(
-        Planned(
-            str(ref),
-            tuple(
-                PlannedFile(name, layer.size, layer.digest, present[name]) for layer, name in big
-            ),
-            need,
-            free,
-        )
-    )
-    staging.mkdir(parents=True, exist_ok=True)
+    plan = _plan(registry.manifest(), ref, root)
+    _announce(plan, ref, root, report)
+    plan.staging.mkdir(parents=True, exist_ok=True)
     fetched = 0
-    for layer, name in big:
-        if present[name]:
-            report(FileReady(name, finals[name], False))
+    for layer, name in plan.big:
+        final = plan.finals[name]
+        if plan.present[name]:
+            report(FileReady(name, final, False))
             continue
         if cancel is not None and cancel.is_set():
             raise PullError("cancelled", f"{name}: cancelled")
@@ -326,34 +365,22 @@ def _pull(
         def start(resumed: int, shown: str = name, size: int = layer.size) -> Transfer:
             return Transfer(shown, size, resumed, settings, report, cancel, clock)
 
-        for attempt in range(CUT_RETRIES + 1):
-            try:
-                registry.blob(layer, partials[name], start, root)
-                break
-            except Cut:
-                if attempt == CUT_RETRIES:
-                    raise
-        disk.move_into_place(partials[name], finals[name])
+        partial = _partial(plan, layer)
+        with disk.exclusive(partial, name):
+            for attempt in range(CUT_RETRIES + 1):
+                try:
+                    registry.blob(layer, partial, start, root)
+                    break
+                except Cut:
+                    if attempt == CUT_RETRIES:
+                        raise
+            disk.move_into_place(partial, final)
         fetched += layer.size
-        report(FileReady(name, finals[name], True))
-    extras = []
-    for layer in layers:
-        suffix = _TEXT_LAYERS.get(layer.media_type)
-        if suffix is None:
-            continue
-        path = disk.within(root, f"{stem}.ollama-{suffix}")
-        extras.append(path)
-        if disk.already_there(path, layer.size, layer.digest):
-            continue
-        body = registry.text_layer(layer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = staging / f"sha256-{layer.digest}.text"
-        temporary.write_bytes(body)
-        disk.move_into_place(temporary, path)
-    disk.tidy(staging, root)
-    parts = (finals[big[0][1]],)
-    projector = finals[big[1][1]] if len(big) > 1 else None
-    return Pulled(str(ref), parts, projector, tuple(extras), fetched)
+        report(FileReady(name, final, True))
+    extras = _text_layers(registry, plan, ref, root)
+    disk.tidy(plan.staging, root)
+    projector = plan.finals[plan.big[1][1]] if len(plan.big) > 1 else None
+    return Pulled(str(ref), (plan.finals[plan.big[0][1]],), projector, tuple(extras), fetched)
 
 
 __all__ = ["pull_ollama"]

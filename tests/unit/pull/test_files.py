@@ -75,3 +75,13 @@ def test_a_symlink_planted_in_the_models_folder_cannot_lead_out(tmp_path: Path) 
         disk.within(root, "o/r/m.gguf")
     assert raised.value.kind == "unsafe_name"
     assert disk.within(root, "o/x/m.gguf") == root / "o" / "x" / "m.gguf"
+
+
+def test_two_pulls_of_one_partial_file_are_not_interleaved(tmp_path: Path) -> None:
+    partial = tmp_path / ".pull" / "ollama" / "sha256-ab.partial"
+    with disk.exclusive(partial, "m.gguf"):
+        with pytest.raises(PullError) as raised, disk.exclusive(partial, "m.gguf"):
+            pass
+        assert raised.value.kind == "in_progress"
+    with disk.exclusive(partial, "m.gguf"):
+        pass  # free again once the first is done
