@@ -1,6 +1,10 @@
 """``python -m slm_server add PATH|NAME``: read the file, decide the entry, check the
 registry it makes, print it and the memory it needs, and write it (unless a dry run).
-The reload that follows is the caller's (``slm_server.cli.commands``)."""
+
+:func:`add_entry` does the work and says what came of it (:class:`Added` or
+:class:`Refused`, printing nothing: the router's ``POST /v1/models/add`` answers with
+it); :func:`add_model` prints that for the command line. The reload that follows is the
+caller's (:mod:`slm_server.add.reload`)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -61,9 +65,53 @@ def footprint_mb(fields: Mapping[str, Any], budget_mb: int) -> int:
     return estimate.mb + cache
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 1
+# Why an entry was not added: the API's error code for each is its own.
+Reason = Literal[
+    "not_found",  # neither a file nor a listed name
+    "not_gguf",  # the file is no GGUF model
+    "unappendable",  # the registry's layout takes no appended entry
+    "taken",  # the id or its role is in use
+    "no_port",  # no free port left
+    "not_checked",  # the registry with the entry would not pass ``check``
+    "not_written",  # the registry file could not be written
+    "unreadable",  # the registry cannot be read (a caller's, from ``ConfigError``)
+]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An entry not added (nothing written): why, and the problems ``check`` found."""
+
+    reason: Reason
+    message: str
+    problems: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """What the command line prints on stderr."""
+        if self.problems:
+            return [self.message, *(f"  {problem}" for problem in self.problems)]
+        hint = "; choose another with --id" if self.reason == "taken" else ""
+        return [f"error: {self.message}{hint}"]
+
+
+@dataclass(frozen=True)
+class Added:
+    """An entry written (or, in a dry run, shown): its role and id, its fields as
+    written, the registry file, and what the command line prints."""
+
+    role: str
+    model_id: str
+    fields: dict[str, Any]
+    registry: Path
+    text: str  # the entry's lines as appended, its comment first
+    notes: tuple[str, ...]  # the memory it needs, the chat template it was given
+    dry_run: bool = False
+
+    def lines(self) -> list[str]:
+        """What the command line prints on stdout, one line each."""
+        written = "would be added (dry run: nothing written)" if self.dry_run else "added"
+        head = f"{self.role} ({self.model_id}) {written} to {self.registry}:"
+        return [head, *self.text.splitlines(), *self.notes]
 
 
 def _memory_lines(
@@ -103,16 +151,20 @@ def _existing_text(path: Path) -> str:
     return read_registry_text(path) if path.exists() else ""
 
 
-def add_model(settings: Settings, request: Request, env: Mapping[str, str]) -> int:
-    """Decide, check, print and (unless a dry run) write the entry; 0 when written or
-    shown. A registry that cannot be read raises ``ConfigError``."""
+def add_entry(
+    settings: Settings, request: Request, env: Mapping[str, str], source: Source | None = None
+) -> Added | Refused:
+    """Decide, check and (unless a dry run) write the entry for ``request`` (the file
+    ``source`` when given, else the one ``request.given`` names); prints nothing. A
+    registry that cannot be read raises ``ConfigError``."""
     try:
-        source: Source = find_source(request.given, env, settings.pull.models_dir)
+        if source is None:
+            source = find_source(request.given, env, settings.pull.models_dir)
         metadata = read_header(source.path).metadata
     except NotFound as exc:
-        return _fail(str(exc))
+        return Refused("not_found", str(exc))
     except (GgufError, OSError) as exc:
-        return _fail(f"{request.given} is not a GGUF model file: {exc}")
+        return Refused("not_gguf", f"{request.given} is not a GGUF model file: {exc}")
     facts = read_found(source.candidate())
     path = settings.config_path
     text = _existing_text(path)
@@ -123,16 +175,16 @@ def add_model(settings: Settings, request: Request, env: Mapping[str, str]) -> i
         inspect_registry(base, path)  # raises ConfigError, naming the line
         raise
     except Unappendable as exc:
-        return _fail(f"{path}: {exc}")
+        return Refused("unappendable", f"{path}: {exc}")
     model_id = request.model_id or values.model_id(source.name)
     role = values.role_for(model_id)
     refused = values.taken(model_id, role, entries)
     if refused is not None:
-        return _fail(f"{refused} ({path}); choose another with --id")
+        return Refused("taken", f"{refused} ({path})")
     try:
         port = request.port or values.next_port(values.used_ports(entries), port_is_free)
     except values.NoPort as exc:
-        return _fail(str(exc))
+        return Refused("no_port", str(exc))
     arch = facts.architecture
     pooling = metadata.get(f"{arch}.pooling_type") if arch else None
     template = template_for(metadata, arch, facts.type or "chat")
@@ -152,25 +204,44 @@ def add_model(settings: Settings, request: Request, env: Mapping[str, str]) -> i
     try:
         new_text = appended(text, role, fields, comment)
     except Unappendable as exc:
-        return _fail(f"{path}: {exc}")
+        return Refused("unappendable", f"{path}: {exc}")
     checked = inspect_registry(new_text, path)
     if checked.problems:
-        print(f"the entry was not written: {path} would not pass `check`", file=sys.stderr)
-        for problem in checked.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return 1
+        return Refused(
+            "not_checked",
+            f"the entry was not written: {path} would not pass `check`",
+            tuple(str(problem) for problem in checked.problems),
+        )
     if not request.dry_run:
         try:
             write_atomically(path, new_text)
         except OSError as exc:
-            return _fail(f"{path} not written: {exc}")
-    written = "would be added (dry run: nothing written)" if request.dry_run else "added"
-    print(f"{role} ({model_id}) {written} to {path}:")
-    print(new_text[len(base) :].strip("\n"))
-    for line in [*memory, template.line]:
-        if line:
-            print(line)
+            return Refused("not_written", f"{path} not written: {exc}")
+    notes = tuple(line for line in [*memory, template.line] if line)
+    snippet = new_text[len(base) :].strip("\n")
+    return Added(role, model_id, dict(fields), path, snippet, notes, request.dry_run)
+
+
+def add_model(settings: Settings, request: Request, env: Mapping[str, str]) -> int:
+    """Decide, check, print and (unless a dry run) write the entry; 0 when written or
+    shown. A registry that cannot be read raises ``ConfigError``."""
+    result = add_entry(settings, request, env)
+    if isinstance(result, Refused):
+        for line in result.lines():
+            print(line, file=sys.stderr)
+        return 1
+    for line in result.lines():
+        print(line)
     return 0
 
 
-__all__ = ["Request", "add_model", "footprint_mb", "port_is_free"]
+__all__ = [
+    "Added",
+    "Reason",
+    "Refused",
+    "Request",
+    "add_entry",
+    "add_model",
+    "footprint_mb",
+    "port_is_free",
+]

@@ -26,6 +26,15 @@ class Source:
         return Candidate(self.name, self.store or "file", (self.path,))
 
 
+def find_listed(given: str, env: Mapping[str, str], project_models: Path) -> Source | None:
+    """The model ``python -m slm_server models`` lists as ``given``; None when none is."""
+    for place in places(env, project_models):
+        for found in candidates(place):
+            if found.name == given:
+                return Source(found.path.absolute(), found.name, found.store)
+    return None
+
+
 def find_source(given: str, env: Mapping[str, str], project_models: Path) -> Source:
     """``given`` as a file (absolute, symlinks kept), else as a listed name; raises
     :class:`NotFound`."""
@@ -34,13 +43,12 @@ def find_source(given: str, env: Mapping[str, str], project_models: Path) -> Sou
         return Source(path.absolute(), path.name, None)
     if path.exists():
         raise NotFound(f"{given} is not a file (give a GGUF file or a name `models` lists)")
-    for place in places(env, project_models):
-        for found in candidates(place):
-            if found.name == given:
-                return Source(found.path.absolute(), found.name, found.store)
+    listed = find_listed(given, env, project_models)
+    if listed is not None:
+        return listed
     raise NotFound(
         f"no file and no model named {given!r} (`python -m slm_server models` lists the names)"
     )
 
 
-__all__ = ["NotFound", "Source", "find_source"]
+__all__ = ["NotFound", "Source", "find_listed", "find_source"]

@@ -188,16 +188,14 @@ def _send_reload(settings: Settings) -> Reply:
 
 def _report_reload(reply: Reply) -> int:
     """Print what a reload changed, or every problem that kept it from changing anything."""
-    if not reply.ok:
-        print(f"reload refused ({reply.refused or 'error'}): nothing was changed", file=sys.stderr)
-        for problem in reply.problems or (reply.error or "",):
-            print(f"  {problem}", file=sys.stderr)
-        return 1
-    print(f"registry version {reply.version} (generation {reply.generation}) in force")
-    for what in ("added", "removed", "replaced", "unchanged"):
-        roles = getattr(reply, what) or ()
-        print(f"  {what}: {', '.join(roles) if roles else '-'}")
-    return 0
+    from slm_server.add.reload import Reloaded
+
+    out, err = Reloaded(reply).lines()
+    for line in out:
+        print(line)
+    for line in err:
+        print(line, file=sys.stderr)
+    return 0 if reply.ok else 1
 
 
 def cmd_reload(settings: Settings) -> int:
@@ -223,24 +221,21 @@ def cmd_add(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _add_and_reload(settings: Settings, request: AddRequest, no_reload: bool) -> int:
+    import asyncio
     import os
 
     from slm_server.add.command import add_model
-    from slm_server.contracts import commands
+    from slm_server.add.reload import reload_running
 
     code = add_model(settings, request, os.environ)
     if code or request.dry_run or no_reload:
         return code
-    if not commands.socket_path(settings.log_dir).exists():
-        print("no gateway is running: the entry takes effect at its next start")
-        return 0
-    try:
-        reply = _send_reload(settings)
-    except commands.CommandError as exc:
-        print(f"no running gateway answered ({exc}): the entry takes effect at its next start")
+    reloaded = asyncio.run(reload_running(settings.log_dir))
+    if reloaded.reply is None:
+        print(reloaded.skipped)
         return 0
     print("reloading the running gateway:")
-    return _report_reload(reply)
+    return _report_reload(reloaded.reply)
 
 
 def cmd_pull(settings: Settings, args: argparse.Namespace) -> int:

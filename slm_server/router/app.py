@@ -38,6 +38,7 @@ from slm_server.registry.schema import (
     parse_registry,
     read_registry_text,
 )
+from slm_server.router.apis.models_admin.api import ModelsAdmin
 from slm_server.router.apis.models_and_health import Info
 from slm_server.router.apis.ollama.catalog import OllamaCatalog
 from slm_server.router.apis.table import TABLE
@@ -207,6 +208,7 @@ class Wired:
     dashboard: Dashboard
     history: HistorySampler
     history_api: HistoryApi
+    models_admin: ModelsAdmin  # pull, list and add models (SLM_PULL_API)
 
 
 def pressure_watch(settings: Settings, deps: Dependencies) -> PressureWatch:
@@ -333,6 +335,7 @@ def wire(
         ModelsApi(registry, loader, info.describe),
         ollama,
         *dashboard_of(settings, deps, registry, tripwire, loader, pressure),
+        models_admin=ModelsAdmin(settings, deps.commander, follower, deps.drain),
     )
 
 
@@ -351,6 +354,7 @@ def lifespan_of(
         telemetry.start()
         drain.bind(asyncio.get_running_loop())
         logging_setup.bind_to_loop(asyncio.get_running_loop())
+        wired.models_admin.start()
         wired.loader.start()
         wired.pressure.start()
         wired.history.start()
@@ -367,6 +371,7 @@ def lifespan_of(
         finally:
             ender.cancel()
             warming.cancel()
+            await wired.models_admin.close()  # running pulls cancelled, threads joined
             await wired.follower.stop()
             await proxy.readiness.stop()
             await wired.history.stop()
@@ -403,6 +408,7 @@ def routes_of(direct: dict[str, Handler], deps: Dependencies, wired: Wired) -> l
         Route("/v1/models", info.models, methods=["GET"]),
         Route("/v1/models/load", wired.models_api.load, methods=["POST"]),
         Route("/v1/models/unload", wired.models_api.unload, methods=["POST"]),
+        *models_admin_routes(wired.models_admin),
         Route("/v1/models/{model_id:path}", info.model, methods=["GET"]),
         Route("/v1/config/reload", wired.reload_api.reload, methods=["POST"]),
         Route("/v1/backends/health", info.backends_health, methods=["GET"]),
@@ -416,6 +422,15 @@ def routes_of(direct: dict[str, Handler], deps: Dependencies, wired: Wired) -> l
         Route("/ui", dashboard.page, methods=["GET"]),
         Route("/ui/{asset}", dashboard.page, methods=["GET"]),
         *ollama_routes(wired.ollama),
+    ]
+
+
+def models_admin_routes(admin: ModelsAdmin) -> list[Route]:
+    """Pulling, listing and adding models (before ``/v1/models/{model_id}``)."""
+    return [
+        Route("/v1/models/pull", admin.pull, methods=["POST"]),
+        Route("/v1/models/add", admin.add, methods=["POST"]),
+        Route("/v1/models/local", admin.local, methods=["GET"]),
     ]
 
 
