@@ -40,7 +40,6 @@ from tests.integration.pull_runs import (
 )
 from tests.processes import ROOT, poll
 
-
 MIB = 1 << 20
 BIG_SIZE = 24 * MIB + 12_345  # over two of huggingface_hub's 10 MiB pieces
 MODEL = "application/vnd.ollama.image.model"
