@@ -37,7 +37,9 @@ class Transfer:
             settings.min_bytes_per_second,
         )
         self._reported = float("-inf")
-        self._from_network = False
+        self._reported_bytes = 0
+        self._network_bytes = 0
+        self._counted = 0
         self._emit(self.meter.started)
 
     def _emit(self, now: float) -> None:
@@ -69,25 +71,32 @@ class Transfer:
             )
 
     def advance(self, n: int) -> None:
-        """``n`` more bytes, as the downloader reports them; ignored once the bytes
-        are counted off the network (:meth:`advance_from_network`), which sees them
-        first and in smaller pieces."""
-        if not self._from_network:
-            self._count(n)
+        """``n`` more bytes, as the downloader reports them."""
+        self._reported_bytes += n
+        self._count()
 
     def advance_from_network(self, n: int) -> None:
-        self._from_network = True
-        self._count(n)
+        """``n`` more bytes read off the network in this thread. An HTTP download is
+        seen here first and in smaller pieces than its downloader reports; a download
+        through another client (Hugging Face's Xet) is only reported. The transfer
+        counts whichever of the two is ahead, so neither is counted twice."""
+        self._network_bytes += n
+        self._count()
 
-    def _count(self, n: int) -> None:
-        now = self._clock()
-        self.meter.advance(n, now)
-        if now - self._reported >= REPORT_SECONDS:
-            self._emit(now)
+    def _count(self) -> None:
+        ahead = max(self._reported_bytes, self._network_bytes)
+        n = ahead - self._counted
+        if n > 0:
+            self._counted = ahead
+            now = self._clock()
+            self.meter.advance(n, now)
+            if now - self._reported >= REPORT_SECONDS:
+                self._emit(now)
         self.check()
 
     def restart(self) -> None:
         """The hub ignored the resume and sends the whole file again."""
+        self._reported_bytes = self._network_bytes = self._counted = 0
         self.meter = Meter(
             self.meter.total,
             self._clock(),

@@ -54,3 +54,19 @@ def test_a_cancel_stops_the_transfer_at_its_next_chunk() -> None:
     with pytest.raises(PullError) as raised:
         transfer.advance(10)
     assert raised.value.kind == "cancelled"
+
+
+def test_bytes_seen_twice_are_counted_once_whichever_source_is_ahead() -> None:
+    now = [0.0]
+    transfer, seen = make(now)
+    for _ in range(10):  # an HTTP download: the network first, the downloader later
+        now[0] += 0.3
+        transfer.advance_from_network(100)
+    transfer.advance(1000)
+    assert transfer.meter.done == 1000
+    transfer.advance_from_network(50)  # a small request of another client's (Xet's token)
+    for _ in range(5):
+        now[0] += 0.3
+        transfer.advance(1000)  # ... while it reports its own progress
+    assert transfer.meter.done == 6000
+    assert [e.done for e in seen if isinstance(e, Progress)][-1] == 6000
