@@ -54,6 +54,7 @@ ASSETS: Final = {
     "shapes.js": "text/javascript; charset=utf-8",
     "playground.js": "text/javascript; charset=utf-8",
     "request_detail.js": "text/javascript; charset=utf-8",
+    "models.js": "text/javascript; charset=utf-8",
 }
 # The page loads nothing but its own files and talks only to this router.
 PAGE_HEADERS: Final = {

@@ -2,8 +2,9 @@
 // the machine's free memory) and /v1/ui/requests every POLL_MS, reads one stream of
 // /v1/ui/events, and builds every node with textContent (never as markup): model ids,
 // log lines and event fields are shown as text. The charts (charts.js), the watchdog's
-// timeline (lanes.js) over the history (history.js), the playground (playground.js)
-// and a request's detail (request_detail.js) are wired here at the start.
+// timeline (lanes.js) over the history (history.js), the playground (playground.js),
+// a request's detail (request_detail.js) and adding a model (models.js) are wired here
+// at the start.
 "use strict";
 
 const POLL_MS = 2000;
@@ -436,6 +437,7 @@ function start() {
   Lanes.legend();
   RequestDetail.start();
   Playground.start();
+  ModelAdmin.start();
   HistoryFeed.start(drawHistory);
   pollLoop();
   streamEvents();
