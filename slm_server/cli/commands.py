@@ -257,37 +257,30 @@ def _add_pull_arguments(command: argparse.ArgumentParser) -> None:
         help="owner/repo[:QUANT], owner/repo/file.gguf, or ollama:model[:tag]",
     )
     command.add_argument("--add", action="store_true", help="then add it to the registry")
-    command.add_argument("--id", help="with --add: the model id (default: from the file's name)")
+    _entry_arguments(command, "with --add: ")
+
+
+def _entry_arguments(command: argparse.ArgumentParser, when: str = "") -> None:
+    """The options of the entry ``add`` writes (``pull --add`` takes them too)."""
+    command.add_argument("--id", help=f"{when}the model id (default: from the file's name)")
     command.add_argument(
         "--load",
         choices=("always", "on_demand"),
         default="on_demand",
-        help="with --add: start it at launch, or on its first request (default: %(default)s)",
+        help=f"{when}start it at launch, or on its first request (default: %(default)s)",
     )
     command.add_argument(
-        "--port", type=_port, metavar="N", help="with --add: its port (default: a free one)"
+        "--port", type=_port, metavar="N", help=f"{when}its port (default: the next free one)"
     )
     command.add_argument(
-        "--no-reload", action="store_true", help="with --add: do not reload the running gateway"
+        "--no-reload", action="store_true", help=f"{when}do not reload the running gateway"
     )
 
 
 def _add_add_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("model", metavar="PATH|NAME", help="a GGUF file, or a name `models` lists")
-    command.add_argument("--id", help="the model id (default: from the file's name)")
-    command.add_argument(
-        "--load",
-        choices=("always", "on_demand"),
-        default="on_demand",
-        help="start it at launch, or on its first request (default: %(default)s)",
-    )
-    command.add_argument(
-        "--port", type=_port, metavar="N", help="its port (default: the next free one)"
-    )
+    _entry_arguments(command)
     command.add_argument("--dry-run", action="store_true", help="print the entry, write nothing")
-    command.add_argument(
-        "--no-reload", action="store_true", help="do not reload the running gateway"
-    )
 
 
 def cmd_clear_slots(settings: Settings) -> int:

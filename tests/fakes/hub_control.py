@@ -73,6 +73,15 @@ MEDIA_SYSTEM = "application/vnd.ollama.image.system"
 # ---------------------------------------------------------------------------- descriptions
 
 
+def _content(what: str, source: Path | None, data: bytes | None) -> JSON:
+    """A file's content as the stand-in's configuration names it: a path, or bytes."""
+    if (source is None) == (data is None):
+        raise ValueError(f"{what}: give source or data, not both or neither")
+    if source is not None:
+        return {"source": str(source)}
+    return {"data_b64": base64.b64encode(data or b"").decode()}
+
+
 @dataclass(frozen=True)
 class HfFile:
     """A file of a Hugging Face repo: ``source`` (a file on disk) or ``data``. ``lfs``:
@@ -85,14 +94,7 @@ class HfFile:
     lfs: bool | None = None
 
     def config(self) -> JSON:
-        if (self.source is None) == (self.data is None):
-            raise ValueError(f"{self.path}: give source or data, not both or neither")
-        item: JSON = {"path": self.path, "lfs": self.lfs}
-        if self.source is not None:
-            item["source"] = str(self.source)
-        else:
-            item["data_b64"] = base64.b64encode(self.data or b"").decode()
-        return item
+        return {"path": self.path, "lfs": self.lfs, **_content(self.path, self.source, self.data)}
 
 
 @dataclass(frozen=True)
@@ -132,14 +134,7 @@ class OllamaLayer:
     data: bytes | None = None
 
     def config(self) -> JSON:
-        if (self.source is None) == (self.data is None):
-            raise ValueError(f"{self.media_type}: give source or data, not both or neither")
-        item: JSON = {"mediaType": self.media_type}
-        if self.source is not None:
-            item["source"] = str(self.source)
-        else:
-            item["data_b64"] = base64.b64encode(self.data or b"").decode()
-        return item
+        return {"mediaType": self.media_type, **_content(self.media_type, self.source, self.data)}
 
 
 @dataclass(frozen=True)
