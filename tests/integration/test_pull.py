@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.fakes.forward_proxy import forward_proxy
 from tests.fakes.hub_control import (
     DEFAULT_HF_REPOS,
     DEFAULT_OLLAMA_MODELS,
@@ -73,6 +74,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory, big_file: Path) -> Iterator[Hu
     }
     models = {
         **DEFAULT_OLLAMA_MODELS,
+        "library/tiny:1": OllamaModel(layers=(OllamaLayer(MODEL, data=tiny),)),
         "library/big:1": OllamaModel(
             layers=(
                 OllamaLayer(MODEL, source=big_file),
@@ -484,3 +486,16 @@ def test_pull_add_writes_an_entry_check_accepts(hub: HubStandin, tmp_path: Path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "gemma-pulled" in checked.stdout
     assert os.path.exists(entry["model_path"])
+
+
+def test_both_hubs_are_reached_through_a_proxy(hub: HubStandin, tmp_path: Path) -> None:
+    with forward_proxy() as (proxy, carried):
+        env = env_for(hub, tmp_path, HTTP_PROXY=proxy, http_proxy=proxy, NO_PROXY="", no_proxy="")
+        hf = pull(env, "acme/tiny-GGUF")
+        ollama = pull(env, "ollama:tiny:1")
+    assert hf.code == 0 and ollama.code == 0, hf.err + ollama.err
+    assert any("/api/models/acme/tiny-GGUF" in line for line in carried), carried
+    assert any(line.startswith("GET http://") and "/cdn/" in line for line in carried), carried
+    assert any("/v2/library/tiny/manifests/1" in line for line in carried), carried
+    through = [line for line in carried if "/cdn/" in line]
+    assert len(through) >= 2  # each hub's download, after its redirect, went through it too
