@@ -28,6 +28,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.utils._http import parse_ratelimit_headers
 
+from tests import one_shot
 from tests.fakes.hub_control import (
     DEFAULT_HF_REPOS,
     DEFAULT_OLLAMA_MODELS,
@@ -42,6 +43,8 @@ from tests.fakes.hub_control import (
     lfs_pointer,
     tiny_gguf,
 )
+
+pytestmark = pytest.mark.xdist_group("test_hub_standin")
 
 REPO = "acme/tiny-GGUF"
 GATED = "acme/gated-GGUF"
@@ -413,7 +416,7 @@ def test_headers_fault_changes_what_the_client_reads(hub: HubStandin) -> None:
     assert meta.etag == git_blob_oid(lfs_pointer(sha256(MODEL), len(MODEL)))  # ETag instead
     assert meta.size == 5
     hub.fault("headers", "*/resolve/*", method="GET", times=1, drop=["Content-Length"])
-    answer = httpx.get(hub.resolve_url(REPO, "README.md"), trust_env=False)
+    answer = one_shot.get(hub.resolve_url(REPO, "README.md"))
     assert "Content-Length" not in answer.headers
     assert answer.content == README
 
@@ -463,9 +466,9 @@ def test_hostile_listing(hub: HubStandin, api: HfApi, tmp_path: Path) -> None:
     siblings = api.model_info(REPO).siblings
     assert siblings is not None
     assert set(names) <= {sibling.rfilename for sibling in siblings}
-    escaped = httpx.head(f"{hub.hf_endpoint}/{REPO}/resolve/main/..%2Fevil.gguf", trust_env=False)
+    escaped = one_shot.request("HEAD", f"{hub.hf_endpoint}/{REPO}/resolve/main/..%2Fevil.gguf")
     assert escaped.status_code == 302
-    absolute = httpx.get(f"{hub.hf_endpoint}/{REPO}/resolve/main//abs.gguf", trust_env=False)
+    absolute = one_shot.get(f"{hub.hf_endpoint}/{REPO}/resolve/main//abs.gguf")
     assert absolute.status_code == 302
 
     # huggingface_hub itself does not refuse such a name (on POSIX, hf_hub_download joins
@@ -567,7 +570,7 @@ def read_until_stalled(url: str) -> bytes:
     """The body's bytes up to a 1 s read timeout."""
     received = bytearray()
     timeout = httpx.Timeout(5.0, read=1.0)
-    with httpx.stream("GET", url, timeout=timeout, trust_env=False) as answer:
+    with one_shot.stream("GET", url, timeout=timeout) as answer:
         try:
             for piece in answer.iter_bytes():
                 received += piece
@@ -579,7 +582,7 @@ def read_until_stalled(url: str) -> bytes:
 def test_trickle_sends_slowly(hub: HubStandin) -> None:
     hub.fault("trickle", "*/resolve/*", times=1, chunk=8, interval=0.1)
     started = time.monotonic()
-    answer = httpx.get(hub.resolve_url(REPO, "README.md"), trust_env=False)
+    answer = one_shot.get(hub.resolve_url(REPO, "README.md"))
     assert answer.content == README
     assert time.monotonic() - started >= 0.1 * (len(README) // 8)
 

@@ -41,6 +41,8 @@ from tests.integration.pull_runs import (
 )
 from tests.processes import ROOT, poll
 
+pytestmark = pytest.mark.xdist_group("test_pull")
+
 MIB = 1 << 20
 BIG_SIZE = 24 * MIB + 12_345  # over two of huggingface_hub's 10 MiB pieces
 MODEL = "application/vnd.ollama.image.model"

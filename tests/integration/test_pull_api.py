@@ -28,6 +28,8 @@ from tests.processes import free_port, poll, registry_env, running_router
 from tests.registry_entries import registry_entry
 from tests.unit.discover.stores import tiny_gguf
 
+pytestmark = pytest.mark.xdist_group("test_pull_api")
+
 KEY = "pull-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TINY_REPO = "acme/tiny-GGUF"
