@@ -19,6 +19,7 @@ from slm_server.pull.reference import safe_relative
 
 PREFERRED: Final = ("Q4_K_M", "Q4_0", "Q4_K_S", "Q5_K_M", "Q8_0", "MXFP4", "F16", "BF16")
 PROJECTOR_PREFERRED: Final = ("F16", "BF16", "Q8_0", "F32")
+LISTED: Final = 20  # names an error message shows at most (a hub may list thousands)
 _SPLIT: Final = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.I)
 _QUANT_TOKEN: Final = re.compile(
     r"(?:^|[-_.])(?P<q>(?:I?Q\d(?:_[A-Z0-9]+)*)|(?:U?BF16|F16|F32|FP16|MXFP4(?:_MOE)?|TQ\d_\d))(?=$|[-_.])",
@@ -100,8 +101,15 @@ def _projector(files: Sequence[RemoteFile], model: RemoteFile) -> RemoteFile | N
     return min(found, key=rank)
 
 
+def _names(names: Sequence[str]) -> str:
+    """``names`` for an error message: the first :data:`LISTED` of them, then a count."""
+    shown = ", ".join(names[:LISTED]) or "no GGUF file"
+    more = len(names) - LISTED
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 def _listing(models: list[tuple[RemoteFile, ...]]) -> str:
-    return ", ".join(sorted(quant_of(m[0].path) or m[0].path for m in models)) or "no GGUF file"
+    return _names(sorted(quant_of(m[0].path) or m[0].path for m in models))
 
 
 def choose(repo: str, files: Sequence[RemoteFile], quant: str | None, file: str | None) -> Choice:
@@ -111,7 +119,7 @@ def choose(repo: str, files: Sequence[RemoteFile], quant: str | None, file: str 
     if file is not None:
         picked = [m for m in models if m[0].path == file]
         if not picked:
-            listed = ", ".join(m[0].path for m in models) or "no GGUF file"
+            listed = _names([m[0].path for m in models])
             raise PullError("not_found", f"{repo} has no model file {file} (it holds: {listed})")
     elif quant is not None:
         want = quant.upper().replace("-", "_")
@@ -134,7 +142,7 @@ def choose(repo: str, files: Sequence[RemoteFile], quant: str | None, file: str 
             )
         picked = [m for m in models if quant_of(m[0].path) == preferred[0]]
     if len(picked) > 1:
-        paths = ", ".join(m[0].path for m in picked)
+        paths = _names([m[0].path for m in picked])
         raise PullError("ambiguous", f"{repo}: several files match ({paths}); name the file")
     parts = picked[0]
     projector = _projector(files, parts[0])

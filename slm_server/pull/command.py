@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from slm_server.pull.errors import PullError
-from slm_server.pull.progress_view import TerminalView, human_bytes
+from slm_server.pull.progress_view import TerminalView, human_bytes, printable
 from slm_server.pull.result import Pulled
 from slm_server.pull.run import pull
 from slm_server.settings import PullSettings
@@ -21,7 +21,7 @@ def pull_command(
         pulled = pull(reference, settings, view)
     except PullError as exc:
         view.end_line()
-        print(f"error: {exc}", file=err)
+        print(f"error: {printable(str(exc))}", file=err)
         return 1, None
     except KeyboardInterrupt:
         view.end_line()

@@ -11,6 +11,7 @@ only then moved to ``<models>/<owner>/<repo>/<file>``.
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from collections.abc import Callable
@@ -77,6 +78,8 @@ def _hub_error(exc: Exception, what: str) -> PullError:
         return PullError("stalled", f"{what}: the hub stopped answering ({type(exc).__name__})")
     if isinstance(exc, (httpx.HTTPError, errors.FileMetadataError)):
         return PullError("hub_error", f"{what}: {_first_line(exc)}")
+    if isinstance(exc, json.JSONDecodeError):  # over hf_client.MAX_API_BODY, or garbage
+        return PullError("hub_error", f"{what}: the hub's answer is not JSON ({_first_line(exc)})")
     return PullError("hub_error", f"{what}: {type(exc).__name__}: {_first_line(exc)}")
 
 
@@ -202,7 +205,7 @@ def pull_hf(
     choice = choose(ref.repo_id, listed, ref.quant, ref.file)
     root = settings.models_dir
     root.mkdir(parents=True, exist_ok=True)
-    staging = root / disk.STAGING / "hf" / ref.repo_id
+    staging = disk.within(root, f"{disk.STAGING}/hf/{ref.repo_id}")  # no planted symlink out
     plan = [(f, f"{ref.repo_id}/{f.path}") for f in choice.files]
     finals = {name: disk.within(root, name) for _, name in plan}
     present = {name: disk.already_there(finals[name], f.size, f.sha256) for f, name in plan}
@@ -225,8 +228,15 @@ def pull_hf(
             report(FileReady(name, final, False))
             continue
 
-        def start(total: int | None, initial: int, shown: str = name) -> Transfer:
-            return Transfer(shown, total, initial, settings, report, cancel, clock)
+        def start(
+            total: int | None, initial: int, shown: str = name, size: int = f.size
+        ) -> Transfer:
+            if total is not None and total != size:  # nothing read yet: nothing to keep
+                raise PullError(
+                    "checksum",
+                    f"{shown}: the hub serves {total} bytes, its listing says {size}; not fetched",
+                )
+            return Transfer(shown, size, initial, settings, report, cancel, clock, limit=size)
 
         bar = type("Bar", (_Bar,), {"start": staticmethod(start)})
 

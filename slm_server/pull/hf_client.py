@@ -15,11 +15,14 @@ import threading
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Final
 
 import httpx
 
 from slm_server.pull.transfer import Transfer
 
+MAX_ERROR_BODY: Final = 64 * 1024  # of an error's body, what the library is given
+MAX_API_BODY: Final = 32 << 20  # of an answer of the hub's API (a listing), the same
 _local = threading.local()
 _installed = threading.Lock()
 _done = False
@@ -55,8 +58,31 @@ class _Counted(httpx.SyncByteStream):
         self._inner.close()
 
 
+class _Capped(httpx.SyncByteStream):
+    """The first ``limit`` bytes of a body, then its end: ``huggingface_hub`` reads an
+    error's or a listing's whole body into memory, which a hostile hub may make endless
+    (a cut listing is then not JSON: refused)."""
+
+    def __init__(self, inner: httpx.SyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    def __iter__(self) -> Iterator[bytes]:
+        left = self._limit
+        for chunk in self._inner:
+            yield chunk[:left]
+            left -= len(chunk)
+            if left <= 0:
+                return
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class MeteredTransport(httpx.BaseTransport):
-    """Plain HTTP transports (one per proxy), with each GET's body counted."""
+    """Plain HTTP transports (one per proxy), with each GET's body counted, and each
+    error's body cut at :data:`MAX_ERROR_BODY` and each API answer's (a listing, not a
+    download) at :data:`MAX_API_BODY`."""
 
     def __init__(self) -> None:
         self._direct = httpx.HTTPTransport(trust_env=True)
@@ -75,7 +101,23 @@ class MeteredTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         response = self._for(request.url).handle_request(request)
-        if request.method != "GET" or not isinstance(response.stream, httpx.SyncByteStream):
+        if not isinstance(response.stream, httpx.SyncByteStream):
+            return response
+        limit = (
+            MAX_ERROR_BODY
+            if response.status_code >= 400
+            else MAX_API_BODY
+            if request.url.path.startswith("/api/")
+            else None
+        )
+        if limit is not None:
+            return httpx.Response(
+                status_code=response.status_code,
+                headers=response.headers,
+                stream=_Capped(response.stream, limit),
+                extensions=response.extensions,
+            )
+        if request.method != "GET":
             return response
         return httpx.Response(
             status_code=response.status_code,
@@ -108,4 +150,12 @@ def install() -> None:
             _done = True
 
 
-__all__ = ["MeteredTransport", "client", "current", "install", "metering"]
+__all__ = [
+    "MAX_API_BODY",
+    "MAX_ERROR_BODY",
+    "MeteredTransport",
+    "client",
+    "current",
+    "install",
+    "metering",
+]

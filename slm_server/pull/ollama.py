@@ -48,8 +48,10 @@ _TEXT_LAYERS: Final = {
     "application/vnd.ollama.image.system": "system",
 }
 _DIGEST: Final = re.compile(r"^sha256:(?P<hex>[0-9a-f]{64})$")
+_CONTENT_RANGE: Final = re.compile(r"^\s*bytes\s+(?P<start>\d+)-\d+/(?:\d+|\*)\s*$")
 _MAX_MANIFEST: Final = 1 << 20
 _MAX_TEXT_LAYER: Final = 1 << 20
+_MAX_ERROR: Final = 4096
 _CHUNK: Final = 1 << 20
 _RATE_LIMIT_TRIES: Final = 3
 _RATE_LIMIT_MAX_WAIT: Final = 10.0
@@ -75,7 +77,12 @@ def _layer(raw: Any) -> Layer | None:
 def _error_message(response: httpx.Response) -> str:
     """The registry's ``{"errors": [{"code", "message"}]}``, or its status."""
     try:
-        body = json.loads(response.read()[:4096])
+        raw = b""
+        for chunk in response.iter_bytes():  # the first 4 KiB: an error body may be endless
+            raw += chunk
+            if len(raw) >= _MAX_ERROR:
+                break
+        body = json.loads(raw[:_MAX_ERROR])
         first = body["errors"][0]
         return f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
     except (ValueError, KeyError, IndexError, TypeError, httpx.HTTPError):
@@ -104,6 +111,12 @@ def _retry_after(response: httpx.Response) -> float | None:
     return wait if 0 <= wait <= _RATE_LIMIT_MAX_WAIT else None
 
 
+def _range_start(response: httpx.Response) -> int | None:
+    """Where a 206's ``Content-Range: bytes START-END/SIZE`` starts; None without one."""
+    found = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+    return int(found["start"]) if found else None
+
+
 class _Registry:
     def __init__(self, base: str, ref: OllamaReference, settings: PullSettings) -> None:
         self.base = f"{base}/v2/{ref.namespace}/{ref.model}"
@@ -121,7 +134,7 @@ class _Registry:
                 )
             except httpx.TimeoutException as exc:
                 raise PullError("stalled", f"{what}: the registry stopped answering") from exc
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: a bad redirect
                 raise PullError(
                     "hub_error", f"{what}: cannot reach the registry at {url} ({exc})"
                 ) from exc
@@ -208,6 +221,13 @@ class _Registry:
                 if have and response.status_code == 200:  # the Range was ignored
                     have = 0
                     digest = hashlib.sha256()
+                if response.status_code == 206 and _range_start(response) != have:
+                    raise PullError(
+                        "hub_error",
+                        f"{what}: asked for the bytes from {have}, the registry sent others "
+                        f"(Content-Range {response.headers.get('Content-Range')!r}); nothing "
+                        "was written",
+                    )
                 moving = transfer(have)
                 with partial.open("r+b" if have else "wb") as out:
                     out.seek(have)
@@ -299,7 +319,8 @@ def _plan(layers: list[Layer], ref: OllamaReference, root: Path) -> _Plan:
     present = {
         name: disk.already_there(finals[name], layer.size, layer.digest) for layer, name in big
     }
-    return _Plan(layers, big, finals, present, root / disk.STAGING / "ollama")
+    staging = disk.within(root, f"{disk.STAGING}/ollama")  # no planted symlink out
+    return _Plan(layers, big, finals, present, staging)
 
 
 def _partial(plan: _Plan, layer: Layer) -> Path:
@@ -329,6 +350,8 @@ def _text_layers(registry: _Registry, plan: _Plan, ref: OllamaReference, root: P
         if suffix is None:
             continue
         path = disk.within(root, f"{_stem(ref)}.ollama-{suffix}")
+        if path in extras:  # the first of each kind: a manifest listing more is not followed
+            continue
         extras.append(path)
         if disk.already_there(path, layer.size, layer.digest):
             continue

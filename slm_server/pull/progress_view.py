@@ -26,6 +26,13 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def printable(text: str) -> str:
+    """``text`` with each character a terminal would act on (an escape, a carriage
+    return, a bidirectional override) written as its escape: what a hub sends (an error
+    message, a file name) may hold them."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def human_seconds(seconds: float) -> str:
     s = max(0, math.ceil(seconds))
     if s < 60:
@@ -66,7 +73,7 @@ def bar_line(p: Progress, width: int) -> str:
         name = "…" + name[-(name_room - 1) :]
     filled = bar_width * shown // 100 if shown is not None else 0
     bar = "=" * filled + (">" if filled < bar_width else "") + " " * (bar_width - filled - 1)
-    return f"{name} {head}[{bar[:bar_width]}]{tail}"[: max(width - 1, 20)]
+    return f"{name} {head}[{bar[:bar_width]}]{tail}"[: max(width - 1, 0)]
 
 
 def plain_line(p: Progress) -> str:
@@ -142,4 +149,5 @@ __all__ = [
     "human_bytes",
     "human_seconds",
     "plain_line",
+    "printable",
 ]

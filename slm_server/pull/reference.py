@@ -67,14 +67,15 @@ Reference = HfReference | OllamaReference
 
 def safe_relative(path: str) -> str:
     """``path`` if it is a plain relative path (no ``..``, ``.`` or empty part, no
-    leading ``/``, no backslash, drive or control character); raises
+    leading ``/``, no backslash, drive, control or other unprintable character: a
+    bidirectional override, a zero-width space); raises
     :class:`PullError` ``unsafe_name`` otherwise."""
     bad = (
         not path
         or len(path) > 1024
         or path.startswith("/")
         or "\\" in path
-        or any(ord(c) < 32 or ord(c) == 127 for c in path)
+        or not path.isprintable()
         or re.match(r"^[A-Za-z]:", path) is not None
         or any(part in ("", ".", "..") for part in path.split("/"))
     )

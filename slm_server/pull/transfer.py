@@ -24,8 +24,10 @@ class Transfer:
         report: Report,
         cancel: threading.Event | None,
         clock: Callable[[], float],
+        limit: int | None = None,
     ) -> None:
         self.name = name
+        self._limit = limit  # more bytes than this: the hub lied about the size
         self._report = report
         self._cancel = cancel
         self._clock = clock
@@ -85,6 +87,11 @@ class Transfer:
 
     def _count(self) -> None:
         ahead = max(self._reported_bytes, self._network_bytes)
+        if self._limit is not None and self.meter.resumed + ahead > self._limit:
+            raise PullError(
+                "checksum",
+                f"{self.name}: more bytes than the hub's {self._limit}; stopped, not kept",
+            )
         n = ahead - self._counted
         if n > 0:
             self._counted = ahead
