@@ -53,6 +53,16 @@ def pull_env(hub: HubStandin, home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def env_for(hub: HubStandin, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """:func:`pull_env` with the home under a test's ``tmp_path``."""
+    return pull_env(hub, tmp_path / "home", **extra)
+
+
+def models_dir(env: dict[str, str]) -> Path:
+    """Where a pull run with ``env`` puts its files."""
+    return Path(env["SLM_MODELS_DIR"])
+
+
 def pull(env: dict[str, str], *args: str) -> Run:
     """``pull`` in pipes (not a terminal)."""
     done = subprocess.run(

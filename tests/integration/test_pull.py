@@ -32,9 +32,10 @@ from tests.fakes.hub_control import (
     tiny_gguf,
 )
 from tests.integration.pull_runs import (
+    env_for,
     files_under,
+    models_dir,
     pull,
-    pull_env,
     pull_in_a_terminal,
     pull_on_a_small_disk,
     sha256_of,
@@ -100,14 +101,6 @@ def clean_hub(hub: HubStandin) -> Iterator[None]:
     hub.reset()
     yield
     hub.reset()
-
-
-def env_for(hub: HubStandin, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return pull_env(hub, tmp_path / "home", **extra)
-
-
-def models_dir(env: dict[str, str]) -> Path:
-    return Path(env["SLM_MODELS_DIR"])
 
 
 def cdn_gets(hub: HubStandin) -> list[dict[str, Any]]:

@@ -26,9 +26,10 @@ from tests import one_shot
 from tests.fakes.hub_control import HfFile, HfRepo, HubStandin, OllamaLayer, OllamaModel, tiny_gguf
 from tests.integration.pull_runs import (
     Run,
+    env_for,
     files_under,
+    models_dir,
     pull,
-    pull_env,
     pull_in_a_terminal,
     sha256_of,
 )
@@ -75,14 +76,6 @@ def clean_hub(hub: HubStandin) -> Iterator[None]:
     hub.reset()
     yield
     hub.reset()
-
-
-def env_for(hub: HubStandin, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return pull_env(hub, tmp_path / "home", **extra)
-
-
-def models_dir(env: dict[str, str]) -> Path:
-    return Path(env["SLM_MODELS_DIR"])
 
 
 def final_files(env: dict[str, str]) -> list[str]:
