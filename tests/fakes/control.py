@@ -17,12 +17,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import httpx
+
+from tests.fakes.process_group import signal_group, stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -205,9 +206,7 @@ class FakeBackend:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the fake's process group (SIGKILL, SIGSTOP, SIGCONT, ...)."""
-        if self.process.poll() is None:  # not reaped yet, so the group id cannot be reused
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, sig)
+        signal_group(self.process, sig)
 
     def wait_for_exit(self, timeout: float = 5.0) -> int:
         """Wait until the process has exited and return its exit code."""
@@ -221,14 +220,7 @@ class FakeBackend:
     def stop(self, timeout: float = 5.0) -> str:
         """SIGTERM, then SIGKILL after ``timeout``; always reaps. Returns the process output."""
         self._client.close()
-        if self.process.poll() is None:
-            self.kill(signal.SIGTERM)
-            self.kill(signal.SIGCONT)  # in case a test left it SIGSTOPped
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill(signal.SIGKILL)
-                self.process.wait()
+        stop_group(self.process, timeout)
         if self._final_output is None:
             self._final_output = self.output()
             self.log_path.unlink(missing_ok=True)

@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -37,6 +36,7 @@ from urllib.parse import quote
 import httpx
 
 from tests.fakes.hub_standin import git_blob_oid, lfs_pointer
+from tests.fakes.process_group import signal_group, stop_group
 
 __all__ = [
     "DEFAULT_HF_REPOS",
@@ -365,23 +365,14 @@ class HubStandin:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the stand-in's process group."""
-        if self.process.poll() is None:
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, sig)
+        signal_group(self.process, sig)
 
     def stop(self, timeout: float = 5.0) -> str:
         """SIGTERM, then SIGKILL after ``timeout``; always reaps. Returns the output."""
         if self._client is not None:
             self._client.close()
             self._client = None
-        if self.process.poll() is None:
-            self.kill(signal.SIGTERM)
-            self.kill(signal.SIGCONT)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill(signal.SIGKILL)
-                self.process.wait()
+        stop_group(self.process, timeout)
         if self._final_output is None:
             self._final_output = self.output()
         return self._final_output
