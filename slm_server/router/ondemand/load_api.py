@@ -10,11 +10,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from slm_server.errors import ModelConflict, PayloadTooLarge
+from slm_server.errors import ModelConflict
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.call.waits import client_of
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.intake.payload import check_json_type, model_field, parse_body
+from slm_server.router.intake.payload import model_field
+from slm_server.router.intake.small_body import read_small_json
 from slm_server.router.ondemand.loader import Loader
 
 MAX_BODY_BYTES = 64 * 1024
@@ -35,13 +36,8 @@ class ModelsApi:
 
     async def _spec(self, request: Request) -> tuple[ModelSpec, str]:
         """The model the body names (by its id or an alias), and the name."""
-        check_json_type(request.headers.get("content-type"))
-        raw = b""
-        async for part in request.stream():
-            raw += part
-            if len(raw) > MAX_BODY_BYTES:
-                raise PayloadTooLarge(f"A load or unload body is at most {MAX_BODY_BYTES} bytes")
-        model_id = model_field(parse_body(raw))
+        too_large = f"A load or unload body is at most {MAX_BODY_BYTES} bytes"
+        model_id = model_field(await read_small_json(request, MAX_BODY_BYTES, too_large))
         named = [
             s
             for s in self.registry.models

@@ -27,7 +27,7 @@ from slm_server.add.reload import Reloaded, reload_gateway
 from slm_server.add.source import Source
 from slm_server.discover import listing
 from slm_server.discover.places import places
-from slm_server.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from slm_server.errors import GatewayError, InvalidRequest
 from slm_server.pull.errors import PullError
 from slm_server.pull.events import as_json
 from slm_server.pull.result import Pulled
@@ -36,7 +36,7 @@ from slm_server.router.apis.models_admin.bodies import PullBody, add_body, pull_
 from slm_server.router.apis.models_admin.pulls import PullJob, Pulls
 from slm_server.router.call.drain import Drain
 from slm_server.router.call.waits import ClientWatch, client_of, running_loop
-from slm_server.router.intake.payload import check_json_type, parse_body
+from slm_server.router.intake.small_body import read_small_json
 from slm_server.router.ondemand.loader import Commander
 from slm_server.router.reload.follower import Follower
 from slm_server.router.reload.reload_api import CATCH_UP_SECONDS
@@ -188,13 +188,8 @@ class ModelsAdmin:
             )
 
     async def _payload(self, request: Request) -> dict[str, Any]:
-        check_json_type(request.headers.get("content-type"))
-        raw = b""
-        async for part in request.stream():
-            raw += part
-            if len(raw) > MAX_BODY_BYTES:
-                raise PayloadTooLarge(f"A pull or add body is at most {MAX_BODY_BYTES} bytes")
-        return parse_body(raw)
+        too_large = f"A pull or add body is at most {MAX_BODY_BYTES} bytes"
+        return await read_small_json(request, MAX_BODY_BYTES, too_large)
 
     async def local(self, _request: Request) -> Response:
         """``GET /v1/models/local``: what ``python -m slm_server models --json`` lists."""

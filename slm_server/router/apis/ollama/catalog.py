@@ -20,13 +20,13 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from slm_server.errors import HttpStatusError, InvalidRequest, PayloadTooLarge
+from slm_server.errors import HttpStatusError, InvalidRequest
 from slm_server.registry.infill import InfillCache
 from slm_server.registry.schema import ModelSpec
 from slm_server.router.apis.ollama.endpoint import FACTS
 from slm_server.router.apis.ollama.model_facts import Facts, ModelFacts
 from slm_server.router.dispatch.lookup import Registry
-from slm_server.router.intake.payload import check_json_type, header_value, parse_body
+from slm_server.router.intake.small_body import read_small_json
 from slm_server.router.toolcalls.template_caps import TemplateCaps
 
 log = logging.getLogger("slm_server.router")
@@ -262,15 +262,9 @@ def _expiry(status: dict[str, Any]) -> str:
 
 async def _small_json(request: Request) -> dict[str, Any]:
     """A small JSON request body (``/api/show``'s), read within its limit."""
-    check_json_type(header_value(request.scope["headers"], b"content-type"))
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > MAX_SHOW_BODY:
-            raise PayloadTooLarge(f"The request body is larger than {MAX_SHOW_BODY} bytes")
-        parts.append(part)
-    return parse_body(b"".join(parts))
+    return await read_small_json(
+        request, MAX_SHOW_BODY, f"The request body is larger than {MAX_SHOW_BODY} bytes"
+    )
 
 
 __all__ = ["OLLAMA_VERSION", "RUNNING", "OllamaCatalog"]
