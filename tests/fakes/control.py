@@ -18,12 +18,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
 
-from tests.fakes.process_group import signal_group, stop_group
+from tests.fakes.process_group import StopsOnExit, signal_group, stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -120,7 +119,7 @@ class _PortTaken(FakeBackendError):
     pass
 
 
-class FakeBackend:
+class FakeBackend(StopsOnExit):
     """A running ``tests.fakes.fake_backend`` process; create it with ``FakeBackend.start()``."""
 
     def __init__(
@@ -225,17 +224,6 @@ class FakeBackend:
             self._final_output = self.output()
             self.log_path.unlink(missing_ok=True)
         return self._final_output
-
-    def __enter__(self) -> FakeBackend:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ properties
 

@@ -29,14 +29,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from tests.fakes.hub_standin import git_blob_oid, lfs_pointer
-from tests.fakes.process_group import signal_group, stop_group
+from tests.fakes.process_group import StopsOnExit, signal_group, stop_group
 
 __all__ = [
     "DEFAULT_HF_REPOS",
@@ -50,6 +49,7 @@ __all__ = [
     "HubStandinError",
     "OllamaLayer",
     "OllamaModel",
+    "cdn_gets",
     "git_blob_oid",
     "lfs_pointer",
     "tiny_gguf",
@@ -271,11 +271,16 @@ DEFAULT_OLLAMA_MODELS: dict[str, OllamaModel] = {
 # ---------------------------------------------------------------------------- the process
 
 
+def cdn_gets(records: list[JSON]) -> list[JSON]:
+    """The downloads among a request log's ``records``: its GETs of the CDN."""
+    return [r for r in records if r["method"] == "GET" and r["path"].startswith("/cdn/")]
+
+
 class HubStandinError(RuntimeError):
     """The stand-in could not be started, or refused a control request."""
 
 
-class HubStandin:
+class HubStandin(StopsOnExit):
     """A running ``tests.fakes.hub_standin`` process; create it with ``HubStandin.start()``."""
 
     def __init__(self, process: subprocess.Popen[bytes], directory: Path) -> None:
@@ -376,17 +381,6 @@ class HubStandin:
         if self._final_output is None:
             self._final_output = self.output()
         return self._final_output
-
-    def __enter__(self) -> HubStandin:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ properties
 

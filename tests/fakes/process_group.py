@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 from contextlib import suppress
+from types import TracebackType
+from typing import Self
 
 
 def signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
@@ -30,4 +32,22 @@ def stop_group(process: subprocess.Popen[bytes], timeout: float) -> None:
             process.wait()
 
 
-__all__ = ["signal_group", "stop_group"]
+class StopsOnExit:
+    """A fake used as a context manager: stopped when the block ends."""
+
+    def stop(self, timeout: float = 5.0) -> str:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+__all__ = ["StopsOnExit", "signal_group", "stop_group"]

@@ -39,6 +39,7 @@ from tests.fakes.hub_control import (
     HubStandin,
     OllamaLayer,
     OllamaModel,
+    cdn_gets,
     git_blob_oid,
     lfs_pointer,
     tiny_gguf,
@@ -144,10 +145,6 @@ def download(hub: HubStandin, local_dir: Path, filename: str, **kwargs: Any) -> 
         filename=filename, endpoint=hub.hf_endpoint, local_dir=local_dir, **kwargs
     )
     return Path(path)
-
-
-def cdn_gets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r["method"] == "GET" and r["path"].startswith("/cdn/")]
 
 
 # ---------------------------------------------------------------------------- listings

@@ -29,6 +29,7 @@ from tests.fakes.hub_control import (
     HubStandin,
     OllamaLayer,
     OllamaModel,
+    cdn_gets,
     tiny_gguf,
 )
 from tests.integration.pull_runs import (
@@ -103,10 +104,6 @@ def clean_hub(hub: HubStandin) -> Iterator[None]:
     hub.reset()
 
 
-def cdn_gets(hub: HubStandin) -> list[dict[str, Any]]:
-    return [r for r in hub.requests() if r["server"] == "cdn" and r["method"] == "GET"]
-
-
 def no_model_anywhere(env: dict[str, str]) -> None:
     """No file under the models folder outside staging, and no whole file in it."""
     left = files_under(models_dir(env))
@@ -142,7 +139,9 @@ def test_a_clean_pull_of_each_default_model_from_each_hub(hub: HubStandin, tmp_p
     assert again.code == 0 and again_hf.code == 0, again.err + again_hf.err
     assert "already there, checked" in again.err and "already there, checked" in again_hf.err
     assert "nothing fetched" in again.out and "nothing fetched" in again_hf.out
-    assert cdn_gets(hub) == [], "a file already there with its checksum is not fetched again"
+    assert cdn_gets(hub.requests()) == [], (
+        "a file already there with its checksum is not fetched again"
+    )
 
 
 def test_a_split_model_comes_whole_with_its_projector(hub: HubStandin, tmp_path: Path) -> None:
@@ -207,7 +206,7 @@ def test_a_pull_killed_mid_file_resumes_where_it_stopped(
 
     second = pull(env, reference)
     assert second.code == 0, second.err
-    resumed = [r for r in cdn_gets(hub) if r["range"] is not None][-1]
+    resumed = [r for r in cdn_gets(hub.requests()) if r["range"] is not None][-1]
     assert resumed["range"] == f"bytes={have}-", resumed
     assert resumed["status"] == 206 and resumed["body_bytes"] == BIG_SIZE - have
     assert f"resumed at {have / 1e6:.1f} MB" in second.err
@@ -224,7 +223,7 @@ def test_a_cut_connection_is_resumed_within_the_same_pull(
     hub.fault("cut_after", CDN, times=1, bytes=12 * MIB)
     done = pull(env, reference)
     assert done.code == 0, done.err
-    first, second = [r for r in cdn_gets(hub) if r["body_bytes"] > 1024]
+    first, second = [r for r in cdn_gets(hub.requests()) if r["body_bytes"] > 1024]
     assert first["range"] is None and first["body_bytes"] == 12 * MIB
     assert second["range"] is not None and second["range"].startswith("bytes=")
     start = int(second["range"].removeprefix("bytes=").rstrip("-"))
@@ -261,7 +260,7 @@ def test_a_disk_too_small_is_refused_before_a_byte_is_fetched(
     done = pull_on_a_small_disk(env, 8 * 1024, reference)
     assert done.code == 1, done.err
     assert "not enough disk space" in done.err and "nothing was fetched" in done.err
-    assert cdn_gets(hub) == []
+    assert cdn_gets(hub.requests()) == []
     assert done.err.split("--- left:", 1)[1].strip() == ""
 
 
@@ -361,7 +360,7 @@ def test_a_gated_repository_answers_to_its_token_and_the_cdn_never_sees_it(
     assert done.code == 0, done.err
     hub_side = [r for r in hub.requests() if r["server"] == "hub" and "/resolve/" in r["path"]]
     assert hub_side and all(r["token"] == "hf_good" for r in hub_side)
-    assert all(not r["authorization"] for r in cdn_gets(hub))
+    assert all(not r["authorization"] for r in cdn_gets(hub.requests()))
     wrong = pull(env_for(hub, tmp_path / "x", HF_TOKEN="hf_unknown"), "acme/tiny-GGUF")
     assert wrong.code == 1 and "check HF_TOKEN" in wrong.err, wrong.err
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests import one_shot
-from tests.fakes.hub_control import HfFile, HfRepo, HubStandin, OllamaLayer, OllamaModel
+from tests.fakes.hub_control import HfFile, HfRepo, HubStandin, OllamaLayer, OllamaModel, cdn_gets
 from tests.fakes.hub_control import tiny_gguf as gguf_bytes
 from tests.integration.watched import fake_entry, watched
 from tests.processes import free_port, poll, registry_env, running_router
@@ -212,10 +212,6 @@ def test_a_pull_streams_its_events_to_done_and_the_file_is_there(
 
     again = pull(url, {"model": TINY_REF})  # there already: nothing fetched
     assert again[-1]["fetched_bytes"] == 0 and again[-1]["model"] == str(path)
-
-
-def cdn_gets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r["server"] == "cdn" and r["method"] == "GET"]
 
 
 def test_a_client_that_leaves_cancels_its_pull_and_the_next_pull_resumes(

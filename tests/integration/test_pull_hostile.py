@@ -23,7 +23,15 @@ import pytest
 
 import tests.integration.test_pull_api as api
 from tests import one_shot
-from tests.fakes.hub_control import HfFile, HfRepo, HubStandin, OllamaLayer, OllamaModel, tiny_gguf
+from tests.fakes.hub_control import (
+    HfFile,
+    HfRepo,
+    HubStandin,
+    OllamaLayer,
+    OllamaModel,
+    cdn_gets,
+    tiny_gguf,
+)
 from tests.integration.pull_runs import (
     Run,
     env_for,
@@ -100,10 +108,6 @@ def refused(run: Run, said: str) -> str:
     assert said in line, run.err
     assert line.isprintable()
     return line
-
-
-def cdn_gets(hub: HubStandin) -> list[dict[str, Any]]:
-    return [r for r in hub.requests() if r["server"] == "cdn" and r["method"] == "GET"]
 
 
 def blob_requests(hub: HubStandin) -> list[dict[str, Any]]:
@@ -190,16 +194,25 @@ def test_a_blob_longer_than_its_manifest_says_is_stopped_at_that_size(
     assert all(p.stat().st_size <= MIB for p in staged(env)), staged(env)
 
 
-def test_a_resume_the_registry_answers_whole_is_still_right(
-    hub: HubStandin, tmp_path: Path, mid_file: Path
+@pytest.mark.parametrize(
+    ("reference", "cut", "final"),
+    [
+        ("ollama:mid:1", 4 * MIB, "ollama/mid-1.gguf"),
+        # Past huggingface_hub's first 10 MiB piece: only a whole piece reaches the disk.
+        ("acme/mid-GGUF", 11 * MIB, "acme/mid-GGUF/mid-Q4_K_M.gguf"),
+    ],
+    ids=["ollama", "hf"],
+)
+def test_a_resume_the_hub_answers_whole_is_still_right(
+    hub: HubStandin, tmp_path: Path, mid_file: Path, reference: str, cut: int, final: str
 ) -> None:
     env = env_for(hub, tmp_path)
-    hub.fault("cut_after", CDN, times=1, bytes=4 * MIB)
+    hub.fault("cut_after", CDN, times=1, bytes=cut)
     hub.fault("ignore_range", CDN)
-    done = pull(env, "ollama:mid:1")
+    done = pull(env, reference)
     assert done.code == 0, done.err
-    assert sha256_of(models_dir(env) / "ollama/mid-1.gguf") == sha256_of(mid_file)
-    resumed = [r for r in cdn_gets(hub) if r["range"] is not None]
+    assert sha256_of(models_dir(env) / final) == sha256_of(mid_file)
+    resumed = [r for r in cdn_gets(hub.requests()) if r["range"] is not None]
     assert resumed and all(r["status"] == 200 for r in resumed), resumed
 
 
@@ -239,7 +252,7 @@ def test_a_redirect_out_of_http_is_refused(
     hub.fault("redirect", path, status=302, location=location)
     refused(pull(env, reference), "")
     assert final_files(env) == []
-    assert cdn_gets(hub) == []
+    assert cdn_gets(hub.requests()) == []
 
 
 # ---------------------------------------------------------------- a hostile Hugging Face Hub
@@ -309,20 +322,6 @@ def test_an_etag_other_than_the_listing_s_sha256_never_puts_a_wrong_file_in_plac
     assert final.read_bytes() == TINY
 
 
-def test_a_resume_the_hub_answers_whole_is_still_right(
-    hub: HubStandin, tmp_path: Path, mid_file: Path
-) -> None:
-    env = env_for(hub, tmp_path)
-    # Past huggingface_hub's first 10 MiB piece: only a whole piece reaches the disk.
-    hub.fault("cut_after", CDN, times=1, bytes=11 * MIB)
-    hub.fault("ignore_range", CDN)
-    done = pull(env, "acme/mid-GGUF")
-    assert done.code == 0, done.err
-    assert sha256_of(models_dir(env) / "acme/mid-GGUF/mid-Q4_K_M.gguf") == sha256_of(mid_file)
-    resumed = [r for r in cdn_gets(hub) if r["range"] is not None]
-    assert resumed and all(r["status"] == 200 for r in resumed), resumed
-
-
 @pytest.mark.parametrize(
     ("name", "reference", "said"),
     [
@@ -352,7 +351,7 @@ def test_a_symlink_planted_in_the_models_folder_is_refused(hub: HubStandin, tmp_
     (models_dir(env) / "acme").symlink_to(outside)
     refused(pull(env, "acme/tiny-GGUF"), "it resolves outside")
     assert list(outside.iterdir()) == []
-    assert cdn_gets(hub) == []
+    assert cdn_gets(hub.requests()) == []
 
 
 def test_thousands_of_listed_files_are_bounded_in_time_and_in_the_error(
@@ -510,7 +509,7 @@ def test_a_symlink_planted_as_the_staging_folder_is_refused(
     refused(pull(env, reference), "it resolves outside")
     assert list(outside.iterdir()) == []
     assert final_files(env) == []
-    assert cdn_gets(hub) == []
+    assert cdn_gets(hub.requests()) == []
 
 
 def test_a_listing_of_a_petabyte_is_refused_by_the_disk_check_not_tried(
@@ -519,7 +518,7 @@ def test_a_listing_of_a_petabyte_is_refused_by_the_disk_check_not_tried(
     env = env_for(hub, tmp_path)
     serve_listing(hub, "acme/mid-GGUF", size=10**15)
     refused(pull(env, "acme/mid-GGUF"), "not enough disk space")
-    assert cdn_gets(hub) == []
+    assert cdn_gets(hub.requests()) == []
     assert files_under(models_dir(env)) == []
 
 
